@@ -1,0 +1,8 @@
+//! limelight: an OpenAI-compatible text-to-speech server for Fish Audio Drama 3.
+//!
+//! Modules follow the data flow; see `ARCHITECTURE.md` for the bird's-eye view and code map.
+
+pub mod checkpoint;
+pub mod inspect;
+pub mod model;
+pub mod synth;

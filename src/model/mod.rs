@@ -1,0 +1,5 @@
+//! Drama 3's structure: typed config, the one table of checkpoint tensor names, and (later)
+//! the order of operations of backbone, tower and codec.
+
+pub mod config;
+pub mod weights;
