@@ -3,6 +3,7 @@
 //! Modules follow the data flow; see `ARCHITECTURE.md` for the bird's-eye view and code map.
 
 pub mod checkpoint;
+pub mod cli;
 pub mod inspect;
 pub mod model;
 pub mod synth;

@@ -1,1 +1,53 @@
-fn main() {}
+//! The `limelight` binary: parses the command line and dispatches; no logic lives here.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use limelight::cli::{CheckpointCommand, Cli, Command, SynthArgs};
+use limelight::inspect::{human, summary};
+use limelight::model::load::Checkpoint;
+use limelight::synth::{SynthOptions, SynthPlan};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Checkpoint(CheckpointCommand::Synth(args)) => synth(args),
+        Command::Inspect(args) => match Checkpoint::open(&args.model) {
+            Ok(ckpt) => {
+                print!("{}", summary(&ckpt, args.context_length));
+                Ok(())
+            }
+            Err(e) => Err(anyhow::anyhow!("checkpoint refused: {e}")),
+        },
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn synth(args: SynthArgs) -> anyhow::Result<()> {
+    let opts = SynthOptions { preset: args.preset, seed: args.seed, vq_backbone_codebooks: args.vq_backbone_codebooks };
+    let started = std::time::Instant::now();
+    let plan = SynthPlan::new(&opts);
+    println!(
+        "{:?} checkpoint, seed {}: {} model tensors ({}) in {} shards, {} codec tensors ({})",
+        opts.preset,
+        opts.seed,
+        plan.model_specs.len(),
+        human(plan.model_bytes()),
+        plan.shards.len(),
+        plan.codec_specs.len(),
+        human(plan.codec_bytes()),
+    );
+    if args.dry_run {
+        return Ok(());
+    }
+    let out = args.out.expect("clap requires --out without --dry-run");
+    plan.write(&out, opts.seed).map_err(|e| anyhow::anyhow!("writing {}: {e}", out.display()))?;
+    println!("wrote {} in {:.1} s", out.display(), started.elapsed().as_secs_f64());
+    Ok(())
+}

@@ -1,1 +1,95 @@
-//! Writes random-weight checkpoints in the exact published `fishaudio/drama-3` layout.
+//! Writes random-weight checkpoints in the exact published `fishaudio/drama-3` layout:
+//! `config.json`, `tokenizer.json`, `model.safetensors.index.json` with its shards, and
+//! `codec.pth`. Deterministic for a given preset, seed and placement; streams tensor by tensor,
+//! so the full-size preset never sits in memory.
+
+pub mod fill;
+pub mod presets;
+pub mod pth_writer;
+pub mod rng;
+pub mod shards;
+pub mod tokenizer;
+
+use std::io;
+use std::path::Path;
+
+use presets::{Preset, PresetDims, TokenIds, model_config};
+use tokenizer::{TokenizerSpec, build_tokenizer_json};
+
+use crate::checkpoint::tokenizer::SpecialTokenIds;
+use crate::model::config::ModelConfig;
+use crate::model::load::{CODEC_FILE, CONFIG_FILE, TOKENIZER_FILE};
+use crate::model::weights::{SpecRecorder, TensorSpec, codec_buffer_specs, codec_weights, model_weights};
+
+/// What to synthesize.
+#[derive(Clone, Debug)]
+pub struct SynthOptions {
+    pub preset: Preset,
+    pub seed: u64,
+    /// Residual codebooks summed into the backbone input; 0 selects `mtp_shared_pre`.
+    pub vq_backbone_codebooks: usize,
+}
+
+/// The planned checkpoint: config, tokenizer and every tensor spec, before anything is written.
+pub struct SynthPlan {
+    pub config: ModelConfig,
+    pub tokenizer_json: String,
+    pub special_tokens: SpecialTokenIds,
+    pub model_specs: Vec<TensorSpec>,
+    pub codec_specs: Vec<TensorSpec>,
+    pub shards: Vec<Vec<usize>>,
+}
+
+impl SynthPlan {
+    pub fn new(opts: &SynthOptions) -> SynthPlan {
+        let p: PresetDims = opts.preset.dims();
+        let (tokenizer_json, special_tokens) = build_tokenizer_json(&TokenizerSpec {
+            n_merges: p.bpe_merges,
+            semantic_codes: p.codebook_vocab,
+            seed: opts.seed,
+        });
+        let ids = TokenIds {
+            semantic_start: special_tokens.semantic_start,
+            eos: special_tokens.eos(),
+            tokenizer_len: special_tokens.vocab_len as usize,
+        };
+        let config = model_config(&p, &ids, opts.vq_backbone_codebooks);
+        config.validate().expect("presets satisfy every config rule");
+        let mut rec = SpecRecorder::default();
+        model_weights(&config.dims(), &mut rec).expect("recording never fails");
+        let model_specs = rec.specs;
+        let mut rec = SpecRecorder::default();
+        codec_weights(&p.codec, &mut rec).expect("recording never fails");
+        let mut codec_specs = rec.specs;
+        codec_specs.extend(codec_buffer_specs(&p.codec));
+        let shard_plan = shards::plan_shards(&model_specs, p.shard_bytes.min(total_bytes(&model_specs) / 4 + 1));
+        SynthPlan { config, tokenizer_json, special_tokens, model_specs, codec_specs, shards: shard_plan }
+    }
+
+    pub fn model_bytes(&self) -> usize {
+        total_bytes(&self.model_specs)
+    }
+
+    pub fn codec_bytes(&self) -> usize {
+        total_bytes(&self.codec_specs)
+    }
+
+    /// Writes the whole checkpoint into `dir` (created if needed).
+    pub fn write(&self, dir: &Path, seed: u64) -> io::Result<()> {
+        std::fs::create_dir_all(dir)?;
+        std::fs::write(dir.join(CONFIG_FILE), self.config.to_json_pretty() + "\n")?;
+        std::fs::write(dir.join(TOKENIZER_FILE), &self.tokenizer_json)?;
+        shards::write_shards(dir, &self.model_specs, &self.shards, |s| fill::tensor_bytes(s, seed))?;
+        let codec_tensors = self.codec_specs.iter().map(|s| pth_writer::PthTensorOut {
+            name: s.name.clone(),
+            dtype: s.stored,
+            shape: s.shape.clone(),
+            data: fill::tensor_bytes(s, seed),
+        });
+        pth_writer::write_state_dict(&dir.join(CODEC_FILE), codec_tensors)
+    }
+}
+
+fn total_bytes(specs: &[TensorSpec]) -> usize {
+    specs.iter().map(TensorSpec::stored_bytes).sum()
+}

@@ -1,0 +1,202 @@
+//! Opens a checkpoint directory in the published layout and refuses anything malformed before
+//! the server starts: `config.json` rules, `tokenizer.json` special tokens, every shard tensor
+//! against the name table, and `codec.pth`. Errors name the file and the tensor.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use tokenizers::Tokenizer;
+
+use super::config::{ConfigError, Dims, ModelConfig};
+use super::weights::{
+    CODEC_IGNORED_BUFFERS, CodecDims, CodecWeights, ModelWeights, TensorSource, TensorSpec, WeightError, codec_weights,
+    in_model_namespace, model_weights,
+};
+use crate::checkpoint::pth::{PthArchive, PthError, PthTensor};
+use crate::checkpoint::safetensors::{INDEX_FILE, SafetensorsError, ShardedCheckpoint};
+use crate::checkpoint::tokenizer::{SpecialTokenIds, TokenizerError, TokenizerExpectations, load_tokenizer};
+use crate::checkpoint::{Dtype, TensorView};
+
+pub const CONFIG_FILE: &str = "config.json";
+pub const TOKENIZER_FILE: &str = "tokenizer.json";
+pub const CODEC_FILE: &str = "codec.pth";
+
+/// Why a checkpoint directory was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    #[error(transparent)]
+    Shards(#[from] SafetensorsError),
+    #[error(transparent)]
+    Weights(#[from] WeightError),
+    #[error(transparent)]
+    Codec(#[from] PthError),
+    #[error("{path}: {message}")]
+    Missing { path: String, message: String },
+}
+
+/// A validated checkpoint: every file opened and every tensor checked against the table.
+pub struct Checkpoint {
+    pub dir: PathBuf,
+    pub config: ModelConfig,
+    pub dims: Dims,
+    pub tokenizer: Tokenizer,
+    pub special_tokens: SpecialTokenIds,
+    pub shards: ShardedCheckpoint,
+    pub codec: PthArchive,
+    pub codec_dims: CodecDims,
+}
+
+impl Checkpoint {
+    pub fn open(dir: &Path) -> Result<Checkpoint, LoadError> {
+        for file in [CONFIG_FILE, TOKENIZER_FILE, CODEC_FILE] {
+            if !dir.join(file).is_file() {
+                return Err(LoadError::Missing {
+                    path: dir.join(file).display().to_string(),
+                    message: "not found (a drama-3 checkpoint directory holds config.json, tokenizer.json, model.safetensors.index.json with its shards, and codec.pth)".into(),
+                });
+            }
+        }
+        let config = ModelConfig::from_file(&dir.join(CONFIG_FILE))?;
+        let dims = config.dims();
+        let expect = TokenizerExpectations {
+            semantic_start: config.semantic_start_token_id,
+            semantic_end: config.semantic_end_token_id,
+            semantic_codes: config.audio_decoder_config.vocab_size,
+            eos: config.eos_token_id,
+        };
+        let (tokenizer, special_tokens) = load_tokenizer(&dir.join(TOKENIZER_FILE), &expect)?;
+        let shards = ShardedCheckpoint::open(dir)?;
+        let codec = PthArchive::open(&dir.join(CODEC_FILE))?;
+        let codec_file = codec.path().display().to_string();
+        let codec_dims = CodecDims::infer(&codec_file, |name| codec.get(name).map(|t| t.shape.clone()))?;
+        check_codec_matches_config(&codec_file, &codec_dims, &dims)?;
+        let ckpt = Checkpoint { dir: dir.to_owned(), config, dims, tokenizer, special_tokens, shards, codec, codec_dims };
+        ckpt.model_weights()?;
+        ckpt.codec_weights()?;
+        Ok(ckpt)
+    }
+
+    /// Views of every backbone and tower tensor; refuses missing, mis-shaped, mis-typed or
+    /// unexpected tensors.
+    pub fn model_weights(&self) -> Result<ModelWeights<TensorView<'_>>, WeightError> {
+        let mut src = ShardSource { shards: &self.shards, used: BTreeSet::new() };
+        let weights = model_weights(&self.dims, &mut src)?;
+        for name in self.shards.names() {
+            if !src.used.contains(name) {
+                let file = self.shards.get(name).map(|(p, _)| p.display().to_string()).unwrap_or_default();
+                let tensor = name.to_owned();
+                return Err(if in_model_namespace(name) {
+                    WeightError::Unexpected { file, tensor }
+                } else {
+                    WeightError::UnknownNamespace { file, tensor }
+                });
+            }
+        }
+        Ok(weights)
+    }
+
+    /// Every codec parameter; the six known buffers are ignored, anything else unknown is refused.
+    pub fn codec_weights(&self) -> Result<CodecWeights<CodecTensor<'_>>, WeightError> {
+        let file = self.codec.path().display().to_string();
+        let mut src = CodecSource { archive: &self.codec, file: file.clone(), used: BTreeSet::new() };
+        let weights = codec_weights(&self.codec_dims, &mut src)?;
+        for (name, _) in self.codec.tensors() {
+            if !src.used.contains(name) && !CODEC_IGNORED_BUFFERS.contains(&name) {
+                return Err(WeightError::Unexpected { file, tensor: name.to_owned() });
+            }
+        }
+        Ok(weights)
+    }
+}
+
+/// The codec's semantic codebook must cover the tower's code space (`model.md` §2.3).
+fn check_codec_matches_config(file: &str, c: &CodecDims, d: &Dims) -> Result<(), WeightError> {
+    let invalid = |tensor: &str, message: String| WeightError::Invalid { file: file.into(), tensor: tensor.into(), message };
+    if c.semantic_codebook_size != d.codebook_vocab {
+        return Err(invalid(
+            "quantizer.semantic_quantizer.quantizers.0.codebook.weight",
+            format!(
+                "has {} entries but config.json `audio_decoder_config.vocab_size` is {}",
+                c.semantic_codebook_size, d.codebook_vocab
+            ),
+        ));
+    }
+    if c.residual_codebooks + 1 != d.codebooks {
+        return Err(invalid(
+            "quantizer.quantizer.quantizers",
+            format!(
+                "has {} residual codebooks but config.json `audio_decoder_config.num_codebooks` is {}",
+                c.residual_codebooks, d.codebooks
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks one spec against what a file holds.
+fn check_spec(file: &str, spec: &TensorSpec, name: &str, dtype: Dtype, shape: &[usize]) -> Result<(), WeightError> {
+    if !spec.accept.allows(dtype) {
+        return Err(WeightError::Dtype { file: file.into(), tensor: name.into(), expected: spec.accept.describe(), found: dtype });
+    }
+    if shape != spec.shape.as_slice() {
+        return Err(WeightError::Shape {
+            file: file.into(),
+            tensor: name.into(),
+            expected: spec.shape.clone(),
+            found: shape.to_vec(),
+        });
+    }
+    Ok(())
+}
+
+struct ShardSource<'a> {
+    shards: &'a ShardedCheckpoint,
+    used: BTreeSet<String>,
+}
+
+impl<'a> TensorSource for ShardSource<'a> {
+    type Tensor = TensorView<'a>;
+
+    fn tensor(&mut self, spec: TensorSpec) -> Result<TensorView<'a>, WeightError> {
+        let shards = self.shards;
+        let found = std::iter::once(&spec.name).chain(&spec.alias).find_map(|n| Some((n, shards.get(n)?)));
+        let Some((name, (path, view))) = found else {
+            return Err(WeightError::Missing { file: INDEX_FILE.into(), tensor: spec.name });
+        };
+        check_spec(&path.display().to_string(), &spec, name, view.dtype, view.shape)?;
+        self.used.insert(name.clone());
+        Ok(view)
+    }
+}
+
+/// A codec parameter: its name and where it lies in `codec.pth`.
+#[derive(Clone)]
+pub struct CodecTensor<'a> {
+    pub name: String,
+    pub tensor: &'a PthTensor,
+}
+
+struct CodecSource<'a> {
+    archive: &'a PthArchive,
+    file: String,
+    used: BTreeSet<String>,
+}
+
+impl<'a> TensorSource for CodecSource<'a> {
+    type Tensor = CodecTensor<'a>;
+
+    fn tensor(&mut self, spec: TensorSpec) -> Result<CodecTensor<'a>, WeightError> {
+        let archive = self.archive;
+        let found = std::iter::once(&spec.name).chain(&spec.alias).find_map(|n| Some((n, archive.get(n)?)));
+        let Some((name, tensor)) = found else {
+            return Err(WeightError::Missing { file: self.file.clone(), tensor: spec.name });
+        };
+        check_spec(&self.file, &spec, name, tensor.dtype, &tensor.shape)?;
+        self.used.insert(name.clone());
+        Ok(CodecTensor { name: name.clone(), tensor })
+    }
+}
