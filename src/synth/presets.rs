@@ -78,7 +78,7 @@ impl Preset {
                     encoder_transformer_layers: 4,
                     buffer_positions: 256,
                 },
-                shard_bytes: 4 << 20,
+                shard_bytes: 16 << 20,
             },
             Preset::Full => PresetDims {
                 hidden: 2048,

@@ -27,6 +27,7 @@ pub struct ModelConfig {
     pub semantic_end_token_id: u32,
     pub eos_token_id: u32,
     pub speech_template_version: String,
+    #[serde(default = "one")]
     pub fish_schema_version: u32,
     #[serde(default)]
     pub extra_samplable_token_ids: Vec<u32>,
@@ -67,7 +68,8 @@ pub struct TextConfig {
     pub hidden_act: String,
     #[serde(default = "yes")]
     pub attn_output_gate: bool,
-    #[serde(default = "yes")]
+    /// The reference defaults this to false, so a config without it is refused.
+    #[serde(default)]
     pub layernorm_zero_centered_gamma: bool,
     #[serde(default)]
     pub rotary_interleaved: bool,
@@ -95,8 +97,11 @@ pub enum LayerType {
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RopeParameters {
+    #[serde(default = "default_rope")]
     pub rope_type: String,
     pub rope_theta: f64,
+    /// The reference defaults this to 1.0 (full rotary) when absent.
+    #[serde(default = "one_f64")]
     pub partial_rotary_factor: f64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mrope_section: Option<Value>,
@@ -107,6 +112,7 @@ pub struct RopeParameters {
 /// The Codebook-MTP tower (`model.md` §2.3).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct AudioDecoderConfig {
+    #[serde(default = "audio_decoder_model_type")]
     pub model_type: String,
     pub decoder_type: String,
     pub num_codebooks: usize,
@@ -129,6 +135,7 @@ pub struct AudioDecoderConfig {
     #[serde(default)]
     pub attention_qk_norm: bool,
     pub attention_output_gate: bool,
+    #[serde(default)]
     pub layernorm_zero_centered_gamma: bool,
     #[serde(default)]
     pub attention_qkv_bias: bool,
@@ -141,8 +148,10 @@ pub struct AudioDecoderConfig {
     #[serde(default)]
     pub dropout: f64,
     pub max_seq_len: usize,
+    #[serde(default = "all_vq")]
     pub vq_feature_scope: String,
     pub vq_feature_placement: VqFeaturePlacement,
+    #[serde(default)]
     pub vq_backbone_codebooks: usize,
     #[serde(default)]
     pub mtp_spec: Option<MtpSpec>,
@@ -183,6 +192,26 @@ fn yes() -> bool {
 
 fn silu() -> String {
     "silu".to_owned()
+}
+
+fn default_rope() -> String {
+    "default".to_owned()
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn one_f64() -> f64 {
+    1.0
+}
+
+fn audio_decoder_model_type() -> String {
+    "fish_qwen3_audio_decoder".to_owned()
+}
+
+fn all_vq() -> String {
+    "all_vq".to_owned()
 }
 
 impl ModelConfig {

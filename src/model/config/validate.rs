@@ -144,11 +144,45 @@ impl ModelConfig {
             t.linear_num_value_heads,
         )?;
         check(
+            t.moe_intermediate_size % 128 == 0,
+            "text_config.moe_intermediate_size",
+            "a multiple of 128 (the FP8 weight block)",
+            t.moe_intermediate_size,
+        )?;
+        self.validate_text_rope_mirrors()?;
+        if let Some(count) = t.other.get("tower_layer_count") {
+            let a = &self.audio_decoder_config;
+            let want = a.shared_enrichment_layers + a.num_codebooks - 1;
+            check(count.as_u64() == Some(want as u64), "text_config.tower_layer_count", format!("{want}"), count)?;
+        }
+        check(
             t.num_experts_per_tok <= t.num_experts,
             "text_config.num_experts_per_tok",
             format!("at most num_experts ({})", t.num_experts),
             t.num_experts_per_tok,
         )
+    }
+
+    /// Text-level `rope_theta`, `partial_rotary_factor` and `rope_scaling`, when present, must
+    /// repeat what `rope_parameters` says (the reference refuses a disagreement).
+    fn validate_text_rope_mirrors(&self) -> Result<(), ConfigError> {
+        let t = &self.text_config;
+        let r = &t.rope_parameters;
+        let mirrors = [
+            ("rope_theta", serde_json::json!(r.rope_theta)),
+            ("partial_rotary_factor", serde_json::json!(r.partial_rotary_factor)),
+            ("rope_scaling", serde_json::to_value(r).expect("rope parameters serialise")),
+        ];
+        for (key, want) in mirrors {
+            if let Some(v) = t.other.get(key) {
+                let same = match (v.as_f64(), want.as_f64()) {
+                    (Some(a), Some(b)) => a == b,
+                    _ => *v == want,
+                };
+                check(same || v.is_null(), &format!("text_config.{key}"), format!("equal to rope_parameters ({want})"), v)?;
+            }
+        }
+        Ok(())
     }
 
     /// Gated DeltaNet layers with every `interval`-th layer full attention, where the interval is

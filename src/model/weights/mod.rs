@@ -35,7 +35,8 @@ pub enum Accept {
     SmallFloat,
     /// Block-FP8 routed-expert weights.
     Fp8E4M3,
-    /// Block-FP8 scale grids (`weight_scale_inv`): f32 as published, bf16 tolerated.
+    /// Block-FP8 scale grids (`weight_scale_inv`): f32 as published; bf16 and f16 read exactly
+    /// (both references accept them).
     Scale,
     /// `codec.pth` parameters: f32 as published; f16 and bf16 read exactly.
     CodecFloat,
@@ -45,7 +46,8 @@ impl Accept {
     pub fn allows(self, d: Dtype) -> bool {
         match self {
             Accept::Bf16 => d == Dtype::BF16,
-            Accept::SmallFloat | Accept::Scale => matches!(d, Dtype::BF16 | Dtype::F32),
+            Accept::SmallFloat => matches!(d, Dtype::BF16 | Dtype::F32),
+            Accept::Scale => matches!(d, Dtype::BF16 | Dtype::F32 | Dtype::F16),
             Accept::Fp8E4M3 => d == Dtype::F8E4M3,
             Accept::CodecFloat => matches!(d, Dtype::F32 | Dtype::F16 | Dtype::BF16),
         }
@@ -55,7 +57,8 @@ impl Accept {
     pub fn describe(self) -> &'static str {
         match self {
             Accept::Bf16 => "BF16",
-            Accept::SmallFloat | Accept::Scale => "BF16 or F32",
+            Accept::SmallFloat => "BF16 or F32",
+            Accept::Scale => "F32, BF16 or F16",
             Accept::Fp8E4M3 => "F8_E4M3",
             Accept::CodecFloat => "F32, F16 or BF16",
         }

@@ -1,0 +1,39 @@
+//! Shared test helpers: tiny random checkpoints in the published layout.
+
+#![allow(dead_code)]
+
+use std::path::Path;
+
+use limelight::synth::presets::Preset;
+use limelight::synth::{SynthOptions, SynthPlan};
+
+pub const SEED: u64 = 7;
+
+pub fn tiny_plan() -> SynthPlan {
+    SynthPlan::new(&SynthOptions { preset: Preset::Tiny, seed: SEED, vq_backbone_codebooks: 1 })
+}
+
+/// Writes a tiny checkpoint into a fresh temporary directory.
+pub fn tiny_checkpoint() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    tiny_plan().write(dir.path(), SEED).unwrap();
+    dir
+}
+
+/// Writes `plan` into a fresh temporary directory.
+pub fn write_plan(plan: &SynthPlan) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    plan.write(dir.path(), SEED).unwrap();
+    dir
+}
+
+/// The first shard file of a checkpoint directory.
+pub fn first_shard(dir: &Path) -> std::path::PathBuf {
+    let mut shards: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .collect();
+    shards.sort();
+    shards.remove(0)
+}
