@@ -39,7 +39,7 @@ fn synth(args: SynthArgs) -> anyhow::Result<()> {
         opts.seed,
         plan.model_specs.len(),
         human(plan.model_bytes()),
-        plan.shards.len(),
+        plan.shards().len(),
         plan.codec_specs.len(),
         human(plan.codec_bytes()),
     );
@@ -47,7 +47,7 @@ fn synth(args: SynthArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let out = args.out.expect("clap requires --out without --dry-run");
-    plan.write(&out, opts.seed).map_err(|e| anyhow::anyhow!("writing {}: {e}", out.display()))?;
+    plan.write(&out).map_err(|e| anyhow::anyhow!("writing {}: {e}", out.display()))?;
     println!("wrote {} in {:.1} s", out.display(), started.elapsed().as_secs_f64());
     Ok(())
 }

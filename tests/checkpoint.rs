@@ -44,11 +44,11 @@ fn tiny_round_trip_loads_with_exact_values() {
     for spec in &plan.model_specs {
         let (_, view) = ckpt.shards.get(&spec.name).unwrap();
         assert_eq!(view.dtype, spec.stored, "{}", spec.name);
-        assert_eq!(view.bytes, tensor_bytes(spec, SEED).as_slice(), "{}", spec.name);
+        assert!(view.bytes == tensor_bytes(spec, SEED).as_slice(), "{} differs", spec.name);
     }
     for spec in &plan.codec_specs {
         let t = ckpt.codec.get(&spec.name).unwrap();
-        assert_eq!(ckpt.codec.contiguous_bytes(t).as_ref(), tensor_bytes(spec, SEED).as_slice(), "{}", spec.name);
+        assert!(ckpt.codec.contiguous_bytes(t).as_ref() == tensor_bytes(spec, SEED).as_slice(), "{} differs", spec.name);
     }
     let codec = ckpt.codec_weights().unwrap();
     assert_eq!(codec.residual_vqs.len(), 9);
@@ -60,12 +60,12 @@ fn synth_is_deterministic_per_seed() {
     let a = tiny_checkpoint();
     let b = tiny_checkpoint();
     for name in ["config.json", "tokenizer.json", "model.safetensors.index.json", "codec.pth"] {
-        assert_eq!(std::fs::read(a.path().join(name)).unwrap(), std::fs::read(b.path().join(name)).unwrap(), "{name}");
+        assert!(std::fs::read(a.path().join(name)).unwrap() == std::fs::read(b.path().join(name)).unwrap(), "{name} differs");
     }
-    assert_eq!(std::fs::read(first_shard(a.path())).unwrap(), std::fs::read(first_shard(b.path())).unwrap());
+    assert!(std::fs::read(first_shard(a.path())).unwrap() == std::fs::read(first_shard(b.path())).unwrap());
     let other = SynthPlan::new(&SynthOptions { preset: Preset::Tiny, seed: SEED + 1, vq_backbone_codebooks: 1 });
     let c = write_plan(&other);
-    assert_ne!(std::fs::read(first_shard(a.path())).unwrap(), std::fs::read(first_shard(c.path())).unwrap());
+    assert!(std::fs::read(first_shard(a.path())).unwrap() != std::fs::read(first_shard(c.path())).unwrap());
 }
 
 #[test]
@@ -97,7 +97,7 @@ fn full_preset_plan_has_the_real_size_without_writing() {
     assert_eq!(plan.codec_specs.len(), 535 + 6);
     let codec_gb = plan.codec_bytes() as f64 / 1e9;
     assert!((1.5..1.7).contains(&codec_gb), "codec bytes {codec_gb} GB");
-    assert!(plan.shards.len() >= 8, "{} shards", plan.shards.len());
+    assert!(plan.shards().len() >= 8, "{} shards", plan.shards().len());
 }
 
 fn refused_with_spec_edit(edit: impl FnOnce(&mut SynthPlan)) -> String {

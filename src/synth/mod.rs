@@ -32,12 +32,14 @@ pub struct SynthOptions {
 
 /// The planned checkpoint: config, tokenizer and every tensor spec, before anything is written.
 pub struct SynthPlan {
+    pub seed: u64,
     pub config: ModelConfig,
     pub tokenizer_json: String,
     pub special_tokens: SpecialTokenIds,
     pub model_specs: Vec<TensorSpec>,
     pub codec_specs: Vec<TensorSpec>,
-    pub shards: Vec<Vec<usize>>,
+    /// Target bytes per shard; the split itself is made when writing.
+    pub shard_bytes: usize,
 }
 
 impl SynthPlan {
@@ -62,8 +64,14 @@ impl SynthPlan {
         codec_weights(&p.codec, &mut rec).expect("recording never fails");
         let mut codec_specs = rec.specs;
         codec_specs.extend(codec_buffer_specs(&p.codec));
-        let shard_plan = shards::plan_shards(&model_specs, p.shard_bytes.min(total_bytes(&model_specs) / 4 + 1));
-        SynthPlan { config, tokenizer_json, special_tokens, model_specs, codec_specs, shards: shard_plan }
+        // At least four shards even for small presets, so layers straddle shard boundaries.
+        let shard_bytes = p.shard_bytes.min(total_bytes(&model_specs) / 4 + 1);
+        SynthPlan { seed: opts.seed, config, tokenizer_json, special_tokens, model_specs, codec_specs, shard_bytes }
+    }
+
+    /// Which model specs go into which shard.
+    pub fn shards(&self) -> Vec<Vec<usize>> {
+        shards::plan_shards(&self.model_specs, self.shard_bytes)
     }
 
     pub fn model_bytes(&self) -> usize {
@@ -75,18 +83,21 @@ impl SynthPlan {
     }
 
     /// Writes the whole checkpoint into `dir` (created if needed).
-    pub fn write(&self, dir: &Path, seed: u64) -> io::Result<()> {
+    pub fn write(&self, dir: &Path) -> io::Result<()> {
+        let seed = self.seed;
         std::fs::create_dir_all(dir)?;
         std::fs::write(dir.join(CONFIG_FILE), self.config.to_json_pretty() + "\n")?;
         std::fs::write(dir.join(TOKENIZER_FILE), &self.tokenizer_json)?;
-        shards::write_shards(dir, &self.model_specs, &self.shards, |s| fill::tensor_bytes(s, seed))?;
+        shards::write_shards(dir, &self.model_specs, &self.shards(), |s| fill::tensor_bytes(s, seed))?;
         let codec_tensors = self.codec_specs.iter().map(|s| pth_writer::PthTensorOut {
             name: s.name.clone(),
             dtype: s.stored,
             shape: s.shape.clone(),
             data: fill::tensor_bytes(s, seed),
         });
-        pth_writer::write_state_dict(&dir.join(CODEC_FILE), codec_tensors)
+        // torch draws a random serialization id; ours derives from the seed so output is reproducible.
+        let serialization_id = format!("{:040}", u128::from(rng::fnv1a(&seed.to_le_bytes())));
+        pth_writer::write_state_dict_with_id(&dir.join(CODEC_FILE), codec_tensors, &serialization_id)
     }
 }
 

@@ -16,14 +16,14 @@ pub fn tiny_plan() -> SynthPlan {
 /// Writes a tiny checkpoint into a fresh temporary directory.
 pub fn tiny_checkpoint() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    tiny_plan().write(dir.path(), SEED).unwrap();
+    tiny_plan().write(dir.path()).unwrap();
     dir
 }
 
 /// Writes `plan` into a fresh temporary directory.
 pub fn write_plan(plan: &SynthPlan) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    plan.write(dir.path(), SEED).unwrap();
+    plan.write(dir.path()).unwrap();
     dir
 }
 

@@ -95,6 +95,16 @@ pub enum LayerType {
     FullAttention,
 }
 
+impl LayerType {
+    /// The spelling `config.json` uses.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LayerType::LinearAttention => "linear_attention",
+            LayerType::FullAttention => "full_attention",
+        }
+    }
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RopeParameters {
     #[serde(default = "default_rope")]
@@ -227,10 +237,7 @@ impl ModelConfig {
     /// Parses and validates a `config.json` text.
     pub fn from_json(text: &str) -> Result<ModelConfig, ConfigError> {
         let de = &mut serde_json::Deserializer::from_str(text);
-        let cfg: ModelConfig = serde_path_to_error::deserialize(de).map_err(|e| ConfigError::Parse {
-            key: e.path().to_string(),
-            message: e.inner().to_string(),
-        })?;
+        let cfg: ModelConfig = serde_path_to_error::deserialize(de).map_err(parse_error)?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -243,6 +250,18 @@ impl ModelConfig {
     pub fn dims(&self) -> Dims {
         Dims::from_config(self)
     }
+}
+
+/// Names the offending key; for a missing field serde reports the enclosing object, so the
+/// field is appended to make the path name the key itself.
+fn parse_error(e: serde_path_to_error::Error<serde_json::Error>) -> ConfigError {
+    let mut key = e.path().to_string();
+    let message = e.inner().to_string();
+    if let Some(field) = message.strip_prefix("missing field `").and_then(|m| m.split('`').next()) {
+        key = if key == "." { field.to_owned() } else { format!("{key}.{field}") };
+    }
+    let message = message.split(" at line ").next().unwrap_or(&message).to_owned();
+    ConfigError::Parse { key, message }
 }
 
 /// Every dimension the model code needs, derived once from a validated config.

@@ -64,7 +64,7 @@ fn each_rule_is_refused_naming_the_key() {
     let cases: Vec<(&str, Box<dyn FnOnce(&mut Value)>)> = vec![
         ("`model_type`", Box::new(|v| v["model_type"] = json!("qwen3"))),
         ("`text_config.model_type`", Box::new(|v| v["text_config"]["model_type"] = json!("llama"))),
-        ("`text_config.layer_types[2]`", Box::new(|v| v["text_config"]["layer_types"][2] = json!("full_attention"))),
+        ("`text_config.layer_types[5]`", Box::new(|v| v["text_config"]["layer_types"][5] = json!("full_attention"))),
         ("`text_config.layer_types`", Box::new(|v| {
             v["text_config"]["layer_types"].as_array_mut().unwrap().pop();
         })),
@@ -106,6 +106,15 @@ fn each_rule_is_refused_naming_the_key() {
         assert!(msg.contains(key), "expected {key} in: {msg}");
         assert!(msg.starts_with("config.json"), "{msg}");
     }
+}
+
+#[test]
+fn layer_pattern_follows_the_first_full_layer() {
+    let msg = refusal(|v| v["text_config"]["layer_types"][2] = json!("full_attention"));
+    assert_eq!(
+        msg,
+        "config.json: `text_config.layer_types[3]` must be \"linear_attention\" (full attention every 3 layers), found \"full_attention\""
+    );
 }
 
 #[test]

@@ -205,8 +205,8 @@ impl ModelConfig {
             if *kind != want {
                 return Err(rule(
                     format!("text_config.layer_types[{i}]"),
-                    format!("{want:?} (full attention every {interval} layers)"),
-                    format!("{kind:?}"),
+                    format!("\"{}\" (full attention every {interval} layers)", want.as_str()),
+                    format!("\"{}\"", kind.as_str()),
                 ));
             }
         }
