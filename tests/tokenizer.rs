@@ -1,9 +1,9 @@
 //! End-to-end checks of the synthetic `tokenizer.json`: it loads, round-trips text, keeps special tokens atomic, matches Python `tokenizers`, and every mismatch with `config.json` is refused by name.
 
-use std::io::Write;
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Instant;
 
 use limelight::checkpoint::tokenizer::{
     SpecialTokenIds, TokenizerExpectations, load_tokenizer, semantic_token, speaker_token,
@@ -16,10 +16,6 @@ const TINY: TokenizerSpec = TokenizerSpec { n_merges: 700, semantic_codes: 256, 
 const FULL: TokenizerSpec = TokenizerSpec { n_merges: 30_000, semantic_codes: 4096, seed: 42 };
 
 /// Bypasses the test harness's output capture so notes show up without `--nocapture`.
-fn note(msg: &str) {
-    let _ = writeln!(std::io::stderr(), "{msg}");
-}
-
 fn expect_of(ids: &SpecialTokenIds) -> TokenizerExpectations {
     TokenizerExpectations {
         semantic_start: ids.semantic_start,
@@ -140,25 +136,11 @@ fn same_seed_gives_identical_bytes() {
 }
 
 #[test]
-fn build_timings() {
-    let t = Instant::now();
-    let (_, tiny) = build_tokenizer_json(&TINY);
-    let tiny_time = t.elapsed();
-    let t = Instant::now();
+fn full_size_tokenizer_loads_with_every_token() {
     let (json, full) = build_tokenizer_json(&FULL);
-    let full_time = t.elapsed();
-    let t = Instant::now();
     let tok = Tokenizer::from_bytes(json.as_bytes()).unwrap();
-    let load_time = t.elapsed();
-    note(&format!(
-        "tokenizer build: tiny (700 merges, V=256) {tiny_time:.1?}, {} ids; full (30000 merges, V=4096) {full_time:.1?}, {} ids, {} KiB, Rust load {load_time:.1?}",
-        tiny.vocab_len,
-        full.vocab_len,
-        json.len() / 1024
-    ));
     assert_eq!(full.vocab_len, 256 + 30_000 + 28 + 4096);
     assert_eq!(tok.get_vocab_size(true), full.vocab_len as usize);
-    assert!(full_time.as_secs() < 30, "full-size build took {full_time:?}");
 }
 
 #[test]
@@ -297,10 +279,7 @@ fn unreadable_file_names_the_path() {
 
 /// Runs `tools/fixtures/check_tokenizer.py` (Python `tokenizers`, Oniguruma regex) and compares every id.
 fn python_cross_check(spec: &TokenizerSpec) {
-    let have_python =
-        Command::new("python3").args(["-c", "import tokenizers"]).output().is_ok_and(|o| o.status.success());
-    if !have_python {
-        note("skipped: python tokenizers not installed");
+    if !common::python_with(&["tokenizers"]) {
         return;
     }
     let (json, s) = build_tokenizer_json(spec);

@@ -37,3 +37,19 @@ pub fn first_shard(dir: &Path) -> std::path::PathBuf {
     shards.sort();
     shards.remove(0)
 }
+
+/// Whether `python3` can import every module in `modules`. Without them the calling test skips
+/// with a visible notice, except under `LIMELIGHT_REQUIRE_PYTHON=1` (the test command), where a
+/// missing package fails the test.
+pub fn python_with(modules: &[&str]) -> bool {
+    let imports = format!("import {}", modules.join(", "));
+    let ok = std::process::Command::new("python3").args(["-c", &imports]).output().is_ok_and(|o| o.status.success());
+    if !ok {
+        assert!(
+            std::env::var_os("LIMELIGHT_REQUIRE_PYTHON").is_none(),
+            "python3 cannot `{imports}` but LIMELIGHT_REQUIRE_PYTHON is set (run tools/python-env.sh)"
+        );
+        eprintln!("skipped: python3 cannot `{imports}` (tools/python-env.sh installs it)");
+    }
+    ok
+}
