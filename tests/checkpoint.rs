@@ -243,3 +243,14 @@ fn inspect_binary_exit_codes() {
     assert_eq!(bad.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("tokenizer.json"));
 }
+
+#[test]
+fn integer_tensor_where_a_float_is_needed_is_refused() {
+    let dir = tiny_checkpoint();
+    let index: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("model.safetensors.index.json")).unwrap()).unwrap();
+    let name = "model.language_model.layers.0.linear_attn.A_log";
+    let shard = dir.path().join(index["weight_map"][name].as_str().unwrap());
+    edit_header(&shard, |h| h[name]["dtype"] = json!("I32"));
+    assert_contains(&refusal(dir.path()), &[&format!("`{name}`"), "dtype I32", "BF16 or F32"]);
+}
