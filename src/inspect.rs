@@ -7,8 +7,8 @@ use std::fmt::Write as _;
 use crate::checkpoint::Dtype;
 use crate::model::config::{Dims, LayerType};
 use crate::model::load::Checkpoint;
-use crate::model::weights::codec::is_decode_path;
 use crate::model::weights::CODEC_IGNORED_BUFFERS;
+use crate::model::weights::codec::is_decode_path;
 
 /// Device-resident sizes for serving, in bytes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -25,7 +25,9 @@ pub struct DeviceBudget {
 
 impl DeviceBudget {
     pub fn total(&self, requests: usize) -> usize {
-        self.model_weights + self.codec_weights + requests * (self.kv_cache_per_request + self.recurrent_state_per_request)
+        self.model_weights
+            + self.codec_weights
+            + requests * (self.kv_cache_per_request + self.recurrent_state_per_request)
     }
 }
 
@@ -65,14 +67,72 @@ pub fn summary(ckpt: &Checkpoint, context_length: usize) -> String {
     let full = d.layer_types.iter().filter(|t| **t == LayerType::FullAttention).count();
     let mut o = String::new();
     let _ = writeln!(o, "checkpoint {} is valid", ckpt.dir.display());
-    let _ = writeln!(o, "  model_type {}, template {}, text_config {}", c.model_type, c.speech_template_version, c.text_config.model_type);
-    let _ = writeln!(o, "backbone: {} layers ({} gated deltanet, {} gated attention), hidden {}, vocab {}", d.layers, d.layers - full, full, d.hidden, d.vocab);
-    let _ = writeln!(o, "  attention: {} heads, {} kv heads, head_dim {}, rotary {} dims, theta {}", d.heads, d.kv_heads, d.head_dim, d.rotary_dim, c.text_config.rope_parameters.rope_theta);
-    let _ = writeln!(o, "  gated deltanet: {} key heads x {}, {} value heads x {}, conv kernel {}", d.gdn_key_heads, d.gdn_key_dim, d.gdn_value_heads, d.gdn_value_dim, d.gdn_conv_kernel);
-    let _ = writeln!(o, "  moe: {} experts, top-{}, intermediate {}, shared expert {}, block-FP8 {}x{}", d.experts, d.experts_per_token, d.expert_intermediate, d.shared_expert_intermediate, d.fp8_block[0], d.fp8_block[1]);
-    let _ = writeln!(o, "tower: {} layers ({} shared + {} residual), {} codebooks x {} codes, intermediate {}, {:?} with {} backbone codebooks", d.tower_layers(), d.tower_shared_layers, d.tower_residual_layers(), d.codebooks, d.codebook_vocab, d.tower_intermediate, c.audio_decoder_config.vq_feature_placement, d.vq_backbone_codebooks);
-    let _ = writeln!(o, "codec: latent {}, codebooks {} + {}x{} of dim {}, decoder width {}, encoder width {}, transformers {}/{}/{} layers, {} samples per frame", k.latent, k.semantic_codebook_size, k.residual_codebooks, k.residual_codebook_size, k.codebook_dim, k.decoder_dim, k.encoder_dim, k.encoder_transformer_layers, k.pre_module_layers, k.post_module_layers, k.samples_per_frame());
-    let _ = writeln!(o, "tokenizer: {} ids; <|im_start|>={} <|im_end|>={} (eos) <|voice|>={} semantic {}..={} speakers {}..={}", s.vocab_len, s.im_start, s.im_end, s.voice, s.semantic_start, s.semantic_end, s.speakers[0], s.speakers[15]);
+    let _ = writeln!(
+        o,
+        "  model_type {}, template {}, text_config {}",
+        c.model_type, c.speech_template_version, c.text_config.model_type
+    );
+    let _ = writeln!(
+        o,
+        "backbone: {} layers ({} gated deltanet, {} gated attention), hidden {}, vocab {}",
+        d.layers,
+        d.layers - full,
+        full,
+        d.hidden,
+        d.vocab
+    );
+    let _ = writeln!(
+        o,
+        "  attention: {} heads, {} kv heads, head_dim {}, rotary {} dims, theta {}",
+        d.heads, d.kv_heads, d.head_dim, d.rotary_dim, c.text_config.rope_parameters.rope_theta
+    );
+    let _ = writeln!(
+        o,
+        "  gated deltanet: {} key heads x {}, {} value heads x {}, conv kernel {}",
+        d.gdn_key_heads, d.gdn_key_dim, d.gdn_value_heads, d.gdn_value_dim, d.gdn_conv_kernel
+    );
+    let _ = writeln!(
+        o,
+        "  moe: {} experts, top-{}, intermediate {}, shared expert {}, block-FP8 {}x{}",
+        d.experts,
+        d.experts_per_token,
+        d.expert_intermediate,
+        d.shared_expert_intermediate,
+        d.fp8_block[0],
+        d.fp8_block[1]
+    );
+    let _ = writeln!(
+        o,
+        "tower: {} layers ({} shared + {} residual), {} codebooks x {} codes, intermediate {}, {:?} with {} backbone codebooks",
+        d.tower_layers(),
+        d.tower_shared_layers,
+        d.tower_residual_layers(),
+        d.codebooks,
+        d.codebook_vocab,
+        d.tower_intermediate,
+        c.audio_decoder_config.vq_feature_placement,
+        d.vq_backbone_codebooks
+    );
+    let _ = writeln!(
+        o,
+        "codec: latent {}, codebooks {} + {}x{} of dim {}, decoder width {}, encoder width {}, transformers {}/{}/{} layers, {} samples per frame",
+        k.latent,
+        k.semantic_codebook_size,
+        k.residual_codebooks,
+        k.residual_codebook_size,
+        k.codebook_dim,
+        k.decoder_dim,
+        k.encoder_dim,
+        k.encoder_transformer_layers,
+        k.pre_module_layers,
+        k.post_module_layers,
+        k.samples_per_frame()
+    );
+    let _ = writeln!(
+        o,
+        "tokenizer: {} ids; <|im_start|>={} <|im_end|>={} (eos) <|voice|>={} semantic {}..={} speakers {}..={}",
+        s.vocab_len, s.im_start, s.im_end, s.voice, s.semantic_start, s.semantic_end, s.speakers[0], s.speakers[15]
+    );
     let mut by_dtype: BTreeMap<Dtype, (usize, usize)> = BTreeMap::new();
     for (_, view) in ckpt.shards.names().filter_map(|n| ckpt.shards.get(n)) {
         let e = by_dtype.entry(view.dtype).or_default();
@@ -85,7 +145,12 @@ pub fn summary(ckpt: &Checkpoint, context_length: usize) -> String {
         let _ = writeln!(o, "  {dtype:>8}: {n:>6} tensors, {}", human(*bytes));
     }
     let codec_params = ckpt.codec.tensors().filter(|(n, _)| !CODEC_IGNORED_BUFFERS.contains(n)).count();
-    let _ = writeln!(o, "codec.pth: {} parameters, {} ignored buffers present", codec_params, ckpt.codec.tensors().count() - codec_params);
+    let _ = writeln!(
+        o,
+        "codec.pth: {} parameters, {} ignored buffers present",
+        codec_params,
+        ckpt.codec.tensors().count() - codec_params
+    );
     let b = device_budget(ckpt, context_length);
     let _ = writeln!(o, "device memory (context {context_length} rows):");
     let _ = writeln!(o, "  model weights      {}", human(b.model_weights));

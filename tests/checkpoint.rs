@@ -48,7 +48,11 @@ fn tiny_round_trip_loads_with_exact_values() {
     }
     for spec in &plan.codec_specs {
         let t = ckpt.codec.get(&spec.name).unwrap();
-        assert!(ckpt.codec.contiguous_bytes(t).as_ref() == tensor_bytes(spec, SEED).as_slice(), "{} differs", spec.name);
+        assert!(
+            ckpt.codec.contiguous_bytes(t).as_ref() == tensor_bytes(spec, SEED).as_slice(),
+            "{} differs",
+            spec.name
+        );
     }
     let codec = ckpt.codec_weights().unwrap();
     assert_eq!(codec.residual_vqs.len(), 9);
@@ -60,7 +64,10 @@ fn synth_is_deterministic_per_seed() {
     let a = tiny_checkpoint();
     let b = tiny_checkpoint();
     for name in ["config.json", "tokenizer.json", "model.safetensors.index.json", "codec.pth"] {
-        assert!(std::fs::read(a.path().join(name)).unwrap() == std::fs::read(b.path().join(name)).unwrap(), "{name} differs");
+        assert!(
+            std::fs::read(a.path().join(name)).unwrap() == std::fs::read(b.path().join(name)).unwrap(),
+            "{name} differs"
+        );
     }
     assert!(std::fs::read(first_shard(a.path())).unwrap() == std::fs::read(first_shard(b.path())).unwrap());
     let other = SynthPlan::new(&SynthOptions { preset: Preset::Tiny, seed: SEED + 1, vq_backbone_codebooks: 1 });
@@ -84,7 +91,14 @@ fn summary_reports_the_model() {
     let text = summary(&Checkpoint::open(dir.path()).unwrap(), 16384);
     assert_contains(
         &text,
-        &["is valid", "8 layers (6 gated deltanet, 2 gated attention)", "13 layers (4 shared + 9 residual)", "F8_E4M3", "2048 samples per frame", "<|im_end|>"],
+        &[
+            "is valid",
+            "8 layers (6 gated deltanet, 2 gated attention)",
+            "13 layers (4 shared + 9 residual)",
+            "F8_E4M3",
+            "2048 samples per frame",
+            "<|im_end|>",
+        ],
     );
 }
 
@@ -108,17 +122,29 @@ fn refused_with_spec_edit(edit: impl FnOnce(&mut SynthPlan)) -> String {
 
 #[test]
 fn missing_tensor_is_named() {
-    let msg = refused_with_spec_edit(|p| p.model_specs.retain(|s| s.name != "model.language_model.layers.2.linear_attn.A_log"));
-    assert_contains(&msg, &["model.safetensors.index.json", "`model.language_model.layers.2.linear_attn.A_log` is missing"]);
+    let msg = refused_with_spec_edit(|p| {
+        p.model_specs.retain(|s| s.name != "model.language_model.layers.2.linear_attn.A_log")
+    });
+    assert_contains(
+        &msg,
+        &["model.safetensors.index.json", "`model.language_model.layers.2.linear_attn.A_log` is missing"],
+    );
 }
 
 #[test]
 fn wrong_shape_is_named_with_file() {
     let msg = refused_with_spec_edit(|p| {
-        let s = p.model_specs.iter_mut().find(|s| s.name == "model.language_model.layers.3.self_attn.k_proj.weight").unwrap();
+        let s = p
+            .model_specs
+            .iter_mut()
+            .find(|s| s.name == "model.language_model.layers.3.self_attn.k_proj.weight")
+            .unwrap();
         s.shape = vec![64, 256];
     });
-    assert_contains(&msg, &[".safetensors", "`model.language_model.layers.3.self_attn.k_proj.weight`", "[64, 256]", "[32, 256]"]);
+    assert_contains(
+        &msg,
+        &[".safetensors", "`model.language_model.layers.3.self_attn.k_proj.weight`", "[64, 256]", "[32, 256]"],
+    );
 }
 
 #[test]
@@ -141,7 +167,10 @@ fn unknown_namespace_and_unexpected_tensor_are_refused() {
         })
     };
     assert_contains(&extra("mtp.layers.0.eh_proj.weight"), &["`mtp.layers.0.eh_proj.weight`", "unknown namespace"]);
-    assert_contains(&extra("model.language_model.layers.0.extra.weight"), &["`model.language_model.layers.0.extra.weight`", "not part of the model"]);
+    assert_contains(
+        &extra("model.language_model.layers.0.extra.weight"),
+        &["`model.language_model.layers.0.extra.weight`", "not part of the model"],
+    );
 }
 
 #[test]
@@ -188,7 +217,11 @@ fn overlapping_offsets_are_refused() {
             .collect();
         entries.sort_by_key(|(_, o)| o.0);
         // Two same-size norm gains: point the second at the first one's bytes.
-        let (a, b) = entries.windows(2).map(|w| (w[0].clone(), w[1].clone())).find(|(a, b)| a.1.1 - a.1.0 == b.1.1 - b.1.0).unwrap();
+        let (a, b) = entries
+            .windows(2)
+            .map(|w| (w[0].clone(), w[1].clone()))
+            .find(|(a, b)| a.1.1 - a.1.0 == b.1.1 - b.1.0)
+            .unwrap();
         h[&b.0]["data_offsets"] = json!([a.1.0, a.1.1]);
     });
     assert_contains(&refusal(dir.path()), &["overlaps"]);
@@ -248,7 +281,8 @@ fn inspect_binary_exit_codes() {
 fn integer_tensor_where_a_float_is_needed_is_refused() {
     let dir = tiny_checkpoint();
     let index: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.path().join("model.safetensors.index.json")).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("model.safetensors.index.json")).unwrap())
+            .unwrap();
     let name = "model.language_model.layers.0.linear_attn.A_log";
     let shard = dir.path().join(index["weight_map"][name].as_str().unwrap());
     edit_header(&shard, |h| h[name]["dtype"] = json!("I32"));

@@ -24,7 +24,10 @@ fn every_supported_dtype_parses_with_absolute_offsets() {
     for name in dtypes {
         let d = Dtype::from_safetensors_name(name).unwrap();
         let bytes = 6 * d.size();
-        header.insert(name.to_lowercase(), json!({"dtype": name, "shape": [2, 3], "data_offsets": [offset, offset + bytes]}));
+        header.insert(
+            name.to_lowercase(),
+            json!({"dtype": name, "shape": [2, 3], "data_offsets": [offset, offset + bytes]}),
+        );
         offset += bytes;
     }
     header.insert("__metadata__".into(), json!({"format": "pt"}));

@@ -32,10 +32,7 @@ impl Dtype {
 
     /// Whether values of this type are floating point (what model tensors must be).
     pub fn is_float(self) -> bool {
-        matches!(
-            self,
-            Dtype::F8E4M3 | Dtype::F8E5M2 | Dtype::F16 | Dtype::BF16 | Dtype::F32 | Dtype::F64
-        )
+        matches!(self, Dtype::F8E4M3 | Dtype::F8E5M2 | Dtype::F16 | Dtype::BF16 | Dtype::F32 | Dtype::F64)
     }
 
     /// The spelling used in a safetensors header (`"BF16"`, `"F8_E4M3"`, …).

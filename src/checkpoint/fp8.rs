@@ -108,8 +108,7 @@ mod tests {
     #[test]
     fn nearest_for_every_midpoint_region() {
         // Exhaustive check against brute force nearest search over finite codes.
-        let codes: Vec<(u8, f32)> =
-            (0u8..=0x7E).map(|b| (b, e4m3_to_f32(b))).collect();
+        let codes: Vec<(u8, f32)> = (0u8..=0x7E).map(|b| (b, e4m3_to_f32(b))).collect();
         let mut x = 0.0f32;
         while x < 460.0 {
             let enc = e4m3_to_f32(f32_to_e4m3(x));

@@ -29,18 +29,15 @@ impl TensorView<'_> {
         let b = self.bytes;
         Some(match self.dtype {
             Dtype::F32 => b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
-            Dtype::BF16 => b
-                .chunks_exact(2)
-                .map(|c| half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
-                .collect(),
-            Dtype::F16 => b
-                .chunks_exact(2)
-                .map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
-                .collect(),
-            Dtype::F64 => b
-                .chunks_exact(8)
-                .map(|c| f64::from_le_bytes(c.try_into().expect("8-byte chunk")) as f32)
-                .collect(),
+            Dtype::BF16 => {
+                b.chunks_exact(2).map(|c| half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()).collect()
+            }
+            Dtype::F16 => {
+                b.chunks_exact(2).map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()).collect()
+            }
+            Dtype::F64 => {
+                b.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().expect("8-byte chunk")) as f32).collect()
+            }
             Dtype::F8E4M3 => b.iter().map(|&x| fp8::e4m3_to_f32(x)).collect(),
             Dtype::F8E5M2 => b.iter().map(|&x| fp8::e5m2_to_f32(x)).collect(),
             _ => return None,

@@ -70,7 +70,11 @@ impl SafetensorsFile {
     }
 
     pub fn view(&self, name: &str) -> Option<TensorView<'_>> {
-        self.tensors.get(name).map(|t| TensorView { dtype: t.dtype, shape: &t.shape, bytes: &self.mmap[t.bytes.clone()] })
+        self.tensors.get(name).map(|t| TensorView {
+            dtype: t.dtype,
+            shape: &t.shape,
+            bytes: &self.mmap[t.bytes.clone()],
+        })
     }
 }
 
@@ -85,7 +89,9 @@ pub fn parse_header(path: &Path, file: &[u8]) -> Result<BTreeMap<String, TensorI
     if header_len > available || header_len > MAX_HEADER_BYTES {
         return Err(file_err(
             path,
-            format!("header length {header_len} runs past the end of the file ({available} bytes after the length field)"),
+            format!(
+                "header length {header_len} runs past the end of the file ({available} bytes after the length field)"
+            ),
         ));
     }
     let header_end = 8 + header_len as usize;
@@ -120,7 +126,8 @@ fn parse_entry(path: &Path, name: &str, entry: &Value, data_len: usize) -> Resul
     let err = |m: String| tensor_err(path, name, m);
     let obj = entry.as_object().ok_or_else(|| err("entry is not an object".into()))?;
     let dtype_name = obj.get("dtype").and_then(Value::as_str).ok_or_else(|| err("missing string `dtype`".into()))?;
-    let dtype = Dtype::from_safetensors_name(dtype_name).ok_or_else(|| err(format!("unsupported dtype {dtype_name}")))?;
+    let dtype =
+        Dtype::from_safetensors_name(dtype_name).ok_or_else(|| err(format!("unsupported dtype {dtype_name}")))?;
     let shape = obj
         .get("shape")
         .and_then(Value::as_array)
@@ -198,14 +205,22 @@ impl ShardedCheckpoint {
         for (tensor, file) in &weight_map {
             let id = file_ids[file.as_str()];
             if !shards[id].tensors().contains_key(tensor) {
-                return Err(tensor_err(&index_path, tensor, format!("listed in the index under {file}, which does not contain it")));
+                return Err(tensor_err(
+                    &index_path,
+                    tensor,
+                    format!("listed in the index under {file}, which does not contain it"),
+                ));
             }
             index.insert(tensor.clone(), id);
         }
         for shard in &shards {
             for name in shard.tensors().keys() {
                 if index.get(name).is_none_or(|&id| shards[id].path() != shard.path()) {
-                    return Err(tensor_err(shard.path(), name, format!("is not listed under this file in {INDEX_FILE}")));
+                    return Err(tensor_err(
+                        shard.path(),
+                        name,
+                        format!("is not listed under this file in {INDEX_FILE}"),
+                    ));
                 }
             }
         }

@@ -74,7 +74,8 @@ impl Checkpoint {
         let codec_file = codec.path().display().to_string();
         let codec_dims = CodecDims::infer(&codec_file, |name| codec.get(name).map(|t| t.shape.clone()))?;
         check_codec_matches_config(&codec_file, &codec_dims, &dims)?;
-        let ckpt = Checkpoint { dir: dir.to_owned(), config, dims, tokenizer, special_tokens, shards, codec, codec_dims };
+        let ckpt =
+            Checkpoint { dir: dir.to_owned(), config, dims, tokenizer, special_tokens, shards, codec, codec_dims };
         ckpt.model_weights()?;
         ckpt.codec_weights()?;
         Ok(ckpt)
@@ -115,7 +116,8 @@ impl Checkpoint {
 
 /// The codec's semantic codebook must cover the tower's code space (`model.md` §2.3).
 fn check_codec_matches_config(file: &str, c: &CodecDims, d: &Dims) -> Result<(), WeightError> {
-    let invalid = |tensor: &str, message: String| WeightError::Invalid { file: file.into(), tensor: tensor.into(), message };
+    let invalid =
+        |tensor: &str, message: String| WeightError::Invalid { file: file.into(), tensor: tensor.into(), message };
     if c.semantic_codebook_size != d.codebook_vocab {
         return Err(invalid(
             "quantizer.semantic_quantizer.quantizers.0.codebook.weight",
@@ -140,7 +142,12 @@ fn check_codec_matches_config(file: &str, c: &CodecDims, d: &Dims) -> Result<(),
 /// Checks one spec against what a file holds.
 fn check_spec(file: &str, spec: &TensorSpec, name: &str, dtype: Dtype, shape: &[usize]) -> Result<(), WeightError> {
     if !spec.accept.allows(dtype) {
-        return Err(WeightError::Dtype { file: file.into(), tensor: name.into(), expected: spec.accept.describe(), found: dtype });
+        return Err(WeightError::Dtype {
+            file: file.into(),
+            tensor: name.into(),
+            expected: spec.accept.describe(),
+            found: dtype,
+        });
     }
     if shape != spec.shape.as_slice() {
         return Err(WeightError::Shape {

@@ -2,5 +2,5 @@
 //! the order of operations of backbone, tower and codec.
 
 pub mod config;
-pub mod weights;
 pub mod load;
+pub mod weights;

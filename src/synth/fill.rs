@@ -59,7 +59,9 @@ fn fill_chunk(spec: &TensorSpec, rng: &mut Rng, out: &mut [u8]) {
     let mut value = sampler(spec.init);
     match spec.stored {
         Dtype::F32 => out.chunks_exact_mut(4).for_each(|c| c.copy_from_slice(&value(rng).to_le_bytes())),
-        Dtype::BF16 => out.chunks_exact_mut(2).for_each(|c| c.copy_from_slice(&bf16::from_f32(value(rng)).to_le_bytes())),
+        Dtype::BF16 => {
+            out.chunks_exact_mut(2).for_each(|c| c.copy_from_slice(&bf16::from_f32(value(rng)).to_le_bytes()))
+        }
         Dtype::F16 => out.chunks_exact_mut(2).for_each(|c| c.copy_from_slice(&f16::from_f32(value(rng)).to_le_bytes())),
         other => panic!("tensor `{}`: the writer cannot fill dtype {other}", spec.name),
     }

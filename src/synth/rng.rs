@@ -59,10 +59,12 @@ mod tests {
 
     #[test]
     fn streams_are_deterministic_and_distinct() {
-        let a: Vec<u64> = (0..4).map({
-            let mut r = Rng::for_tensor(7, "x", 0);
-            move |_| r.next_u64()
-        }).collect();
+        let a: Vec<u64> = (0..4)
+            .map({
+                let mut r = Rng::for_tensor(7, "x", 0);
+                move |_| r.next_u64()
+            })
+            .collect();
         let mut r = Rng::for_tensor(7, "x", 0);
         assert_eq!(a, (0..4).map(|_| r.next_u64()).collect::<Vec<_>>());
         let mut other = Rng::for_tensor(7, "y", 0);

@@ -73,7 +73,7 @@ fn shard_header(specs: &[TensorSpec], members: &[usize]) -> Vec<u8> {
         offset = end;
     }
     let mut header = serde_json::to_vec(&Value::Object(entries)).expect("header serialises");
-    while header.len() % 8 != 0 {
+    while !header.len().is_multiple_of(8) {
         header.push(b' ');
     }
     header

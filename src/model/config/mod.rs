@@ -227,10 +227,8 @@ fn all_vq() -> String {
 impl ModelConfig {
     /// Reads, parses and validates `config.json`.
     pub fn from_file(path: &Path) -> Result<ModelConfig, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Io {
-            path: path.display().to_string(),
-            message: e.to_string(),
-        })?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::Io { path: path.display().to_string(), message: e.to_string() })?;
         Self::from_json(&text)
     }
 

@@ -61,17 +61,27 @@ fn unknown_keys_are_kept() {
 
 #[test]
 fn each_rule_is_refused_naming_the_key() {
-    let cases: Vec<(&str, Box<dyn FnOnce(&mut Value)>)> = vec![
+    type Edit = Box<dyn FnOnce(&mut Value)>;
+    let cases: Vec<(&str, Edit)> = vec![
         ("`model_type`", Box::new(|v| v["model_type"] = json!("qwen3"))),
         ("`text_config.model_type`", Box::new(|v| v["text_config"]["model_type"] = json!("llama"))),
         ("`text_config.layer_types[5]`", Box::new(|v| v["text_config"]["layer_types"][5] = json!("full_attention"))),
-        ("`text_config.layer_types`", Box::new(|v| {
-            v["text_config"]["layer_types"].as_array_mut().unwrap().pop();
-        })),
+        (
+            "`text_config.layer_types`",
+            Box::new(|v| {
+                v["text_config"]["layer_types"].as_array_mut().unwrap().pop();
+            }),
+        ),
         ("`text_config.mlp_layer_types`", Box::new(|v| v["text_config"]["mlp_layer_types"][0] = json!("dense"))),
         ("`quantization_config.quant_method`", Box::new(|v| v["quantization_config"]["quant_method"] = json!("fp8"))),
-        ("`quantization_config.weight_block_size`", Box::new(|v| v["quantization_config"]["weight_block_size"] = json!([64, 64]))),
-        ("`quantization_config.activation_scheme`", Box::new(|v| v["quantization_config"]["activation_scheme"] = json!("static"))),
+        (
+            "`quantization_config.weight_block_size`",
+            Box::new(|v| v["quantization_config"]["weight_block_size"] = json!([64, 64])),
+        ),
+        (
+            "`quantization_config.activation_scheme`",
+            Box::new(|v| v["quantization_config"]["activation_scheme"] = json!("static")),
+        ),
         ("`tie_word_embeddings`", Box::new(|v| v["tie_word_embeddings"] = json!(true))),
         ("`speech_template_version`", Box::new(|v| v["speech_template_version"] = json!("v2"))),
         ("`extra_samplable_token_ids`", Box::new(|v| v["extra_samplable_token_ids"] = json!([5]))),
@@ -83,22 +93,49 @@ fn each_rule_is_refused_naming_the_key() {
         ("`audio_decoder_config.head_dim`", Box::new(|v| v["audio_decoder_config"]["head_dim"] = json!(64))),
         ("`audio_decoder_config.n_layer`", Box::new(|v| v["audio_decoder_config"]["n_layer"] = json!(3))),
         ("`audio_decoder_config.max_seq_len`", Box::new(|v| v["audio_decoder_config"]["max_seq_len"] = json!(12))),
-        ("`audio_decoder_config.vq_backbone_codebooks`", Box::new(|v| v["audio_decoder_config"]["vq_backbone_codebooks"] = json!(10))),
-        ("`audio_decoder_config.vq_backbone_codebooks`", Box::new(|v| {
-            v["audio_decoder_config"]["vq_feature_placement"] = json!("mtp_shared_pre");
-        })),
-        ("`audio_decoder_config.decoder_type`", Box::new(|v| v["audio_decoder_config"]["decoder_type"] = json!("fast_ar"))),
-        ("`audio_decoder_config.attention_output_gate`", Box::new(|v| v["audio_decoder_config"]["attention_output_gate"] = json!(false))),
+        (
+            "`audio_decoder_config.vq_backbone_codebooks`",
+            Box::new(|v| v["audio_decoder_config"]["vq_backbone_codebooks"] = json!(10)),
+        ),
+        (
+            "`audio_decoder_config.vq_backbone_codebooks`",
+            Box::new(|v| {
+                v["audio_decoder_config"]["vq_feature_placement"] = json!("mtp_shared_pre");
+            }),
+        ),
+        (
+            "`audio_decoder_config.decoder_type`",
+            Box::new(|v| v["audio_decoder_config"]["decoder_type"] = json!("fast_ar")),
+        ),
+        (
+            "`audio_decoder_config.attention_output_gate`",
+            Box::new(|v| v["audio_decoder_config"]["attention_output_gate"] = json!(false)),
+        ),
         ("`audio_decoder_config.use_moe`", Box::new(|v| v["audio_decoder_config"]["use_moe"] = json!(true))),
         ("`audio_decoder_config.window_size`", Box::new(|v| v["audio_decoder_config"]["window_size"] = json!(64))),
-        ("`audio_decoder_config.mtp_spec.attention_variant`", Box::new(|v| v["audio_decoder_config"]["mtp_spec"]["attention_variant"] = json!("swa"))),
-        ("`text_config.rope_parameters.mrope_section`", Box::new(|v| v["text_config"]["rope_parameters"]["mrope_section"] = json!([11, 11, 10]))),
-        ("`text_config.rope_parameters.partial_rotary_factor`", Box::new(|v| v["text_config"]["rope_parameters"]["partial_rotary_factor"] = json!(0.3))),
+        (
+            "`audio_decoder_config.mtp_spec.attention_variant`",
+            Box::new(|v| v["audio_decoder_config"]["mtp_spec"]["attention_variant"] = json!("swa")),
+        ),
+        (
+            "`text_config.rope_parameters.mrope_section`",
+            Box::new(|v| v["text_config"]["rope_parameters"]["mrope_section"] = json!([11, 11, 10])),
+        ),
+        (
+            "`text_config.rope_parameters.partial_rotary_factor`",
+            Box::new(|v| v["text_config"]["rope_parameters"]["partial_rotary_factor"] = json!(0.3)),
+        ),
         ("`text_config.num_experts_per_tok`", Box::new(|v| v["text_config"]["num_experts_per_tok"] = json!(9))),
-        ("`text_config.layernorm_zero_centered_gamma`", Box::new(|v| v["text_config"]["layernorm_zero_centered_gamma"] = json!(false))),
-        ("`text_config.hidden_size`", Box::new(|v| {
-            v["text_config"].as_object_mut().unwrap().remove("hidden_size");
-        })),
+        (
+            "`text_config.layernorm_zero_centered_gamma`",
+            Box::new(|v| v["text_config"]["layernorm_zero_centered_gamma"] = json!(false)),
+        ),
+        (
+            "`text_config.hidden_size`",
+            Box::new(|v| {
+                v["text_config"].as_object_mut().unwrap().remove("hidden_size");
+            }),
+        ),
         ("`text_config.num_experts`", Box::new(|v| v["text_config"]["num_experts"] = json!("many"))),
     ];
     for (key, edit) in cases {

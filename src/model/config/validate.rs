@@ -75,20 +75,12 @@ impl ModelConfig {
         check(
             end >= start && (end - start) as usize + 1 == band,
             "semantic_end_token_id",
-            format!(
-                "semantic_start_token_id + audio_decoder_config.vocab_size - 1 = {}",
-                start as usize + band - 1
-            ),
+            format!("semantic_start_token_id + audio_decoder_config.vocab_size - 1 = {}", start as usize + band - 1),
             end,
         )?;
         let vocab = self.text_config.vocab_size;
         check((end as usize) < vocab, "semantic_end_token_id", format!("< text_config.vocab_size ({vocab})"), end)?;
-        check(
-            eos < start || eos > end,
-            "eos_token_id",
-            format!("outside the semantic band {start}..={end}"),
-            eos,
-        )?;
+        check(eos < start || eos > end, "eos_token_id", format!("outside the semantic band {start}..={end}"), eos)?;
         check((eos as usize) < vocab, "eos_token_id", format!("< text_config.vocab_size ({vocab})"), eos)
     }
 
@@ -132,19 +124,19 @@ impl ModelConfig {
             ("text_config.max_position_embeddings", t.max_position_embeddings),
         ])?;
         check(
-            t.num_attention_heads % t.num_key_value_heads == 0 && t.num_attention_heads > 0,
+            t.num_attention_heads.is_multiple_of(t.num_key_value_heads) && t.num_attention_heads > 0,
             "text_config.num_attention_heads",
             format!("a positive multiple of num_key_value_heads ({})", t.num_key_value_heads),
             t.num_attention_heads,
         )?;
         check(
-            t.linear_num_value_heads % t.linear_num_key_heads == 0 && t.linear_num_value_heads > 0,
+            t.linear_num_value_heads.is_multiple_of(t.linear_num_key_heads) && t.linear_num_value_heads > 0,
             "text_config.linear_num_value_heads",
             format!("a positive multiple of linear_num_key_heads ({})", t.linear_num_key_heads),
             t.linear_num_value_heads,
         )?;
         check(
-            t.moe_intermediate_size % 128 == 0,
+            t.moe_intermediate_size.is_multiple_of(128),
             "text_config.moe_intermediate_size",
             "a multiple of 128 (the FP8 weight block)",
             t.moe_intermediate_size,
@@ -179,7 +171,12 @@ impl ModelConfig {
                     (Some(a), Some(b)) => a == b,
                     _ => *v == want,
                 };
-                check(same || v.is_null(), &format!("text_config.{key}"), format!("equal to rope_parameters ({want})"), v)?;
+                check(
+                    same || v.is_null(),
+                    &format!("text_config.{key}"),
+                    format!("equal to rope_parameters ({want})"),
+                    v,
+                )?;
             }
         }
         Ok(())
@@ -266,9 +263,18 @@ impl ModelConfig {
             )?,
         }
         if let Some(spec) = &a.mtp_spec {
-            equal("audio_decoder_config.mtp_spec.attention_variant", &spec.attention_variant.as_str(), &"full_attention")?;
+            equal(
+                "audio_decoder_config.mtp_spec.attention_variant",
+                &spec.attention_variant.as_str(),
+                &"full_attention",
+            )?;
             for key in spec.other.keys() {
-                check(!key.contains("moe"), &format!("audio_decoder_config.mtp_spec.{key}"), "absent (no MoE in the tower)", "present")?;
+                check(
+                    !key.contains("moe"),
+                    &format!("audio_decoder_config.mtp_spec.{key}"),
+                    "absent (no MoE in the tower)",
+                    "present",
+                )?;
             }
         }
         Ok(())
@@ -284,7 +290,7 @@ fn check_rotary(key: &str, head_dim: usize, factor: f64) -> Result<(), ConfigErr
     let dims = head_dim as f64 * factor;
     let rot = rotary_dim(head_dim, factor);
     check(
-        factor > 0.0 && factor <= 1.0 && (dims - rot as f64).abs() < 1e-9 && rot % 2 == 0,
+        factor > 0.0 && factor <= 1.0 && (dims - rot as f64).abs() < 1e-9 && rot.is_multiple_of(2),
         key,
         format!("in (0, 1] giving an even whole number of rotary dims of head_dim {head_dim}"),
         factor,

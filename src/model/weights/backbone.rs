@@ -127,7 +127,13 @@ fn gated_delta_net<S: TensorSource>(d: &Dims, p: &str, src: &mut S) -> Result<Gd
             Dtype::BF16,
             Init::Linear { fan_in: d.gdn_conv_kernel },
         ))?,
-        dt_bias: src.tensor(TensorSpec::new(format!("{p}.dt_bias"), &[hv], Accept::SmallFloat, Dtype::BF16, Init::DtBias))?,
+        dt_bias: src.tensor(TensorSpec::new(
+            format!("{p}.dt_bias"),
+            &[hv],
+            Accept::SmallFloat,
+            Dtype::BF16,
+            Init::DtBias,
+        ))?,
         a_log: src.tensor(TensorSpec::new(format!("{p}.A_log"), &[hv], Accept::SmallFloat, Dtype::F32, Init::ALog))?,
         norm: src.tensor(TensorSpec::new(
             format!("{p}.norm.weight"),
@@ -183,7 +189,13 @@ fn fp8_linear<S: TensorSource>(
 ) -> Result<Fp8Linear<S::Tensor>, WeightError> {
     let [bo, bi] = d.fp8_block;
     Ok(Fp8Linear {
-        weight: src.tensor(TensorSpec::new(format!("{p}.weight"), &[out, inp], Accept::Fp8E4M3, Dtype::F8E4M3, Init::Fp8Codes))?,
+        weight: src.tensor(TensorSpec::new(
+            format!("{p}.weight"),
+            &[out, inp],
+            Accept::Fp8E4M3,
+            Dtype::F8E4M3,
+            Init::Fp8Codes,
+        ))?,
         scale_inv: src.tensor(TensorSpec::new(
             format!("{p}.weight_scale_inv"),
             &[out.div_ceil(bo), inp.div_ceil(bi)],

@@ -66,7 +66,8 @@ impl CodecDims {
     /// Every other tensor is then checked against these by [`codec_weights`].
     pub fn infer(file: &str, shape_of: impl Fn(&str) -> Option<Vec<usize>>) -> Result<CodecDims, WeightError> {
         let need = |name: &str, rank: usize| -> Result<Vec<usize>, WeightError> {
-            let shape = shape_of(name).ok_or_else(|| WeightError::Missing { file: file.into(), tensor: name.into() })?;
+            let shape =
+                shape_of(name).ok_or_else(|| WeightError::Missing { file: file.into(), tensor: name.into() })?;
             if shape.len() != rank {
                 return Err(WeightError::Invalid {
                     file: file.into(),
@@ -76,7 +77,9 @@ impl CodecDims {
             }
             Ok(shape)
         };
-        let count = |prefix: &str| (0..).take_while(|n| shape_of(&format!("{prefix}.{n}.attention.wqkv.weight")).is_some()).count();
+        let count = |prefix: &str| {
+            (0..).take_while(|n| shape_of(&format!("{prefix}.{n}.attention.wqkv.weight")).is_some()).count()
+        };
         let semantic = need("quantizer.semantic_quantizer.quantizers.0.codebook.weight", 2)?;
         let residual = need("quantizer.quantizer.quantizers.0.codebook.weight", 2)?;
         let post_w1 = need("quantizer.post_module.layers.0.feed_forward.w1.weight", 2)?;
@@ -84,8 +87,9 @@ impl CodecDims {
             .or_else(|_| need("decoder.model.0.conv.weight_v", 3))?;
         let encoder_in = need(&format!("{}.original1", wn_prefix("encoder.block.0")), 3)
             .or_else(|_| need("encoder.block.0.conv.weight_v", 3))?;
-        let residual_codebooks =
-            (0..).take_while(|n| shape_of(&format!("quantizer.quantizer.quantizers.{n}.codebook.weight")).is_some()).count();
+        let residual_codebooks = (0..)
+            .take_while(|n| shape_of(&format!("quantizer.quantizer.quantizers.{n}.codebook.weight")).is_some())
+            .count();
         Ok(CodecDims {
             latent: post_w1[1],
             codebook_dim: semantic[1],
@@ -225,8 +229,12 @@ pub fn codec_weights<S: TensorSource>(d: &CodecDims, src: &mut S) -> Result<Code
         .collect::<Result<_, _>>()?;
     let pre_module = b.transformer("quantizer.pre_module", d.pre_module_layers, l, d.transformer_intermediate)?;
     let post_module = b.transformer("quantizer.post_module", d.post_module_layers, l, d.transformer_intermediate)?;
-    let downsample = (0..QUANTIZER_RESAMPLE.len()).map(|i| b.resample(&format!("quantizer.downsample.{i}"), l)).collect::<Result<_, _>>()?;
-    let upsample = (0..QUANTIZER_RESAMPLE.len()).map(|i| b.resample(&format!("quantizer.upsample.{i}"), l)).collect::<Result<_, _>>()?;
+    let downsample = (0..QUANTIZER_RESAMPLE.len())
+        .map(|i| b.resample(&format!("quantizer.downsample.{i}"), l))
+        .collect::<Result<_, _>>()?;
+    let upsample = (0..QUANTIZER_RESAMPLE.len())
+        .map(|i| b.resample(&format!("quantizer.upsample.{i}"), l))
+        .collect::<Result<_, _>>()?;
     let decoder_conv_in = b.wn_conv("decoder.model.0", [d.decoder_dim, l, CONV_KERNEL])?;
     let mut decoder_blocks = Vec::new();
     for (i, &stride) in DECODER_RATES.iter().enumerate() {
@@ -267,7 +275,13 @@ pub fn codec_buffer_specs(d: &CodecDims) -> Vec<TensorSpec> {
             if name.ends_with("causal_mask") {
                 TensorSpec::new(*name, &[n, n], Accept::CodecFloat, Dtype::Bool, Init::CausalMask)
             } else {
-                TensorSpec::new(*name, &[n, TRANSFORMER_HEAD_DIM / 2, 2], Accept::CodecFloat, Dtype::BF16, Init::RopeTable)
+                TensorSpec::new(
+                    *name,
+                    &[n, TRANSFORMER_HEAD_DIM / 2, 2],
+                    Accept::CodecFloat,
+                    Dtype::BF16,
+                    Init::RopeTable,
+                )
             }
         })
         .collect()
@@ -285,18 +299,40 @@ impl<S: TensorSource> Builder<'_, S> {
     /// Convs built by the modded code use the parametrizations API; VQ projections from the
     /// `dac` package the legacy `weight_g`/`weight_v` hooks. Either spelling is accepted.
     /// `bias_len` is the output width: `shape[0]` for a conv, `shape[1]` for a transposed conv.
-    fn weight_norm(&mut self, p: &str, shape: [usize; 3], bias_len: usize, legacy_names: bool) -> Result<WnConv<S::Tensor>, WeightError> {
+    fn weight_norm(
+        &mut self,
+        p: &str,
+        shape: [usize; 3],
+        bias_len: usize,
+        legacy_names: bool,
+    ) -> Result<WnConv<S::Tensor>, WeightError> {
         let fan_in = shape[1] * shape[2];
         let (modern, legacy) = (format!("{p}.parametrizations.weight"), p.to_owned());
         let (g_main, g_alt, v_main, v_alt) = if legacy_names {
-            (format!("{legacy}.weight_g"), format!("{modern}.original0"), format!("{legacy}.weight_v"), format!("{modern}.original1"))
+            (
+                format!("{legacy}.weight_g"),
+                format!("{modern}.original0"),
+                format!("{legacy}.weight_v"),
+                format!("{modern}.original1"),
+            )
         } else {
-            (format!("{modern}.original0"), format!("{legacy}.weight_g"), format!("{modern}.original1"), format!("{legacy}.weight_v"))
+            (
+                format!("{modern}.original0"),
+                format!("{legacy}.weight_g"),
+                format!("{modern}.original1"),
+                format!("{legacy}.weight_v"),
+            )
         };
         let bias = self.param(format!("{p}.bias"), &[bias_len], Init::Uniform { lo: -0.05, hi: 0.05 })?;
         let g = self.src.tensor(
-            TensorSpec::new(g_main, &[shape[0], 1, 1], Accept::CodecFloat, Dtype::F32, Init::Uniform { lo: 0.5, hi: 1.5 })
-                .with_alias(g_alt),
+            TensorSpec::new(
+                g_main,
+                &[shape[0], 1, 1],
+                Accept::CodecFloat,
+                Dtype::F32,
+                Init::Uniform { lo: 0.5, hi: 1.5 },
+            )
+            .with_alias(g_alt),
         )?;
         let v = self.src.tensor(
             TensorSpec::new(v_main, &shape, Accept::CodecFloat, Dtype::F32, Init::Linear { fan_in }).with_alias(v_alt),
@@ -326,18 +362,40 @@ impl<S: TensorSource> Builder<'_, S> {
         })
     }
 
-    fn transformer(&mut self, p: &str, layers: usize, dim: usize, inter: usize) -> Result<Transformer<S::Tensor>, WeightError> {
+    fn transformer(
+        &mut self,
+        p: &str,
+        layers: usize,
+        dim: usize,
+        inter: usize,
+    ) -> Result<Transformer<S::Tensor>, WeightError> {
         let scale = Init::Uniform { lo: 0.1, hi: 0.5 };
         let gain = Init::Uniform { lo: 0.75, hi: 1.25 };
         let layers = (0..layers)
             .map(|i| {
                 let q = format!("{p}.layers.{i}");
                 Ok(TransformerLayer {
-                    wqkv: self.param(format!("{q}.attention.wqkv.weight"), &[3 * dim, dim], Init::Linear { fan_in: dim })?,
+                    wqkv: self.param(
+                        format!("{q}.attention.wqkv.weight"),
+                        &[3 * dim, dim],
+                        Init::Linear { fan_in: dim },
+                    )?,
                     wo: self.param(format!("{q}.attention.wo.weight"), &[dim, dim], Init::Linear { fan_in: dim })?,
-                    w1: self.param(format!("{q}.feed_forward.w1.weight"), &[inter, dim], Init::Linear { fan_in: dim })?,
-                    w3: self.param(format!("{q}.feed_forward.w3.weight"), &[inter, dim], Init::Linear { fan_in: dim })?,
-                    w2: self.param(format!("{q}.feed_forward.w2.weight"), &[dim, inter], Init::Linear { fan_in: inter })?,
+                    w1: self.param(
+                        format!("{q}.feed_forward.w1.weight"),
+                        &[inter, dim],
+                        Init::Linear { fan_in: dim },
+                    )?,
+                    w3: self.param(
+                        format!("{q}.feed_forward.w3.weight"),
+                        &[inter, dim],
+                        Init::Linear { fan_in: dim },
+                    )?,
+                    w2: self.param(
+                        format!("{q}.feed_forward.w2.weight"),
+                        &[dim, inter],
+                        Init::Linear { fan_in: inter },
+                    )?,
                     ffn_norm: self.param(format!("{q}.ffn_norm.weight"), &[dim], gain)?,
                     attention_norm: self.param(format!("{q}.attention_norm.weight"), &[dim], gain)?,
                     attention_layer_scale: self.param(format!("{q}.attention_layer_scale.gamma"), &[dim], scale)?,
@@ -355,7 +413,11 @@ impl<S: TensorSource> Builder<'_, S> {
         let conv_bias = self.param(format!("{p}.0.conv.bias"), &[c], small)?;
         let q = format!("{p}.1");
         let convnext = ConvNeXt {
-            dwconv_weight: self.param(format!("{q}.dwconv.conv.weight"), &[c, 1, CONV_KERNEL], Init::Linear { fan_in: CONV_KERNEL })?,
+            dwconv_weight: self.param(
+                format!("{q}.dwconv.conv.weight"),
+                &[c, 1, CONV_KERNEL],
+                Init::Linear { fan_in: CONV_KERNEL },
+            )?,
             dwconv_bias: self.param(format!("{q}.dwconv.conv.bias"), &[c], small)?,
             norm_weight: self.param(format!("{q}.norm.weight"), &[c], Init::Uniform { lo: 0.75, hi: 1.25 })?,
             norm_bias: self.param(format!("{q}.norm.bias"), &[c], small)?,
@@ -370,7 +432,11 @@ impl<S: TensorSource> Builder<'_, S> {
 
     fn vq(&mut self, p: &str, size: usize, d: &CodecDims) -> Result<Vq<S::Tensor>, WeightError> {
         Ok(Vq {
-            codebook: self.param(format!("{p}.codebook.weight"), &[size, d.codebook_dim], Init::Normalish { std: 1.0 })?,
+            codebook: self.param(
+                format!("{p}.codebook.weight"),
+                &[size, d.codebook_dim],
+                Init::Normalish { std: 1.0 },
+            )?,
             in_proj: self.weight_norm(&format!("{p}.in_proj"), [d.codebook_dim, d.latent, 1], d.codebook_dim, true)?,
             out_proj: self.weight_norm(&format!("{p}.out_proj"), [d.latent, d.codebook_dim, 1], d.latent, true)?,
         })

@@ -164,7 +164,9 @@ pub enum WeightError {
     Shape { file: String, tensor: String, expected: Vec<usize>, found: Vec<usize> },
     #[error("{file}: tensor `{tensor}` has dtype {found}, expected {expected}")]
     Dtype { file: String, tensor: String, expected: &'static str, found: Dtype },
-    #[error("{file}: tensor `{tensor}` is in an unknown namespace (expected `model.language_model.`, `lm_head.` or `audio_decoder`)")]
+    #[error(
+        "{file}: tensor `{tensor}` is in an unknown namespace (expected `model.language_model.`, `lm_head.` or `audio_decoder`)"
+    )]
     UnknownNamespace { file: String, tensor: String },
     #[error("{file}: tensor `{tensor}` is not part of the model")]
     Unexpected { file: String, tensor: String },

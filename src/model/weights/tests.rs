@@ -116,5 +116,8 @@ fn weight_norm_tensors_accept_both_spellings() {
     let conv = rec.specs.iter().find(|s| s.name == "decoder.model.0.conv.parametrizations.weight.original1").unwrap();
     assert_eq!(conv.alias.as_deref(), Some("decoder.model.0.conv.weight_v"));
     let vq = rec.specs.iter().find(|s| s.name == "quantizer.quantizer.quantizers.0.out_proj.weight_g").unwrap();
-    assert_eq!(vq.alias.as_deref(), Some("quantizer.quantizer.quantizers.0.out_proj.parametrizations.weight.original0"));
+    assert_eq!(
+        vq.alias.as_deref(),
+        Some("quantizer.quantizer.quantizers.0.out_proj.parametrizations.weight.original0")
+    );
 }

@@ -56,7 +56,9 @@ pub fn tower_weights<S: TensorSource>(d: &Dims, src: &mut S) -> Result<TowerWeig
         layers.push(tower_layer(d, &p, &format!("{p}.codebook_embedding.weight"), src)?);
     }
     let heads = (0..d.tower_residual_layers())
-        .map(|r| src.tensor(TensorSpec::linear(format!("audio_decoder_mtp.heads.{r}.weight"), d.codebook_vocab, d.hidden)))
+        .map(|r| {
+            src.tensor(TensorSpec::linear(format!("audio_decoder_mtp.heads.{r}.weight"), d.codebook_vocab, d.hidden))
+        })
         .collect::<Result<Vec<_>, _>>()?;
     Ok(TowerWeights { codebook_embeddings, layers, heads })
 }
