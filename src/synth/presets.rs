@@ -141,7 +141,8 @@ pub fn model_config(p: &PresetDims, ids: &TokenIds, vq_backbone_codebooks: usize
         model_type: "fish_omni".into(),
         architectures: vec!["FishOmniModel".into()],
         text_config: TextConfig {
-            model_type: "qwen3_5_moe_text".into(),
+            // The published form; sglang-omni runs its Drama 3 checks only on this spelling.
+            model_type: "fish_omni_text".into(),
             vocab_size: vocab,
             hidden_size: p.hidden,
             num_hidden_layers: p.layers,

@@ -17,7 +17,7 @@ INDEX = "model.safetensors.index.json"
 @pytest.fixture(scope="session")
 def limelight_bin() -> Path:
     if os.environ.get("LIMELIGHT_BIN"):
-        return Path(os.environ["LIMELIGHT_BIN"])
+        return Path(os.environ["LIMELIGHT_BIN"]).resolve()
     # The JSON messages name the executable wherever CARGO_TARGET_DIR puts it.
     build = subprocess.run(
         ["cargo", "build", "--bin", "limelight", "--message-format=json-render-diagnostics"],

@@ -93,7 +93,18 @@ impl ModelConfig {
             format!("{:?}", t.model_type),
         )?;
         check(t.num_hidden_layers > 0, "text_config.num_hidden_layers", "at least 1", t.num_hidden_layers)?;
-        self.validate_layer_pattern()?;
+        let interval = self.validate_layer_pattern()?;
+        if t.model_type == "qwen3_5_moe_text" {
+            // The re-saved (non-published) spelling carries the interval explicitly, and the
+            // reference cannot load it without.
+            let found = t.other.get("full_attention_interval");
+            check(
+                found.and_then(serde_json::Value::as_u64) == Some(interval as u64),
+                "text_config.full_attention_interval",
+                format!("{interval} (required with model_type \"qwen3_5_moe_text\")"),
+                found.map_or("nothing".to_owned(), |v| v.to_string()),
+            )?;
+        }
         equal("text_config.mlp_layer_types", &t.mlp_layer_types, &vec!["moe".to_owned(); t.num_hidden_layers])?;
         equal("text_config.hidden_act", &t.hidden_act.as_str(), &"silu")?;
         equal("text_config.attn_output_gate", &t.attn_output_gate, &true)?;
@@ -185,7 +196,8 @@ impl ModelConfig {
     /// Gated DeltaNet layers with every `interval`-th layer full attention, where the interval is
     /// the index of the first full-attention layer plus one (the reference's
     /// `full_attention_interval`); the published model uses 4.
-    fn validate_layer_pattern(&self) -> Result<(), ConfigError> {
+    /// Returns the interval.
+    fn validate_layer_pattern(&self) -> Result<usize, ConfigError> {
         let t = &self.text_config;
         check(
             t.layer_types.len() == t.num_hidden_layers,
@@ -207,7 +219,7 @@ impl ModelConfig {
                 ));
             }
         }
-        Ok(())
+        Ok(interval)
     }
 
     fn validate_tower(&self) -> Result<(), ConfigError> {
