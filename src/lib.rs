@@ -2,6 +2,7 @@
 //!
 //! Modules follow the data flow; see `ARCHITECTURE.md` for the bird's-eye view and code map.
 
+pub mod backend;
 pub mod checkpoint;
 pub mod cli;
 pub mod inspect;

@@ -12,6 +12,7 @@ use super::weights::{
     CODEC_IGNORED_BUFFERS, CodecDims, CodecWeights, ModelWeights, TensorSource, TensorSpec, WeightError, codec_weights,
     in_model_namespace, model_weights,
 };
+use crate::backend::BackendTypes;
 use crate::checkpoint::pth::{PthArchive, PthError, PthTensor};
 use crate::checkpoint::safetensors::{INDEX_FILE, SafetensorsError, ShardedCheckpoint};
 use crate::checkpoint::tokenizer::{SpecialTokenIds, TokenizerError, TokenizerExpectations, load_tokenizer};
@@ -100,6 +101,12 @@ impl Checkpoint {
         Ok(weights)
     }
 
+    /// Every backbone and tower tensor made resident on `backend`.
+    pub fn upload_model_weights<B: BackendTypes>(&self, backend: &B) -> Result<ModelWeights<B::Weight>, WeightError> {
+        let mut src = UploadSource { inner: ShardSource { shards: &self.shards, used: BTreeSet::new() }, backend };
+        model_weights(&self.dims, &mut src)
+    }
+
     /// Every codec parameter; the six known buffers are ignored, anything else unknown is refused.
     pub fn codec_weights(&self) -> Result<CodecWeights<CodecTensor<'_>>, WeightError> {
         let file = self.codec.path().display().to_string();
@@ -177,6 +184,21 @@ impl<'a> TensorSource for ShardSource<'a> {
         check_spec(&path.display().to_string(), &spec, name, view.dtype, view.shape)?;
         self.used.insert(name.clone());
         Ok(view)
+    }
+}
+
+/// Uploads each checked shard tensor to a backend as the builders ask for it.
+struct UploadSource<'a, 'b, B> {
+    inner: ShardSource<'a>,
+    backend: &'b B,
+}
+
+impl<B: BackendTypes> TensorSource for UploadSource<'_, '_, B> {
+    type Tensor = B::Weight;
+
+    fn tensor(&mut self, spec: TensorSpec) -> Result<B::Weight, WeightError> {
+        let view = self.inner.tensor(spec.clone())?;
+        Ok(self.backend.upload(&spec, view))
     }
 }
 

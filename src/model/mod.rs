@@ -2,5 +2,6 @@
 //! the order of operations of backbone, tower and codec.
 
 pub mod config;
+pub mod frame;
 pub mod load;
 pub mod weights;

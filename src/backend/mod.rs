@@ -1,0 +1,27 @@
+//! The seam between Drama 3's structure (`src/model`) and arithmetic. Model code is written once
+//! against these traits; `cpu` implements them in plain f32 (the readable reference and test
+//! oracle) and the CUDA backend will implement the same contracts with fused kernels.
+//!
+//! Operations are named after the model's own submodules (a gated DeltaNet mixer, a MoE block,
+//! a tower layer, a codec stage), one sub-trait per model part, so each part's arithmetic reads
+//! like its section of `shared/spec`. A backend may fuse inside an operation but never changes
+//! its contract.
+
+pub mod cpu;
+
+use crate::checkpoint::TensorView;
+use crate::model::weights::TensorSpec;
+
+/// Types every operation shares.
+pub trait BackendTypes {
+    /// Activations: a row-major `[rows, width]` matrix, one row per sequence position.
+    type Act: Clone;
+    /// A weight tensor resident where the backend computes.
+    type Weight;
+
+    /// Makes a checkpoint tensor resident (converted as the backend computes with it).
+    fn upload(&self, spec: &TensorSpec, view: TensorView<'_>) -> Self::Weight;
+
+    /// Makes a host-prepared f32 tensor resident (e.g. a folded weight-norm weight).
+    fn upload_f32(&self, shape: &[usize], data: Vec<f32>) -> Self::Weight;
+}
