@@ -6,6 +6,7 @@ pub mod fp8;
 pub mod pickle;
 pub mod pth;
 pub mod safetensors;
+pub mod safetensors_writer;
 pub mod tokenizer;
 
 pub use dtype::Dtype;

@@ -3,13 +3,13 @@
 //! the target size, so one layer's tensors can straddle two shards.
 
 use std::collections::BTreeMap;
-use std::fs::File;
-use std::io::{self, BufWriter, Write};
+use std::io;
 use std::path::Path;
 
 use serde_json::{Value, json};
 
 use crate::checkpoint::safetensors::INDEX_FILE;
+use crate::checkpoint::safetensors_writer::{TensorHeader, write_safetensors};
 use crate::model::weights::TensorSpec;
 
 /// Which specs go into which shard, in order.
@@ -41,42 +41,18 @@ pub fn write_shards(
     let mut weight_map = BTreeMap::new();
     for (k, members) in plan.iter().enumerate() {
         let name = shard_name(k, plan.len());
-        let header = shard_header(specs, members);
-        let mut w = BufWriter::with_capacity(8 << 20, File::create(dir.join(&name))?);
-        w.write_all(&(header.len() as u64).to_le_bytes())?;
-        w.write_all(&header)?;
+        let headers: Vec<TensorHeader<'_>> = members
+            .iter()
+            .map(|&i| TensorHeader { name: &specs[i].name, dtype: specs[i].stored, shape: &specs[i].shape })
+            .collect();
+        write_safetensors(&dir.join(&name), &headers, |j| bytes_of(&specs[members[j]]))?;
         for &i in members {
-            let bytes = bytes_of(&specs[i]);
-            assert_eq!(bytes.len(), specs[i].stored_bytes(), "tensor `{}`", specs[i].name);
-            w.write_all(&bytes)?;
             weight_map.insert(specs[i].name.clone(), Value::String(name.clone()));
         }
-        w.into_inner().map_err(|e| e.into_error())?.sync_all()?;
     }
     let total: usize = specs.iter().map(TensorSpec::stored_bytes).sum();
     let index = json!({ "metadata": { "total_size": total }, "weight_map": weight_map });
     std::fs::write(dir.join(INDEX_FILE), serde_json::to_string_pretty(&index)? + "\n")
-}
-
-/// The JSON header, space-padded to a multiple of 8 bytes as the reference writer does.
-fn shard_header(specs: &[TensorSpec], members: &[usize]) -> Vec<u8> {
-    let mut entries = serde_json::Map::new();
-    entries.insert("__metadata__".into(), json!({ "format": "pt" }));
-    let mut offset = 0usize;
-    for &i in members {
-        let s = &specs[i];
-        let end = offset + s.stored_bytes();
-        entries.insert(
-            s.name.clone(),
-            json!({ "dtype": s.stored.safetensors_name(), "shape": s.shape, "data_offsets": [offset, end] }),
-        );
-        offset = end;
-    }
-    let mut header = serde_json::to_vec(&Value::Object(entries)).expect("header serialises");
-    while !header.len().is_multiple_of(8) {
-        header.push(b' ');
-    }
-    header
 }
 
 #[cfg(test)]
