@@ -7,7 +7,10 @@
 //! like its section of `shared/spec`. A backend may fuse inside an operation but never changes
 //! its contract.
 
+pub mod backbone;
+pub mod codec;
 pub mod cpu;
+pub mod tower;
 
 use crate::checkpoint::TensorView;
 use crate::model::weights::TensorSpec;

@@ -2,9 +2,15 @@
 //! matters), written to be obviously correct rather than fast. It is the oracle every CUDA kernel
 //! is checked against and what CI and the demo run.
 
+pub mod backbone;
+pub mod codec;
+mod tower;
+
 use super::BackendTypes;
 use crate::checkpoint::TensorView;
 use crate::model::weights::TensorSpec;
+
+pub use tower::CpuTowerKv;
 
 /// The CPU backend. Stateless: per-request state lives in the state types of each part.
 #[derive(Clone, Copy, Debug, Default)]

@@ -1,0 +1,4 @@
+//! Generation (`model.md` §8): sampling and its counter-based randomness; the decode loop joins later.
+
+pub mod rng;
+pub mod sampling;

@@ -1,0 +1,227 @@
+//! Codec decode weights as the backend computes with them (`codec.md` §1.2–1.6): weight norm
+//! folded in f32 at load (`w = g · v / ‖v‖`, the norm over all dims but 0 — for a transposed conv
+//! dim 0 is the INPUT channel), convs re-laid tap-major, Snake α flattened. Tensor names come only
+//! from `model::weights::codec` through `Checkpoint::codec_weights`.
+
+use super::CodecError;
+use crate::backend::BackendTypes;
+use crate::backend::codec::{
+    CausalConv, CausalConvTranspose, DecoderUpsample, ResidualUnitParams, RvqCodebook, UpsampleStage,
+};
+use crate::checkpoint::pth::PthArchive;
+use crate::model::load::{Checkpoint, CodecTensor};
+use crate::model::weights::codec::{DECODER_RATES, RESIDUAL_DILATIONS};
+use crate::model::weights::{ResampleStage, ResidualUnit, TransformerLayer, Vq, WnConv};
+
+/// A decoder block: Snake + transposed conv, then the residual units (d = 1, 3, 9).
+pub struct DecoderBlockParams<W> {
+    pub upsample: DecoderUpsample<W>,
+    pub units: Vec<ResidualUnitParams<W>>,
+}
+
+/// Every weight on the decode path, resident on the backend.
+pub struct CodecParams<W> {
+    /// Semantic codebook first, then the residual codebooks in order.
+    pub books: Vec<RvqCodebook<W>>,
+    pub post_layers: Vec<TransformerLayer<W>>,
+    pub post_norm: W,
+    pub upsample: Vec<UpsampleStage<W>>,
+    pub conv_in: CausalConv<W>,
+    pub blocks: Vec<DecoderBlockParams<W>>,
+    pub out_snake: W,
+    pub conv_out: CausalConv<W>,
+}
+
+/// `w = v · (g / ‖v‖)` per slice of dim 0, in f32 (the norm summed in f64, then rounded).
+pub fn fold_weight_norm(g: &[f32], v: &[f32]) -> Vec<f32> {
+    let per = v.len() / g.len();
+    let mut w = Vec::with_capacity(v.len());
+    for (row, &gain) in v.chunks_exact(per).zip(g) {
+        let norm = row.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt() as f32;
+        let scale = gain / norm;
+        w.extend(row.iter().map(|&x| x * scale));
+    }
+    w
+}
+
+/// Permutes a row-major `[a, b, c]` tensor: output axis `n` is input axis `order[n]`.
+fn permute3(x: &[f32], [a, b, c]: [usize; 3], order: [usize; 3]) -> (Vec<f32>, [usize; 3]) {
+    let dims = [a, b, c];
+    let shape = [dims[order[0]], dims[order[1]], dims[order[2]]];
+    let mut out = vec![0.0; x.len()];
+    for i in 0..a {
+        for j in 0..b {
+            for k in 0..c {
+                let idx = [i, j, k];
+                let (p, q, r) = (idx[order[0]], idx[order[1]], idx[order[2]]);
+                out[(p * shape[1] + q) * shape[2] + r] = x[(i * b + j) * c + k];
+            }
+        }
+    }
+    (out, shape)
+}
+
+struct Reader<'a, B> {
+    archive: &'a PthArchive,
+    backend: &'a B,
+}
+
+impl<B: BackendTypes> Reader<'_, B> {
+    fn values(&self, t: &CodecTensor<'_>) -> Result<(Vec<f32>, Vec<usize>), CodecError> {
+        Ok((self.archive.to_f32_vec(&t.name)?, t.tensor.shape.clone()))
+    }
+
+    fn plain(&self, t: &CodecTensor<'_>) -> Result<B::Weight, CodecError> {
+        let (data, shape) = self.values(t)?;
+        Ok(self.backend.upload_f32(&shape, data))
+    }
+
+    /// A per-channel vector stored `[1, C, 1]` (Snake α) or `[C]`, as `[C]`.
+    fn vector(&self, t: &CodecTensor<'_>) -> Result<B::Weight, CodecError> {
+        let (data, _) = self.values(t)?;
+        Ok(self.backend.upload_f32(&[data.len()], data))
+    }
+
+    fn folded(&self, wn: &WnConv<CodecTensor<'_>>) -> Result<(Vec<f32>, [usize; 3]), CodecError> {
+        let (g, _) = self.values(&wn.g)?;
+        let (v, shape) = self.values(&wn.v)?;
+        Ok((fold_weight_norm(&g, &v), [shape[0], shape[1], shape[2]]))
+    }
+
+    /// A weight-normed `Conv1d` `[out, in, k]` as `[out, k, in]`.
+    fn conv(&self, wn: &WnConv<CodecTensor<'_>>, dilation: usize) -> Result<CausalConv<B::Weight>, CodecError> {
+        let (w, shape) = self.folded(wn)?;
+        let (w, tap_major) = permute3(&w, shape, [0, 2, 1]);
+        Ok(CausalConv {
+            weight: self.backend.upload_f32(&tap_major, w),
+            bias: self.plain(&wn.bias)?,
+            kernel: shape[2],
+            dilation,
+        })
+    }
+
+    /// A weight-normed `ConvTranspose1d` `[in, out, 2s]` as `[2s, out, in]`.
+    fn conv_transpose(
+        &self,
+        wn: &WnConv<CodecTensor<'_>>,
+        stride: usize,
+    ) -> Result<CausalConvTranspose<B::Weight>, CodecError> {
+        let (w, shape) = self.folded(wn)?;
+        let (w, tap_major) = permute3(&w, shape, [2, 1, 0]);
+        Ok(CausalConvTranspose { weight: self.backend.upload_f32(&tap_major, w), bias: self.plain(&wn.bias)?, stride })
+    }
+
+    fn codebook(&self, vq: &Vq<CodecTensor<'_>>) -> Result<RvqCodebook<B::Weight>, CodecError> {
+        let (w, shape) = self.folded(&vq.out_proj)?;
+        Ok(RvqCodebook {
+            codebook: self.plain(&vq.codebook)?,
+            proj: self.backend.upload_f32(&shape[..2], w),
+            bias: self.plain(&vq.out_proj.bias)?,
+        })
+    }
+
+    fn layer(&self, l: &TransformerLayer<CodecTensor<'_>>) -> Result<TransformerLayer<B::Weight>, CodecError> {
+        Ok(TransformerLayer {
+            attention_norm: self.plain(&l.attention_norm)?,
+            wqkv: self.plain(&l.wqkv)?,
+            wo: self.plain(&l.wo)?,
+            attention_layer_scale: self.plain(&l.attention_layer_scale)?,
+            ffn_norm: self.plain(&l.ffn_norm)?,
+            w1: self.plain(&l.w1)?,
+            w3: self.plain(&l.w3)?,
+            w2: self.plain(&l.w2)?,
+            ffn_layer_scale: self.plain(&l.ffn_layer_scale)?,
+        })
+    }
+
+    fn upsample(&self, s: &ResampleStage<CodecTensor<'_>>) -> Result<UpsampleStage<B::Weight>, CodecError> {
+        let (w, shape) = self.values(&s.conv_weight)?;
+        let (w, tap_major) = permute3(&w, [shape[0], shape[1], shape[2]], [2, 1, 0]);
+        let c = &s.convnext;
+        let (dw, dw_shape) = self.values(&c.dwconv_weight)?;
+        let (dw, dw_tap_major) = permute3(&dw, [dw_shape[0], dw_shape[1], dw_shape[2]], [2, 0, 1]);
+        Ok(UpsampleStage {
+            conv_weight: self.backend.upload_f32(&tap_major, w),
+            conv_bias: self.plain(&s.conv_bias)?,
+            dw_weight: self.backend.upload_f32(&dw_tap_major[..2], dw),
+            dw_bias: self.plain(&c.dwconv_bias)?,
+            norm_weight: self.plain(&c.norm_weight)?,
+            norm_bias: self.plain(&c.norm_bias)?,
+            pw1_weight: self.plain(&c.pwconv1_weight)?,
+            pw1_bias: self.plain(&c.pwconv1_bias)?,
+            pw2_weight: self.plain(&c.pwconv2_weight)?,
+            pw2_bias: self.plain(&c.pwconv2_bias)?,
+            gamma: self.plain(&c.gamma)?,
+        })
+    }
+
+    fn residual_unit(
+        &self,
+        u: &ResidualUnit<CodecTensor<'_>>,
+        d: usize,
+    ) -> Result<ResidualUnitParams<B::Weight>, CodecError> {
+        Ok(ResidualUnitParams {
+            snake1: self.vector(&u.snake1_alpha)?,
+            conv1: self.conv(&u.conv1, d)?,
+            snake2: self.vector(&u.snake2_alpha)?,
+            conv2: self.conv(&u.conv2, 1)?,
+        })
+    }
+}
+
+/// Reads, folds and uploads every decode-path weight of the checkpoint's codec.
+pub fn load_params<B: BackendTypes>(ckpt: &Checkpoint, backend: &B) -> Result<CodecParams<B::Weight>, CodecError> {
+    let w = ckpt.codec_weights()?;
+    let r = Reader { archive: &ckpt.codec, backend };
+    let books =
+        std::iter::once(&w.semantic_vq).chain(&w.residual_vqs).map(|vq| r.codebook(vq)).collect::<Result<_, _>>()?;
+    let post_layers = w.post_module.layers.iter().map(|l| r.layer(l)).collect::<Result<_, _>>()?;
+    let upsample = w.upsample.iter().map(|s| r.upsample(s)).collect::<Result<_, _>>()?;
+    let mut blocks = Vec::new();
+    for (b, &stride) in w.decoder_blocks.iter().zip(&DECODER_RATES) {
+        let units = b
+            .residual_units
+            .iter()
+            .zip(RESIDUAL_DILATIONS)
+            .map(|(u, d)| r.residual_unit(u, d))
+            .collect::<Result<_, _>>()?;
+        let upsample =
+            DecoderUpsample { snake: r.vector(&b.snake_alpha)?, conv: r.conv_transpose(&b.upsample, stride)? };
+        blocks.push(DecoderBlockParams { upsample, units });
+    }
+    Ok(CodecParams {
+        books,
+        post_layers,
+        post_norm: r.plain(&w.post_module.norm)?,
+        upsample,
+        conv_in: r.conv(&w.decoder_conv_in, 1)?,
+        blocks,
+        out_snake: r.vector(&w.decoder_snake_alpha)?,
+        conv_out: r.conv(&w.decoder_conv_out, 1)?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn weight_norm_rows_get_norm_g() {
+        let v = [3.0, 4.0, 0.0, 1.0, 0.0, 0.0];
+        let w = fold_weight_norm(&[2.0, 0.5], &v);
+        assert_eq!(w, vec![1.2, 1.6, 0.0, 0.5, 0.0, 0.0]);
+    }
+
+    #[test]
+    fn permutes_to_tap_major() {
+        // [out=1, in=2, k=3] -> [out, k, in]
+        let x = [0.0, 1.0, 2.0, 10.0, 11.0, 12.0];
+        let (y, shape) = permute3(&x, [1, 2, 3], [0, 2, 1]);
+        assert_eq!(shape, [1, 3, 2]);
+        assert_eq!(y, vec![0.0, 10.0, 1.0, 11.0, 2.0, 12.0]);
+        // [in=2, out=1, k=3] -> [k, out, in]
+        let (y, shape) = permute3(&x, [2, 1, 3], [2, 1, 0]);
+        assert_eq!(shape, [3, 1, 2]);
+        assert_eq!(y, vec![0.0, 10.0, 1.0, 11.0, 2.0, 12.0]);
+    }
+}

@@ -1,0 +1,297 @@
+//! The Codebook-MTP tower's order of operations (`model.md` §6, §8.1): which code each of the 13
+//! layers embeds, teacher-forced prefill over prompt rows, and one generated frame per step.
+//!
+//! Positions: every tower layer's cache is indexed by the backbone's row position, and a
+//! [`TowerState`] covers rows `0..len` of one request.
+//!
+//! The last prompt row (the one generation starts from) has no label yet. S1 prefills it with
+//! a placeholder label (EOS, so a zero embedding) and overwrites that cache slot when it samples
+//! the first frame; S2 prefills rows `[0, T−1)` only and the first decode step writes row T−1.
+//! Both leave the same caches (the golden checks S1's way against S2's). This follows S2: a
+//! prefill never writes its last row, so nothing is computed twice and chunked prefill needs
+//! nothing special (each chunk passes one extra row as the label of its last written row).
+
+use std::ops::RangeInclusive;
+
+use crate::backend::tower::{TowerError, TowerLayerInput, TowerOps, TowerShape, UnseenCodes};
+use crate::model::config::ModelConfig;
+use crate::model::frame::Rows;
+use crate::model::weights::TowerWeights;
+
+/// The tower of one model: weights, sizes and the frame conventions it needs.
+pub struct Tower<'w, B: TowerOps> {
+    backend: &'w B,
+    weights: &'w TowerWeights<B::Weight>,
+    shape: TowerShape,
+    shared_layers: usize,
+    codebooks: usize,
+    /// `vq_backbone_codebooks` (k): codebooks 1..=k entered the backbone input.
+    backbone_codebooks: usize,
+    semantic: RangeInclusive<u32>,
+}
+
+/// One request's tower caches, one per layer, covering positions `0..len`.
+pub struct TowerState<B: TowerOps> {
+    caches: Vec<B::TowerKv>,
+    len: usize,
+}
+
+impl<B: TowerOps> TowerState<B> {
+    /// Positions written: the next row the tower will write.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The per-layer caches (shared layers first, then residual layers).
+    pub fn caches(&self) -> &[B::TowerKv] {
+        &self.caches
+    }
+}
+
+/// Every layer's output and every head's logits for a block of rows (host copies).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TowerTrace {
+    pub rows: usize,
+    /// Per tower layer, `[rows, dim]` row-major.
+    pub layers: Vec<Vec<f32>>,
+    /// Per head r (predicting codebook r + 1), `[rows, V]` row-major.
+    pub heads: Vec<Vec<f32>>,
+}
+
+impl<'w, B: TowerOps> Tower<'w, B> {
+    pub fn new(backend: &'w B, weights: &'w TowerWeights<B::Weight>, config: &ModelConfig) -> Result<Self, TowerError> {
+        let a = &config.audio_decoder_config;
+        let expected_layers = a.shared_enrichment_layers + a.num_codebooks - 1;
+        let check = |what, expected, found| {
+            if expected == found { Ok(()) } else { Err(TowerError::Weights { what, expected, found }) }
+        };
+        check("layers", expected_layers, weights.layers.len())?;
+        check("heads", a.num_codebooks - 1, weights.heads.len())?;
+        Ok(Tower {
+            backend,
+            weights,
+            shape: TowerShape::from_config(config),
+            shared_layers: a.shared_enrichment_layers,
+            codebooks: a.num_codebooks,
+            backbone_codebooks: a.vq_backbone_codebooks,
+            semantic: config.semantic_start_token_id..=config.semantic_end_token_id,
+        })
+    }
+
+    pub fn shape(&self) -> &TowerShape {
+        &self.shape
+    }
+
+    /// Empty caches for a new request.
+    pub fn new_state(&self) -> TowerState<B> {
+        TowerState {
+            caches: (0..self.weights.layers.len()).map(|_| self.backend.tower_kv(&self.shape)).collect(),
+            len: 0,
+        }
+    }
+
+    fn is_semantic(&self, token: u32) -> bool {
+        self.semantic.contains(&token)
+    }
+
+    /// Teacher-forced prefill. `rows[0]` is at position `state.len()`; every row but the last is
+    /// written, labelled by its successor (`model.md` §6 "Prefill"): shared layers embed c0 of
+    /// row p+1, residual layer r embeds c_r of row p+1, masked by "row p+1 is semantic"; layer 0
+    /// adds the unseen codes of row p. `hidden` holds the backbone's final-norm rows for `rows`
+    /// (the last may be omitted: it is not used).
+    pub fn prefill(&self, state: &mut TowerState<B>, hidden: &B::Act, rows: &Rows) -> Result<(), TowerError> {
+        self.prefill_inner(state, hidden, rows, None)
+    }
+
+    /// [`Tower::prefill`], also returning every layer's output and every head's logits per
+    /// written row (what the golden compares and `trace` dumps).
+    pub fn prefill_traced(
+        &self,
+        state: &mut TowerState<B>,
+        hidden: &B::Act,
+        rows: &Rows,
+    ) -> Result<TowerTrace, TowerError> {
+        let mut trace = TowerTrace { rows: rows.len().saturating_sub(1), layers: Vec::new(), heads: Vec::new() };
+        self.prefill_inner(state, hidden, rows, Some(&mut trace))?;
+        Ok(trace)
+    }
+
+    fn prefill_inner(
+        &self,
+        state: &mut TowerState<B>,
+        hidden: &B::Act,
+        rows: &Rows,
+        mut trace: Option<&mut TowerTrace>,
+    ) -> Result<(), TowerError> {
+        self.check_width(rows.codebooks())?;
+        let n = rows.len().saturating_sub(1);
+        let (hidden_rows, _) = self.backend.tower_act_shape(hidden);
+        if hidden_rows != n && hidden_rows != rows.len() {
+            return Err(TowerError::Length { what: "backbone rows", expected: rows.len(), found: hidden_rows });
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let hidden = self.backend.tower_act_rows(hidden, 0, n);
+        let inputs: Vec<&[u32]> = (0..n).map(|p| rows.row(p)).collect();
+        let labels: Vec<&[u32]> = (1..=n).map(|p| rows.row(p)).collect();
+        let mask: Vec<bool> = labels.iter().map(|l| self.is_semantic(l[0])).collect();
+        let mut h = self.shared(state, &hidden, &inputs, &labels, &mask, trace.as_deref_mut())?;
+        for r in 0..self.codebooks - 1 {
+            let codes: Vec<u32> = labels.iter().map(|l| l[1 + r]).collect();
+            h = self.residual(state, r, &h, &codes, &mask, trace.as_deref_mut())?;
+            if let Some(t) = trace.as_deref_mut() {
+                let logits = self.backend.tower_head(&self.weights.heads[r], &h);
+                t.heads.push(self.backend.tower_act_host(&logits));
+            }
+        }
+        state.len += n;
+        Ok(())
+    }
+
+    /// One generated frame at position `state.len()` (`model.md` §8.1 steps 3–4): `h_t` is the
+    /// backbone's final-norm row for `input_row` (the row at that position), `main` the sampled
+    /// main token. The 4 shared layers embed c0 of the new frame, then residual layer r embeds
+    /// c_r and `sample_head(r, logits)` picks c_{r+1}. Every layer masks its embedding by "main
+    /// is semantic"; an EOS frame still runs the whole tower (as S1 does). Returns `[c0..c9]`.
+    pub fn frame(
+        &self,
+        state: &mut TowerState<B>,
+        h_t: &B::Act,
+        input_row: &[u32],
+        main: u32,
+        sample_head: &mut dyn FnMut(usize, &[f32]) -> u32,
+    ) -> Result<Vec<u32>, TowerError> {
+        self.frame_inner(state, h_t, input_row, main, sample_head, None)
+    }
+
+    /// [`Tower::frame`] teacher-forced with the given next frame `[main, c0..c9]`: returns every
+    /// layer's output and every head's logits instead of sampling.
+    pub fn frame_traced(
+        &self,
+        state: &mut TowerState<B>,
+        h_t: &B::Act,
+        input_row: &[u32],
+        next_frame: &[u32],
+    ) -> Result<TowerTrace, TowerError> {
+        self.check_width(next_frame.len().saturating_sub(1))?;
+        let mut trace = TowerTrace { rows: 1, layers: Vec::new(), heads: Vec::new() };
+        let mut given = |r: usize, _: &[f32]| next_frame[2 + r];
+        self.frame_inner(state, h_t, input_row, next_frame[0], &mut given, Some(&mut trace))?;
+        Ok(trace)
+    }
+
+    fn frame_inner(
+        &self,
+        state: &mut TowerState<B>,
+        h_t: &B::Act,
+        input_row: &[u32],
+        main: u32,
+        sample_head: &mut dyn FnMut(usize, &[f32]) -> u32,
+        mut trace: Option<&mut TowerTrace>,
+    ) -> Result<Vec<u32>, TowerError> {
+        self.check_width(input_row.len().saturating_sub(1))?;
+        let (rows, _) = self.backend.tower_act_shape(h_t);
+        if rows != 1 {
+            return Err(TowerError::Length { what: "backbone rows", expected: 1, found: rows });
+        }
+        let vocab = self.shape.codebook_vocab as u32;
+        let c0 = main.saturating_sub(*self.semantic.start()).min(vocab - 1);
+        let mask = [self.is_semantic(main)];
+        // Shared layers read only the label's c0; the rest of this label row is filled as sampled.
+        let mut label = vec![main, c0];
+        label.resize(1 + self.codebooks, 0);
+        let mut h = self.shared(state, h_t, &[input_row], &[&label], &mask, trace.as_deref_mut())?;
+        let mut codes = vec![c0];
+        for r in 0..self.codebooks - 1 {
+            h = self.residual(state, r, &h, &[codes[r]], &mask, trace.as_deref_mut())?;
+            let logits = self.backend.tower_act_host(&self.backend.tower_head(&self.weights.heads[r], &h));
+            let code = sample_head(r, &logits);
+            if code >= vocab {
+                return Err(TowerError::CodeOutOfRange { head: r, code, vocab: vocab as usize });
+            }
+            if let Some(t) = trace.as_deref_mut() {
+                t.heads.push(logits);
+            }
+            codes.push(code);
+        }
+        state.len += 1;
+        Ok(codes)
+    }
+
+    /// The shared enrichment layers: each embeds c0 of the label row; layer 0 also adds the
+    /// unseen codes of the input row.
+    fn shared(
+        &self,
+        state: &mut TowerState<B>,
+        hidden: &B::Act,
+        inputs: &[&[u32]],
+        labels: &[&[u32]],
+        mask: &[bool],
+        mut trace: Option<&mut TowerTrace>,
+    ) -> Result<B::Act, TowerError> {
+        let flat: Vec<u32> = inputs.iter().flat_map(|row| row[1..].iter().copied()).collect();
+        let row_semantic: Vec<bool> = inputs.iter().map(|row| self.is_semantic(row[0])).collect();
+        let unseen = self.backend.tower_unseen(
+            &self.weights.codebook_embeddings,
+            &self.shape,
+            &UnseenCodes {
+                codes: &flat,
+                codebooks: self.codebooks,
+                first: self.backbone_codebooks + 1,
+                row_semantic: &row_semantic,
+            },
+        );
+        let c0: Vec<u32> = labels.iter().map(|l| l[1]).collect();
+        let mut h = self.layer(state, 0, hidden, &c0, mask, Some(&unseen), trace.as_deref_mut())?;
+        for l in 1..self.shared_layers {
+            h = self.layer(state, l, &h, &c0, mask, None, trace.as_deref_mut())?;
+        }
+        Ok(h)
+    }
+
+    /// Residual layer r (embedding c_r of the label).
+    fn residual(
+        &self,
+        state: &mut TowerState<B>,
+        r: usize,
+        hidden: &B::Act,
+        codes: &[u32],
+        mask: &[bool],
+        trace: Option<&mut TowerTrace>,
+    ) -> Result<B::Act, TowerError> {
+        self.layer(state, self.shared_layers + r, hidden, codes, mask, None, trace)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn layer(
+        &self,
+        state: &mut TowerState<B>,
+        index: usize,
+        hidden: &B::Act,
+        codes: &[u32],
+        mask: &[bool],
+        unseen: Option<&B::Act>,
+        trace: Option<&mut TowerTrace>,
+    ) -> Result<B::Act, TowerError> {
+        let input = TowerLayerInput { hidden, codes, label_semantic: mask, unseen, start: state.len };
+        let out =
+            self.backend.tower_layer(&self.shape, &self.weights.layers[index], &mut state.caches[index], input)?;
+        if let Some(t) = trace {
+            t.layers.push(self.backend.tower_act_host(&out));
+        }
+        Ok(out)
+    }
+
+    fn check_width(&self, codebooks: usize) -> Result<(), TowerError> {
+        if codebooks == self.codebooks {
+            Ok(())
+        } else {
+            Err(TowerError::Length { what: "codes per frame row", expected: self.codebooks, found: codebooks })
+        }
+    }
+}

@@ -1,0 +1,7 @@
+//! From a speech request to model inputs: caller-text rules and the prompt rows (`model.md` §7).
+
+pub mod prompt;
+pub mod text;
+
+pub use prompt::{PromptBuilder, PromptError, Reference};
+pub use text::{Field, TextError};

@@ -1,0 +1,174 @@
+//! The `reference-bracket-v1` prompt (`model.md` §7): text segments and voice references become
+//! frame rows `[T, 1 + codebooks]`, exactly as S1 `prompt.py` `build_prompt_rows` builds them.
+//!
+//! Every string segment is tokenized on its own: tokenizing the joined string would change the
+//! ids at the seams. The layout is
+//!
+//! ```text
+//! "<|im_start|>system\n"  instruction
+//! per reference i (1-based): "\n\n[Reference i]\nText: " TAG transcript "\nSpeech: "  audio rows
+//! "<|im_end|>\n"  "<|im_start|>user\n"  tagged text  "<|im_end|>\n"  "<|im_start|>assistant\n<|voice|>"
+//! ```
+
+use tokenizers::Tokenizer;
+
+use super::text::{Field, TextError, reference_transcript, validate_caller_text, with_speaker_tag};
+use crate::checkpoint::tokenizer::SpecialTokenIds;
+use crate::model::frame::Rows;
+use crate::model::load::Checkpoint;
+
+/// The instruction of a prompt without references (the model's default voice).
+pub const TTS_INSTRUCTION: &str = "convert the provided text to speech";
+/// The instruction of a prompt with references.
+pub const REFERENCE_INSTRUCTION: &str = "convert the provided text to speech reference to the following:";
+const SYSTEM_START: &str = "<|im_start|>system\n";
+const USER_START: &str = "<|im_start|>user\n";
+const MESSAGE_END: &str = "<|im_end|>\n";
+/// Generation begins after the `<|voice|>` token this segment ends with.
+const GENERATION_START: &str = "<|im_start|>assistant\n<|voice|>";
+
+/// A voice reference: its transcript and its codec codes `codes[codebook][frame]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reference {
+    pub transcript: String,
+    pub codes: Vec<Vec<u32>>,
+}
+
+/// Why a prompt could not be built. Every variant but `Tokenizer` is the caller's fault (HTTP 400)
+/// and names the field it is about.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PromptError {
+    #[error(transparent)]
+    Text(#[from] TextError),
+    #[error(
+        "{field}: audio codes must be [{expected_codebooks}, frames] with at least one frame; got {codebooks} codebooks of {frames:?} frames"
+    )]
+    CodesShape { field: Field, expected_codebooks: usize, codebooks: usize, frames: Vec<usize> },
+    #[error("{field}: audio codes must be in [0, {codebook_size}); got {code} in codebook {codebook}, frame {frame}")]
+    CodeOutOfRange { field: Field, codebook: usize, frame: usize, code: u32, codebook_size: usize },
+    #[error("tokenizer failed on a prompt segment: {message}")]
+    Tokenizer { message: String },
+}
+
+impl PromptError {
+    /// The request field at fault, or `None` for an internal (tokenizer) failure.
+    pub fn field(&self) -> Option<Field> {
+        match self {
+            PromptError::Text(TextError::Empty { field })
+            | PromptError::Text(TextError::StructuralToken { field, .. })
+            | PromptError::Text(TextError::BadSpeakerTag { field, .. })
+            | PromptError::CodesShape { field, .. }
+            | PromptError::CodeOutOfRange { field, .. } => Some(*field),
+            PromptError::Tokenizer { .. } => None,
+        }
+    }
+}
+
+/// Builds prompt rows with a checkpoint's tokenizer. Holds no state beyond what it is given, so
+/// one builder serves any number of requests.
+#[derive(Clone, Copy)]
+pub struct PromptBuilder<'t> {
+    tokenizer: &'t Tokenizer,
+    semantic_start: u32,
+    codebooks: usize,
+    codebook_size: usize,
+}
+
+/// One piece of the prompt before it becomes rows.
+enum Segment<'a> {
+    Text(String),
+    Audio(&'a [Vec<u32>]),
+}
+
+impl<'t> PromptBuilder<'t> {
+    /// `codebooks` is `audio_decoder_config.num_codebooks`; the code range of every codebook is the
+    /// semantic band's size (`audio_decoder_config.vocab_size`, which the loader checks against it).
+    pub fn new(tokenizer: &'t Tokenizer, special: &SpecialTokenIds, codebooks: usize) -> PromptBuilder<'t> {
+        PromptBuilder {
+            tokenizer,
+            semantic_start: special.semantic_start,
+            codebooks,
+            codebook_size: special.semantic_codes(),
+        }
+    }
+
+    pub fn for_checkpoint(ckpt: &'t Checkpoint) -> PromptBuilder<'t> {
+        PromptBuilder::new(&ckpt.tokenizer, &ckpt.special_tokens, ckpt.dims.codebooks)
+    }
+
+    /// The prompt rows for `text` spoken in the voice of `references` (none: the default voice).
+    /// References are checked in order, transcript before codes, then the text (S1's order, so the
+    /// first problem reported is the one S1 reports).
+    pub fn build(&self, text: &str, references: &[Reference]) -> Result<Rows, PromptError> {
+        let instruction = if references.is_empty() { TTS_INSTRUCTION } else { REFERENCE_INSTRUCTION };
+        let mut segments = vec![Segment::Text(SYSTEM_START.into()), Segment::Text(instruction.into())];
+        for (i, reference) in references.iter().enumerate() {
+            let field = Field::Reference(i);
+            validate_caller_text(&reference.transcript, field)?;
+            self.validate_codes(&reference.codes, field)?;
+            let transcript = reference_transcript(&reference.transcript);
+            segments.push(Segment::Text(format!("\n\n[Reference {}]\nText: {transcript}\nSpeech: ", i + 1)));
+            segments.push(Segment::Audio(&reference.codes));
+        }
+        validate_caller_text(text, Field::Input)?;
+        for s in [MESSAGE_END.to_owned(), USER_START.to_owned(), with_speaker_tag(text, 0)] {
+            segments.push(Segment::Text(s));
+        }
+        segments.push(Segment::Text(MESSAGE_END.into()));
+        segments.push(Segment::Text(GENERATION_START.into()));
+
+        let mut rows = Rows::new(self.codebooks);
+        for segment in &segments {
+            match segment {
+                Segment::Text(s) => {
+                    for id in self.encode(s)? {
+                        rows.push_text(id);
+                    }
+                }
+                Segment::Audio(codes) => {
+                    let mut frame = vec![0u32; self.codebooks];
+                    for t in 0..codes[0].len() {
+                        for (c, slot) in frame.iter_mut().enumerate() {
+                            *slot = codes[c][t];
+                        }
+                        rows.push_audio(self.semantic_start, &frame);
+                    }
+                }
+            }
+        }
+        Ok(rows)
+    }
+
+    /// Token ids of one segment. `add_special_tokens` is true, as Python's `encode` defaults to:
+    /// the reference assumes the post-processor adds nothing, and so do we by doing what it does.
+    fn encode(&self, segment: &str) -> Result<Vec<u32>, PromptError> {
+        let encoding =
+            self.tokenizer.encode(segment, true).map_err(|e| PromptError::Tokenizer { message: e.to_string() })?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    fn validate_codes(&self, codes: &[Vec<u32>], field: Field) -> Result<(), PromptError> {
+        let frames: Vec<usize> = codes.iter().map(Vec::len).collect();
+        let ragged = frames.iter().any(|&f| Some(&f) != frames.first());
+        if codes.len() != self.codebooks || frames.first().is_none_or(|&f| f == 0) || ragged {
+            return Err(PromptError::CodesShape {
+                field,
+                expected_codebooks: self.codebooks,
+                codebooks: codes.len(),
+                frames,
+            });
+        }
+        for (codebook, row) in codes.iter().enumerate() {
+            if let Some((frame, &code)) = row.iter().enumerate().find(|&(_, &c)| c as usize >= self.codebook_size) {
+                return Err(PromptError::CodeOutOfRange {
+                    field,
+                    codebook,
+                    frame,
+                    code,
+                    codebook_size: self.codebook_size,
+                });
+            }
+        }
+        Ok(())
+    }
+}
