@@ -1,4 +1,4 @@
-//! Command-line interface: `checkpoint synth` and `inspect` (the server arrives with `serve`).
+//! Command-line interface: `checkpoint synth`, `inspect`, `say`, `trace` (the server arrives with `serve`).
 
 use std::path::PathBuf;
 
@@ -20,6 +20,10 @@ pub enum Command {
     Checkpoint(CheckpointCommand),
     /// Validate a checkpoint directory and print a summary; exits 1 if it is refused.
     Inspect(InspectArgs),
+    /// Speak a text into a WAV file with the CPU reference engine.
+    Say(SayArgs),
+    /// Dump every stage's tensors for given prompt rows (for comparison with references).
+    Trace(TraceArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -55,4 +59,42 @@ pub struct InspectArgs {
     /// Rows of context to budget KV caches for.
     #[arg(long, default_value_t = 16384)]
     pub context_length: usize,
+}
+
+#[derive(Debug, Args)]
+pub struct SayArgs {
+    /// Checkpoint directory.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// The text to speak (inline tags such as `[sighs]` and `<|speaker:N|>` are allowed).
+    #[arg(long)]
+    pub text: String,
+    /// Output WAV file (16-bit mono, 44.1 kHz).
+    #[arg(long)]
+    pub out: PathBuf,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    #[arg(long, default_value_t = 1.0)]
+    pub temperature: f32,
+    #[arg(long, default_value_t = 0.9)]
+    pub top_p: f32,
+    /// Cap on main-token candidates (default: none); codebook heads use min(top_k, 30).
+    #[arg(long)]
+    pub top_k: Option<u32>,
+    /// Frames to generate at most (2048 samples each); reaching it ends with reason `length`.
+    #[arg(long, default_value_t = 2048)]
+    pub max_frames: usize,
+}
+
+#[derive(Debug, Args)]
+pub struct TraceArgs {
+    /// Checkpoint directory.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Prompt rows: a safetensors file with an integer tensor `rows` [T, 11], or a JSON array of rows.
+    #[arg(long)]
+    pub prompt_rows: PathBuf,
+    /// Output safetensors file.
+    #[arg(long)]
+    pub out: PathBuf,
 }

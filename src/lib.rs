@@ -6,6 +6,7 @@ pub mod audio;
 pub mod backend;
 pub mod checkpoint;
 pub mod cli;
+pub mod commands;
 pub mod engine;
 pub mod inspect;
 pub mod model;

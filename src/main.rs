@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use limelight::cli::{CheckpointCommand, Cli, Command, SynthArgs};
+use limelight::commands;
 use limelight::inspect::{human, summary};
 use limelight::model::load::Checkpoint;
 use limelight::synth::{SynthOptions, SynthPlan};
@@ -19,6 +20,12 @@ fn main() -> ExitCode {
             }
             Err(e) => Err(anyhow::anyhow!("checkpoint refused: {e}")),
         },
+        Command::Say(args) => commands::say(&args).map(|f| {
+            println!("wrote {}: {} frames, finish reason {}", args.out.display(), f.frames, f.reason.as_str());
+        }),
+        Command::Trace(args) => commands::trace_command(&args).map(|n| {
+            println!("wrote {}: {n} tensors", args.out.display());
+        }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

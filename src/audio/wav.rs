@@ -8,7 +8,8 @@ use super::f32_to_i16;
 
 /// Writes `pcm` as a 16-bit mono WAV at `sample_rate`.
 pub fn write_wav(path: &Path, pcm: &[f32], sample_rate: u32) -> io::Result<()> {
-    let spec = hound::WavSpec { channels: 1, sample_rate, bits_per_sample: 16, sample_format: hound::SampleFormat::Int };
+    let spec =
+        hound::WavSpec { channels: 1, sample_rate, bits_per_sample: 16, sample_format: hound::SampleFormat::Int };
     let mut w = hound::WavWriter::create(path, spec).map_err(io::Error::other)?;
     for &x in pcm {
         w.write_sample(f32_to_i16(x)).map_err(io::Error::other)?;

@@ -27,4 +27,12 @@ pub trait BackendTypes {
 
     /// Makes a host-prepared f32 tensor resident (e.g. a folded weight-norm weight).
     fn upload_f32(&self, shape: &[usize], data: Vec<f32>) -> Self::Weight;
+
+    /// Copies activations to the host (for traces and comparisons, never on the hot path).
+    fn to_host(&self, a: &Self::Act) -> cpu::Matrix;
 }
+
+/// Everything the engine needs from a backend: one sub-trait per model part.
+pub trait Backend: backbone::BackboneOps + tower::TowerOps + codec::CodecOps {}
+
+impl<B: backbone::BackboneOps + tower::TowerOps + codec::CodecOps> Backend for B {}

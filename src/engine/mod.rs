@@ -1,4 +1,6 @@
 //! Generation (`model.md` §8): sampling and its counter-based randomness; the decode loop joins later.
 
+pub mod generate;
 pub mod rng;
 pub mod sampling;
+pub mod trace;

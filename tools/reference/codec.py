@@ -7,8 +7,12 @@ Independent reference: the codec modules shipped in the sglang-omni 0.1.9 wheel
 `configs/modded_dac_vq.yaml` builds the real codec but at the tiny checkpoint's widths (read from
 the tensor shapes of our `codec.pth`). Our writer's `codec.pth` is read with
 `torch.load(weights_only=True)` and loaded with `load_state_dict(strict=True)`; the only keys
-dropped first are the six persistent buffers older codec checkpoints carry (`codec.md` §3.3),
-which the current module registers as non-persistent. Any other mismatch aborts the script.
+dropped first are the six persistent buffers older codec checkpoints carry (`codec.md` §3.3):
+the module of 0.1.9 registers `freqs_cis` as non-persistent and has no `causal_mask` at all.
+Any other mismatch aborts the script.
+
+The float64 run is `model.double()`; the module itself still rounds to f32 inside RMSNorm
+(`x.float()`) and RoPE (`x.float()`, bf16 table), so it is float64 everywhere else.
 
 What is stubbed, and why: `modded_dac.py` subclasses `audiotools.ml.BaseModel` and imports
 `dac.model.base` (whose module imports `audiotools` and `tqdm`); descript-audiotools drags in
@@ -31,7 +35,8 @@ Writes `tests/fixtures/codec/decode.safetensors`:
   `freqs_cis` buffer (f32 math rounded to bf16) at those absolute positions.
 Tensors are channels-last (time-major), as the Rust backend stores activations.
 
-Usage (from the repository root, torch 2.11 CPU, safetensors, einops, descript-audio-codec):
+Usage (from the repository root; Python with torch 2.11 (CPU is enough) and
+`pip install --no-deps descript-audio-codec==1.0.0 einops==0.8.2 safetensors==0.8.0`):
     cargo build --bin limelight
     /work/.venv-torch/bin/python tools/reference/codec.py \
         --bin target/debug/limelight --out tests/fixtures/codec
@@ -52,6 +57,7 @@ SEED = 7  # checkpoint seed; tests/common/mod.rs SEED
 CODES_SEED = 20260
 FRAMES = 40
 LONG_FRAMES = 160
+# The unzipped sglang-omni 0.1.9 wheel (`pip download --no-deps sglang-omni==0.1.9`, then unzip).
 SGLANG_DAC = "/work/research/sglang/sglang_omni/models/fishaudio_s2_pro/fish_speech/models/dac"
 IGNORED_BUFFERS = [
     "quantizer.pre_module.causal_mask",
@@ -63,7 +69,7 @@ IGNORED_BUFFERS = [
 ]
 
 
-def install_stubs():
+def install_stubs(sglang_dac):
     """Minimal stand-ins for the heavy imports; see the module docstring."""
     import importlib.util
 
@@ -90,7 +96,7 @@ def install_stubs():
         pkg = types.ModuleType(name)
         pkg.__path__ = [os.path.join(root, sub) if sub else root]
         sys.modules[name] = pkg
-    sys.path.insert(0, SGLANG_DAC)
+    sys.path.insert(0, sglang_dac)
 
 
 def infer_dims(sd):
@@ -222,10 +228,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default="target/debug/limelight")
     ap.add_argument("--out", default="tests/fixtures/codec")
+    ap.add_argument("--sglang-dac", default=SGLANG_DAC, help="folder holding sglang-omni's modded_dac.py and rvq.py")
     args = ap.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    install_stubs()
+    install_stubs(args.sglang_dac)
     from safetensors.torch import save_file
 
     with tempfile.TemporaryDirectory() as tmp:

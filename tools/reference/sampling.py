@@ -20,6 +20,16 @@ pick, so no case sits within rounding of a top-p boundary or of a race tie.
 
 Writes tests/fixtures/sampling/golden.json and versions.json.
 Usage: /work/.venv-torch/bin/python tools/reference/sampling.py [--out tests/fixtures/sampling]
+
+--check-s1-triton (needs a CUDA GPU with triton; S1 validated its kernels on sm_90 only) runs S1's REAL Triton
+sampling kernels, unmodified from the wheel (`sampling_kernels.py` + `sampling_selection.py`, imported behind stub
+parent packages), on every golden case, one request per launch (batch row 0) with `sampler.step` = frame and
+`sampler.seed` = the case seed, and writes s1_triton_check.json (per case: frames whose pick equals the golden's).
+How it was run on the H200 (the S1 files travel in an ignored folder):
+  mkdir -p target/s1_sampling/sglang_omni/models/fishaudio_drama3
+  cp /work/research/sglang/sglang_omni/models/fishaudio_drama3/sampling*.py target/s1_sampling/sglang_omni/models/fishaudio_drama3/
+  device: python3 tools/reference/sampling.py --check-s1-triton --sglang-omni target/s1_sampling --out $OUT
+  (carry target/s1_sampling), then copy $OUT/s1_triton_check.json to tests/fixtures/sampling/.
 """
 
 import argparse
@@ -235,11 +245,91 @@ def key_samples():
     return out
 
 
+def check_s1_triton(sglang_root, golden_path, out_dir):
+    """S1's own Triton kernels on the golden's cases; returns per-case agreement counts."""
+    import importlib
+    import types
+
+    import triton
+
+    for name, path in (("sglang_omni", "sglang_omni"), ("sglang_omni.models", "sglang_omni/models"),
+                       ("sglang_omni.models.fishaudio_drama3", "sglang_omni/models/fishaudio_drama3")):
+        package = types.ModuleType(name)
+        package.__path__ = [os.path.join(sglang_root, path)]  # the real files, without the packages' __init__
+        sys.modules[name] = package
+
+    class Cuda:
+        def is_cuda(self):
+            return True
+
+    sys.modules["sglang_omni.platforms"] = types.SimpleNamespace(current_platform=Cuda())
+    kernels = importlib.import_module("sglang_omni.models.fishaudio_drama3.sampling_kernels")
+    assert kernels.HAS_TRITON, "S1's kernels did not load their Triton path"
+    dev = "cuda"
+    g = json.load(open(golden_path))
+
+    def sampler(seed, frame):
+        return kernels.CodebookSampler(step=torch.tensor(frame, dtype=torch.int64, device=dev), seed=seed)
+
+    def scalar(v, dtype):
+        return torch.tensor([v], dtype=dtype, device=dev)
+
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+              "heads": {}, "mains": {}}
+    for case in g["heads"]:
+        x = torch.tensor(case["logits"], dtype=torch.float32, device=dev)[None]
+        same = 0
+        for p in case["picks"]:
+            code = kernels.sample_codebook_head(
+                x, scalar(case["temperature"], torch.float32), scalar(case["top_k"], torch.int64),
+                scalar(case["top_p"], torch.float32), sampler(case["seed"], p["frame"]),
+                kernels.FIRST_CODEBOOK_HEAD_STREAM + p["head"], MINIMUM_TEMPERATURE)
+            same += int(code[0]) == p["code"]
+        result["heads"][case["name"]] = {"frames": len(case["picks"]), "same_code": same}
+    for case in g["mains"]:
+        ids = torch.tensor(candidate_ids(case), dtype=torch.int64, device=dev)
+        x = torch.tensor(case["logits"], dtype=torch.float32, device=dev)[None]
+        top_k = case["top_k"] if case["top_k"] is not None else 2**31 - 1
+        window = ([-1] * RAS_WINDOW_FRAMES + case["initial_window"])[-RAS_WINDOW_FRAMES:]
+        same = {"frames": len(case["picks"]), "same_token": 0, "same_first": 0, "same_ras": 0, "ras_checkable": 0}
+
+        def draw(win, frame):
+            main, _ = kernels.sample_semantic_candidates(
+                x, ids, torch.tensor([win], dtype=torch.int64, device=dev), scalar(case["temperature"], torch.float32),
+                scalar(top_k, torch.int64), scalar(case["top_p"], torch.float32), case["semantic_start"],
+                case["codes"], sampler(case["seed"], frame), minimum_temperature=MINIMUM_TEMPERATURE,
+                ras_temperature=RAS_TEMPERATURE, ras_top_k=RAS_TOP_K, ras_top_p=RAS_TOP_P)
+            return int(main[0])
+
+        for p in case["picks"]:
+            f = p["frame"]
+            same["same_token"] += draw(window, f) == p["token"]
+            # The kernel returns only the chosen token: an empty window exposes the first draw, and a window full
+            # of a semantic first draw exposes the RAS draw.
+            first = draw([-1] * RAS_WINDOW_FRAMES, f)
+            same["same_first"] += first == p["first"]
+            if case["semantic_start"] <= first < case["semantic_start"] + case["codes"]:
+                same["ras_checkable"] += 1
+                same["same_ras"] += draw([first] * RAS_WINDOW_FRAMES, f) == p["ras"]
+            window = window[1:] + [p["token"]]
+        result["mains"][case["name"]] = same
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "s1_triton_check.json"), "w") as f:
+        json.dump(result, f, indent=1)
+        f.write("\n")
+    print(json.dumps(result, indent=1))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="tests/fixtures/sampling", help="fixture directory")
+    ap.add_argument("--check-s1-triton", action="store_true", help="run S1's Triton kernels on the golden (GPU)")
+    ap.add_argument("--sglang-omni", default="/work/research/sglang", help="root holding sglang_omni/models/...")
+    ap.add_argument("--golden", default="tests/fixtures/sampling/golden.json", help="golden to check (GPU mode)")
     args = ap.parse_args()
     check_kat()
+    if args.check_s1_triton:
+        return check_s1_triton(args.sglang_omni, args.golden, args.out)
     heads32, mains32 = run(torch.float32)
     heads64, mains64 = run(torch.float64)
     for a, b in zip(heads32 + mains32, heads64 + mains64):
@@ -270,6 +360,8 @@ def main():
         "main_frames_where_ras_replaced_the_first_draw": ras_fired,
         "main_frames_where_a_non_semantic_repeat_kept_the_first_draw": ras_declined,
         "float32_vs_float64_picks": "identical",
+        "s1_triton_check": "s1_triton_check.json: S1's own Triton kernels on an H200 (--check-s1-triton); "
+                           "rerun it whenever the cases change",
     }
     with open(os.path.join(args.out, "versions.json"), "w") as f:
         json.dump(versions, f, indent=2)

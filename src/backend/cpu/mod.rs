@@ -73,4 +73,8 @@ impl BackendTypes for Cpu {
         assert_eq!(shape.iter().product::<usize>(), data.len(), "upload_f32 shape");
         CpuWeight { shape: shape.to_vec(), data }
     }
+
+    fn to_host(&self, a: &Matrix) -> Matrix {
+        a.clone()
+    }
 }

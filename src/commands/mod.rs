@@ -1,0 +1,84 @@
+//! The bodies of the CLI subcommands that run the model (`say`, `trace`): load, run, write.
+//! Argument parsing stays in `cli.rs`; this is the only place besides `main.rs` using `anyhow`.
+
+use std::ops::ControlFlow;
+use std::path::Path;
+
+use anyhow::{Context, bail};
+
+use crate::audio::CODEC_SAMPLE_RATE;
+use crate::audio::wav::write_wav;
+use crate::backend::cpu::Cpu;
+use crate::checkpoint::Dtype;
+use crate::checkpoint::safetensors::SafetensorsFile;
+use crate::checkpoint::safetensors_writer::{TensorHeader, f32_bytes, write_safetensors};
+use crate::cli::{SayArgs, TraceArgs};
+use crate::engine::generate::{Engine, Finished, GenerateOptions, ResidentModel};
+use crate::engine::sampling::SamplingParams;
+use crate::engine::trace::trace;
+use crate::model::frame::Rows;
+use crate::model::load::Checkpoint;
+use crate::request::prompt::PromptBuilder;
+
+/// `limelight say`: text → WAV on the CPU backend.
+pub fn say(args: &SayArgs) -> anyhow::Result<Finished> {
+    let ckpt = Checkpoint::open(&args.model).context("checkpoint refused")?;
+    let model = ResidentModel::load(&ckpt, &Cpu)?;
+    let engine = Engine::new(&Cpu, &ckpt, &model)?;
+    let rows = PromptBuilder::for_checkpoint(&ckpt).build(&args.text, &[]).context("`--text`")?;
+    let params = SamplingParams { temperature: args.temperature, top_p: args.top_p, top_k: args.top_k };
+    params.validate().context("sampling parameters")?;
+    let opts = GenerateOptions { params, seed: args.seed, max_frames: args.max_frames };
+    let mut pcm = Vec::new();
+    let finished = engine.generate(&rows, &opts, &mut |chunk| {
+        pcm.extend_from_slice(chunk);
+        ControlFlow::Continue(())
+    })?;
+    write_wav(&args.out, &pcm, CODEC_SAMPLE_RATE).with_context(|| format!("writing {}", args.out.display()))?;
+    Ok(finished)
+}
+
+/// `limelight trace`: every stage's tensors for given prompt rows, as safetensors.
+pub fn trace_command(args: &TraceArgs) -> anyhow::Result<usize> {
+    let ckpt = Checkpoint::open(&args.model).context("checkpoint refused")?;
+    let model = ResidentModel::load(&ckpt, &Cpu)?;
+    let engine = Engine::new(&Cpu, &ckpt, &model)?;
+    let rows = read_rows(&args.prompt_rows, ckpt.dims.codebooks)?;
+    let tensors = trace(&engine, &rows)?;
+    let headers: Vec<TensorHeader<'_>> =
+        tensors.iter().map(|t| TensorHeader { name: &t.name, dtype: Dtype::F32, shape: &t.shape }).collect();
+    write_safetensors(&args.out, &headers, |i| f32_bytes(&tensors[i].values))
+        .with_context(|| format!("writing {}", args.out.display()))?;
+    Ok(tensors.len())
+}
+
+/// Prompt rows from a safetensors file holding an integer tensor `rows` `[T, 1 + codebooks]`
+/// (e.g. a golden fixture), or from JSON: an array of rows.
+fn read_rows(path: &Path, codebooks: usize) -> anyhow::Result<Rows> {
+    let width = codebooks + 1;
+    let flat: Vec<u32> = if path.extension().is_some_and(|e| e == "safetensors") {
+        let file = SafetensorsFile::open(path)?;
+        let view = file.view("rows").with_context(|| format!("{}: no tensor `rows`", path.display()))?;
+        if view.shape.len() != 2 || view.shape[1] != width {
+            bail!("{}: `rows` has shape {:?}, expected [T, {width}]", path.display(), view.shape);
+        }
+        match view.dtype {
+            Dtype::I64 => {
+                view.bytes.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32).collect()
+            }
+            Dtype::I32 => {
+                view.bytes.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap()) as u32).collect()
+            }
+            d => bail!("{}: `rows` must be I64 or I32, found {d}", path.display()),
+        }
+    } else {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let rows: Vec<Vec<u32>> =
+            serde_json::from_str(&text).with_context(|| format!("{}: rows JSON", path.display()))?;
+        if let Some((i, r)) = rows.iter().enumerate().find(|(_, r)| r.len() != width) {
+            bail!("{}: row {i} has {} values, expected {width}", path.display(), r.len());
+        }
+        rows.concat()
+    };
+    Ok(Rows::from_flat(codebooks, flat))
+}

@@ -1,0 +1,251 @@
+//! The generation loop (`model.md` §8.1): prompt rows → backbone prefill → tower prefill → one
+//! frame per step (main token with RAS, 13 tower layers with 9 head draws, the frame fed back to
+//! the backbone) until EOS or `max_frames` → PCM from the streaming codec, delivered as it is
+//! produced. The caller can stop it between frames.
+
+use std::ops::ControlFlow;
+
+use super::sampling::{MainCandidates, RasWindow, SamplingError, SamplingParams, sample_head, sample_main};
+use crate::backend::Backend;
+use crate::backend::tower::TowerError;
+use crate::model::backbone::{Backbone, BackboneConfig, BackboneError};
+use crate::model::codec::{CodecError, CodecModel, StreamingDecoder};
+use crate::model::frame::Rows;
+use crate::model::load::Checkpoint;
+use crate::model::tower::Tower;
+use crate::model::weights::{ModelWeights, WeightError};
+
+/// Per-request generation options.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GenerateOptions {
+    pub params: SamplingParams,
+    pub seed: u64,
+    /// Frames to generate at most; reaching it ends with [`FinishReason::Length`].
+    pub max_frames: usize,
+}
+
+/// Why generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// The model produced EOS.
+    Stop,
+    /// `max_frames` was reached; the audio of every produced frame is kept.
+    Length,
+    /// The caller stopped it between frames.
+    Cancelled,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// What a finished generation produced.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Finished {
+    pub reason: FinishReason,
+    /// Audio frames produced (the EOS frame is not one).
+    pub frames: usize,
+    /// Every produced frame `[main, c0..c9]`, in order.
+    pub rows: Rows,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum GenerateError {
+    #[error("backbone: {0}")]
+    Backbone(#[from] BackboneError),
+    #[error("tower: {0}")]
+    Tower(#[from] TowerError),
+    #[error("sampling: {0}")]
+    Sampling(#[from] SamplingError),
+    #[error("codec: {0}")]
+    Codec(#[from] CodecError),
+    #[error("the prompt has no rows")]
+    EmptyPrompt,
+}
+
+/// Frames decoded per codec call: the first frame alone for the earliest audio, then groups
+/// that double up to `MAX_GROUP` (fewer calls, same samples: streaming is exact).
+pub fn codec_group(groups_emitted: usize) -> usize {
+    const MAX_GROUP: usize = 8;
+    (1usize << groups_emitted.min(3)).min(MAX_GROUP)
+}
+
+/// Weights made resident on backend `B`, owned for as long as an [`Engine`] borrows them.
+pub struct ResidentModel<B: Backend> {
+    pub weights: ModelWeights<B::Weight>,
+    pub codec: CodecModel<B>,
+}
+
+impl<B: Backend> ResidentModel<B> {
+    pub fn load(ckpt: &Checkpoint, backend: &B) -> Result<ResidentModel<B>, LoadModelError> {
+        Ok(ResidentModel { weights: ckpt.upload_model_weights(backend)?, codec: CodecModel::load(ckpt, backend)? })
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadModelError {
+    #[error(transparent)]
+    Weights(#[from] WeightError),
+    #[error(transparent)]
+    Codec(#[from] CodecError),
+    #[error(transparent)]
+    Backbone(#[from] BackboneError),
+    #[error(transparent)]
+    Tower(#[from] TowerError),
+}
+
+/// The whole model over weights resident on backend `B`.
+pub struct Engine<'w, B: Backend> {
+    pub backend: &'w B,
+    pub backbone: Backbone<'w, B>,
+    pub tower: Tower<'w, B>,
+    pub codec: &'w CodecModel<B>,
+    pub candidates: MainCandidates,
+    /// For candidate `i`, the index of its token in the backbone's restricted logits.
+    logit_index: Vec<usize>,
+    pub eos: u32,
+}
+
+impl<'w, B: Backend> Engine<'w, B> {
+    pub fn new(backend: &'w B, ckpt: &Checkpoint, model: &'w ResidentModel<B>) -> Result<Self, LoadModelError> {
+        let w = &model.weights;
+        let backbone = Backbone::new(
+            backend,
+            BackboneConfig::from_model_config(&ckpt.config),
+            &w.backbone,
+            &w.tower.codebook_embeddings,
+        )?;
+        let tower = Tower::new(backend, &w.tower, &ckpt.config)?;
+        let candidates = MainCandidates::from_special_tokens(&ckpt.special_tokens);
+        let head_ids = backbone.restricted_token_ids();
+        let logit_index = candidates
+            .ids()
+            .iter()
+            .map(|id| head_ids.iter().position(|h| h == id).expect("the restricted head covers every candidate"))
+            .collect();
+        Ok(Engine {
+            backend,
+            backbone,
+            tower,
+            codec: &model.codec,
+            candidates,
+            logit_index,
+            eos: ckpt.special_tokens.eos(),
+        })
+    }
+
+    /// Generates speech for prompt `rows`; `on_audio` receives PCM (mono f32, 44.1 kHz) as the
+    /// codec produces it and may stop the generation by returning `Break`.
+    pub fn generate(
+        &self,
+        rows: &Rows,
+        opts: &GenerateOptions,
+        on_audio: &mut dyn FnMut(&[f32]) -> ControlFlow<()>,
+    ) -> Result<Finished, GenerateError> {
+        if rows.is_empty() {
+            return Err(GenerateError::EmptyPrompt);
+        }
+        let mut backbone_state = self.backbone.new_state();
+        let mut tower_state = self.tower.new_state();
+        let prompt_hidden = self.backbone.prefill(&mut backbone_state, rows)?;
+        self.tower.prefill(&mut tower_state, &prompt_hidden, rows)?;
+        let mut hidden = self.backend.tower_act_rows(&prompt_hidden, rows.len() - 1, 1);
+        let mut input_row = rows.row(rows.len() - 1).to_vec();
+        let mut window = RasWindow::from_prompt(rows);
+        let mut produced = Rows::new(rows.codebooks());
+        let mut audio = AudioOut::new(self.codec, self.backend);
+        let mut reason = FinishReason::Length;
+        for frame in 0..opts.max_frames {
+            let head = self.backbone.restricted_logits(&hidden, 0);
+            let logits: Vec<f32> = self.logit_index.iter().map(|&i| head[i]).collect();
+            let pick = sample_main(&logits, &self.candidates, &window, &opts.params, opts.seed, frame as u64)?;
+            window.push(pick.token);
+            // The reference runs every tower layer for the EOS frame too; its codes are discarded.
+            let mut head_error = None;
+            let codes = self.tower.frame(&mut tower_state, &hidden, &input_row, pick.token, &mut |r, logits| {
+                sample_head(logits, r, &opts.params, opts.seed, frame as u64).unwrap_or_else(|e| {
+                    head_error.get_or_insert(e);
+                    0
+                })
+            })?;
+            if let Some(e) = head_error {
+                return Err(e.into());
+            }
+            if pick.token == self.eos {
+                reason = FinishReason::Stop;
+                break;
+            }
+            let mut row = Vec::with_capacity(1 + codes.len());
+            row.push(pick.token);
+            row.extend_from_slice(&codes);
+            produced.push_row(&row);
+            if audio.push(&codes, on_audio)?.is_break() {
+                reason = FinishReason::Cancelled;
+                break;
+            }
+            if frame + 1 < opts.max_frames {
+                hidden = self.backbone.decode(&mut backbone_state, &row)?;
+                input_row = row;
+            }
+        }
+        if reason != FinishReason::Cancelled {
+            let _ = audio.flush(on_audio)?;
+        }
+        Ok(Finished { reason, frames: produced.len(), rows: produced })
+    }
+}
+
+/// Groups frames for the streaming codec and hands its PCM on.
+struct AudioOut<'m, B: Backend> {
+    decoder: StreamingDecoder<'m, B>,
+    pending: Vec<u32>,
+    pending_frames: usize,
+    groups: usize,
+}
+
+impl<'m, B: Backend> AudioOut<'m, B> {
+    fn new(codec: &'m CodecModel<B>, backend: &'m B) -> Self {
+        AudioOut { decoder: StreamingDecoder::new(codec, backend), pending: Vec::new(), pending_frames: 0, groups: 0 }
+    }
+
+    fn push(
+        &mut self,
+        codes: &[u32],
+        on_audio: &mut dyn FnMut(&[f32]) -> ControlFlow<()>,
+    ) -> Result<ControlFlow<()>, CodecError> {
+        self.pending.extend_from_slice(codes);
+        self.pending_frames += 1;
+        if self.pending_frames < codec_group(self.groups) {
+            return Ok(ControlFlow::Continue(()));
+        }
+        self.flush(on_audio)
+    }
+
+    fn flush(&mut self, on_audio: &mut dyn FnMut(&[f32]) -> ControlFlow<()>) -> Result<ControlFlow<()>, CodecError> {
+        if self.pending_frames == 0 {
+            return Ok(ControlFlow::Continue(()));
+        }
+        let pcm = self.decoder.push(&self.pending)?;
+        self.pending.clear();
+        self.pending_frames = 0;
+        self.groups += 1;
+        Ok(on_audio(&pcm))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_frame_alone_then_doubling_groups() {
+        let sizes: Vec<usize> = (0..6).map(codec_group).collect();
+        assert_eq!(sizes, vec![1, 2, 4, 8, 8, 8]);
+    }
+}
