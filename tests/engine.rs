@@ -1,0 +1,159 @@
+//! The CPU engine end to end on the tiny checkpoint: determinism, finish reasons, cancellation,
+//! streamed audio equal to a whole decode, and the `say` / `trace` commands.
+
+mod common;
+
+use std::ops::ControlFlow;
+use std::process::Command;
+
+use limelight::backend::cpu::Cpu;
+use limelight::checkpoint::safetensors::SafetensorsFile;
+use limelight::engine::generate::{Engine, FinishReason, GenerateOptions, ResidentModel};
+use limelight::engine::sampling::SamplingParams;
+use limelight::model::load::Checkpoint;
+use limelight::request::prompt::PromptBuilder;
+
+fn options(seed: u64, max_frames: usize) -> GenerateOptions {
+    GenerateOptions { params: SamplingParams::default(), seed, max_frames }
+}
+
+/// Runs one generation and returns (finish, pcm, chunk lengths).
+fn run(
+    engine: &Engine<'_, Cpu>,
+    ckpt: &Checkpoint,
+    opts: &GenerateOptions,
+) -> (limelight::engine::generate::Finished, Vec<f32>, Vec<usize>) {
+    let rows = PromptBuilder::for_checkpoint(ckpt).build("Hello there, how are you today?", &[]).unwrap();
+    let (mut pcm, mut chunks) = (Vec::new(), Vec::new());
+    let finished = engine
+        .generate(&rows, opts, &mut |c| {
+            pcm.extend_from_slice(c);
+            chunks.push(c.len());
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+    (finished, pcm, chunks)
+}
+
+#[test]
+fn same_seed_same_audio_and_length_keeps_every_frame() {
+    let dir = common::tiny_checkpoint();
+    let ckpt = Checkpoint::open(dir.path()).unwrap();
+    let model = ResidentModel::load(&ckpt, &Cpu).unwrap();
+    let engine = Engine::new(&Cpu, &ckpt, &model).unwrap();
+    let (a, pcm_a, chunks) = run(&engine, &ckpt, &options(3, 12));
+    let (b, pcm_b, _) = run(&engine, &ckpt, &options(3, 12));
+    assert_eq!(a, b);
+    assert!(pcm_a.iter().map(|x| x.to_bits()).eq(pcm_b.iter().map(|x| x.to_bits())), "same seed, different audio");
+    assert_eq!(a.reason, FinishReason::Length, "seed 3 produces no EOS in 12 frames");
+    assert_eq!(a.frames, 12);
+    assert_eq!(pcm_a.len(), 12 * 2048);
+    assert_eq!(chunks, vec![2048, 2 * 2048, 4 * 2048, 5 * 2048], "first frame alone, then growing groups");
+    assert!(pcm_a.iter().all(|x| x.is_finite() && x.abs() < 1.0));
+    let (_, pcm_c, _) = run(&engine, &ckpt, &options(4, 12));
+    assert!(pcm_a != pcm_c, "different seeds must give different audio");
+
+    // Streaming output equals one whole decode of the produced frames, bit for bit.
+    let codes: Vec<u32> = (0..a.rows.len()).flat_map(|t| a.rows.row(t)[1..].to_vec()).collect();
+    let whole = model.codec.decode(&Cpu, &codes).unwrap();
+    assert!(whole.iter().map(|x| x.to_bits()).eq(pcm_a.iter().map(|x| x.to_bits())));
+}
+
+#[test]
+fn cancelling_stops_between_frames() {
+    let dir = common::tiny_checkpoint();
+    let ckpt = Checkpoint::open(dir.path()).unwrap();
+    let model = ResidentModel::load(&ckpt, &Cpu).unwrap();
+    let engine = Engine::new(&Cpu, &ckpt, &model).unwrap();
+    let rows = PromptBuilder::for_checkpoint(&ckpt).build("Hello there, how are you today?", &[]).unwrap();
+    let mut calls = 0;
+    let finished = engine
+        .generate(&rows, &options(3, 12), &mut |_| {
+            calls += 1;
+            if calls == 2 { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }
+        })
+        .unwrap();
+    assert_eq!(finished.reason, FinishReason::Cancelled);
+    assert_eq!(calls, 2);
+    assert_eq!(finished.frames, 3, "frames of the two delivered groups (1 + 2)");
+}
+
+#[test]
+fn eos_stops_with_reason_stop() {
+    let dir = common::tiny_checkpoint();
+    let ckpt = Checkpoint::open(dir.path()).unwrap();
+    let mut model = ResidentModel::load(&ckpt, &Cpu).unwrap();
+    let rows = PromptBuilder::for_checkpoint(&ckpt).build("Stop right away.", &[]).unwrap();
+    // Point the EOS row of lm_head at the first frame's hidden state and silence every other
+    // candidate, so EOS is the only likely main token.
+    let h0 = {
+        let engine = Engine::new(&Cpu, &ckpt, &model).unwrap();
+        let mut state = engine.backbone.new_state();
+        let hidden = engine.backbone.prefill(&mut state, &rows).unwrap();
+        hidden.row(rows.len() - 1).to_vec()
+    };
+    let special = &ckpt.special_tokens;
+    let lm_head = &mut model.weights.backbone.lm_head;
+    let hidden_size = lm_head.shape[1];
+    for id in special.semantic_start..=special.semantic_end {
+        lm_head.data[id as usize * hidden_size..(id as usize + 1) * hidden_size].fill(0.0);
+    }
+    let eos = special.eos() as usize;
+    lm_head.data[eos * hidden_size..(eos + 1) * hidden_size].copy_from_slice(&h0);
+    let engine = Engine::new(&Cpu, &ckpt, &model).unwrap();
+    let mut audio = 0;
+    let finished = engine
+        .generate(&rows, &options(0, 12), &mut |c| {
+            audio += c.len();
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+    assert_eq!(finished.reason, FinishReason::Stop);
+    assert_eq!((finished.frames, audio), (0, 0));
+}
+
+#[test]
+fn say_writes_a_deterministic_wav_and_trace_dumps_every_stage() {
+    let dir = common::tiny_checkpoint();
+    let bin = env!("CARGO_BIN_EXE_limelight");
+    let out = tempfile::tempdir().unwrap();
+    let say = |seed: &str, name: &str| {
+        let path = out.path().join(name);
+        let o = Command::new(bin)
+            .args(["say", "--model"])
+            .arg(dir.path())
+            .args(["--text", "[whispering] Hi <|speaker:1|> there.", "--max-frames", "6", "--seed", seed, "--out"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        std::fs::read(path).unwrap()
+    };
+    let (a, b, c) = (say("5", "a.wav"), say("5", "b.wav"), say("6", "c.wav"));
+    assert!(a == b, "same seed, different bytes");
+    assert!(a != c, "different seeds, same bytes");
+    let reader = hound::WavReader::new(std::io::Cursor::new(&a)).unwrap();
+    assert_eq!((reader.spec().sample_rate, reader.spec().channels, reader.spec().bits_per_sample), (44_100, 1, 16));
+    assert!(reader.len() > 0 && reader.len() % 2048 == 0, "{} samples", reader.len());
+
+    let rows = out.path().join("rows.json");
+    std::fs::write(&rows, "[[10,0,0,0,0,0,0,0,0,0,0],[990,6,1,2,3,4,5,6,7,8,9],[1000,16,3,3,3,3,3,3,3,3,3]]").unwrap();
+    let dump = out.path().join("trace.safetensors");
+    let o = Command::new(bin)
+        .args(["trace", "--model"])
+        .arg(dir.path())
+        .arg("--prompt-rows")
+        .arg(&rows)
+        .arg("--out")
+        .arg(&dump)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let f = SafetensorsFile::open(&dump).unwrap();
+    for name in
+        ["backbone.embedding", "backbone.layer.7", "backbone.final_norm", "tower.layer.12", "tower.head.8", "rows"]
+    {
+        assert!(f.view(name).is_some(), "missing `{name}`");
+    }
+    assert_eq!(f.view("backbone.layer.0").unwrap().shape, &[3, 256]);
+}
