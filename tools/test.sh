@@ -1,8 +1,21 @@
 #!/usr/bin/env bash
-# The test command (README, CI): lint, every Rust test, then the Python cross-checks against
-# independent readers of our checkpoint layout. Installs what it needs on first use.
+# The test command (README, CI): lint, every Rust test, the deploy files, then the Python
+# cross-checks against independent readers and clients. Installs what it needs on first use.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+echo "== system packages (ffmpeg decodes our audio in tests; nginx and systemd check deploy/)"
+missing=()
+command -v ffprobe >/dev/null || missing+=(ffmpeg)
+command -v nginx >/dev/null || missing+=(nginx)
+command -v systemd-analyze >/dev/null || missing+=(systemd)
+if ((${#missing[@]})); then
+    echo "installing: ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# Tests that need these tools must not skip here.
+export LIMELIGHT_REQUIRE_TOOLS=1
 
 echo "== python environment (.venv)"
 tools/python-env.sh
@@ -18,6 +31,9 @@ cargo clippy --all-targets --locked -- -D warnings
 echo "== rust tests"
 cargo test --all-targets --locked
 
-echo "== python cross-checks"
+echo "== deploy files"
+CHECK_DEPLOY_NO_INSTALL=1 tools/check-deploy.sh
+
+echo "== python cross-checks (safetensors, mlx-audio, the OpenAI SDK)"
 cargo build --locked --bin limelight
 LIMELIGHT_BIN="$PWD/target/debug/limelight" .venv/bin/python -m pytest tools/compat -q
