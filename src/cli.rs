@@ -1,10 +1,12 @@
-//! Command-line interface: `checkpoint synth`, `inspect`, `say`, `trace` (the server arrives with `serve`).
+//! Command-line interface: `serve`, `checkpoint synth`, `inspect`, `say`, `trace`.
 
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::config::Device;
 use crate::synth::presets::Preset;
+use crate::telemetry::LogFormat;
 
 #[derive(Debug, Parser)]
 #[command(name = "limelight", version, about = "OpenAI-compatible text-to-speech server for Fish Audio Drama 3")]
@@ -15,6 +17,9 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Serve OpenAI's speech API over HTTP (`POST /v1/audio/speech`, `/v1/models`, `/health`,
+    /// `/ready`, `/metrics`). Every flag can also be set by its `LIMELIGHT_*` variable.
+    Serve(ServeArgs),
     /// Work with checkpoints in the published `fishaudio/drama-3` layout.
     #[command(subcommand)]
     Checkpoint(CheckpointCommand),
@@ -24,6 +29,62 @@ pub enum Command {
     Say(SayArgs),
     /// Dump every stage's tensors for given prompt rows (for comparison with references).
     Trace(TraceArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Checkpoint directory in the published `fishaudio/drama-3` layout.
+    #[arg(long, env = "LIMELIGHT_MODEL", required_unless_present = "demo", conflicts_with = "demo")]
+    pub model: Option<PathBuf>,
+    /// Serve a tiny random-weight checkpoint (written once into the cache directory) on the CPU:
+    /// exercises the whole API in seconds, but the "speech" is noise.
+    #[arg(long, env = "LIMELIGHT_DEMO")]
+    pub demo: bool,
+    /// Where generation runs.
+    #[arg(long, value_enum, env = "LIMELIGHT_DEVICE", default_value = "cpu")]
+    pub device: Device,
+    /// Address to listen on; use 0.0.0.0 to accept connections from other machines.
+    #[arg(long, env = "LIMELIGHT_HOST", default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0 picks a free one; the log says which).
+    #[arg(long, env = "LIMELIGHT_PORT", default_value_t = 8080)]
+    pub port: u16,
+    /// The model id clients send and `/v1/models` lists.
+    #[arg(long, env = "LIMELIGHT_SERVED_MODEL_NAME", default_value = "drama-3")]
+    pub served_model_name: String,
+    /// Another accepted model id (repeat, or separate with commas); `--model-alias ''` accepts none.
+    #[arg(
+        long = "model-alias",
+        env = "LIMELIGHT_MODEL_ALIAS",
+        value_delimiter = ',',
+        default_values = ["tts-1", "tts-1-hd", "gpt-4o-mini-tts"]
+    )]
+    pub model_aliases: Vec<String>,
+    /// Require `Authorization: Bearer KEY` on every route but `/health` and `/ready`.
+    #[arg(long, env = "LIMELIGHT_API_KEY", hide_env_values = true, conflicts_with = "api_key_file")]
+    pub api_key: Option<String>,
+    /// Read the API key from the first line of this file (keeps it out of `ps`).
+    #[arg(long, env = "LIMELIGHT_API_KEY_FILE")]
+    pub api_key_file: Option<PathBuf>,
+    /// Requests that may wait for the engine; more are refused with 429 and `Retry-After`.
+    #[arg(long, env = "LIMELIGHT_MAX_QUEUE", default_value_t = 16)]
+    pub max_queue: usize,
+    /// Longest `input` (and `instructions`), in characters.
+    #[arg(long, env = "LIMELIGHT_MAX_INPUT_CHARS", default_value_t = 4096)]
+    pub max_input_chars: usize,
+    /// Largest request body, in bytes; larger ones are refused with 413.
+    #[arg(long, env = "LIMELIGHT_MAX_BODY_BYTES", default_value_t = crate::http::DEFAULT_MAX_BODY_BYTES)]
+    pub max_body_bytes: usize,
+    /// Frames per request when it gives no `max_frames`, and the most it may ask for (2048
+    /// samples each: 2048 frames are about 95 s of audio).
+    #[arg(long, env = "LIMELIGHT_MAX_FRAMES", default_value_t = 2048)]
+    pub max_frames: usize,
+    /// Seconds to let running requests finish after SIGTERM or SIGINT before exiting.
+    #[arg(long, env = "LIMELIGHT_DRAIN_TIMEOUT", default_value_t = 30)]
+    pub drain_timeout: u64,
+    /// Log lines as human text or JSON objects; the level comes from `RUST_LOG` (default `info`).
+    #[arg(long, value_enum, env = "LIMELIGHT_LOG_FORMAT", default_value = "text")]
+    pub log_format: LogFormat,
 }
 
 #[derive(Debug, Subcommand)]

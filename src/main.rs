@@ -12,6 +12,7 @@ use limelight::synth::{SynthOptions, SynthPlan};
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Serve(args) => limelight::serve::run(&args).map_err(anyhow::Error::from),
         Command::Checkpoint(CheckpointCommand::Synth(args)) => synth(args),
         Command::Inspect(args) => match Checkpoint::open(&args.model) {
             Ok(ckpt) => {

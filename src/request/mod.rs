@@ -2,6 +2,7 @@
 
 pub mod prompt;
 pub mod text;
+pub mod validate;
 
 pub use prompt::{PromptBuilder, PromptError, Reference};
 pub use text::{Field, TextError};

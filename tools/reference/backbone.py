@@ -17,9 +17,10 @@ What it does:
 The backbone input embedding is NOT computed by transformers: `embed_backbone` below is a PyTorch re-statement of
 sglang-omni 0.1.9 `AudioDecoder.embed_backbone` / `codebook_embedding_sum` (model.md §5), labelled as such.
 
-Usage (from the repository root; needs torch and transformers==5.17.0):
+Usage (from the repository root; tools/reference/setup.sh makes .cache/reference/venv with the pinned torch and
+transformers==5.17.0; tools/reference/regenerate.sh runs every generator):
     cargo build --bin limelight
-    /work/.venv-torch/bin/python tools/reference/backbone.py --bin target/debug/limelight --out tests/fixtures/backbone
+    .cache/reference/venv/bin/python tools/reference/backbone.py --bin target/debug/limelight --out tests/fixtures/backbone
 """
 
 import argparse
@@ -312,7 +313,7 @@ def main():
     save_safetensors(fixture, os.path.join(args.out, "golden.safetensors"), meta)
     versions = {
         "generator": "tools/reference/backbone.py",
-        "command": "cargo build --bin limelight && /work/.venv-torch/bin/python tools/reference/backbone.py "
+        "command": "cargo build --bin limelight && .cache/reference/venv/bin/python tools/reference/backbone.py "
                    "--bin target/debug/limelight --out tests/fixtures/backbone",
         "python": sys.version.split()[0],
         "torch": torch.__version__,

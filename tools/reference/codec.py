@@ -35,10 +35,11 @@ Writes `tests/fixtures/codec/decode.safetensors`:
   `freqs_cis` buffer (f32 math rounded to bf16) at those absolute positions.
 Tensors are channels-last (time-major), as the Rust backend stores activations.
 
-Usage (from the repository root; Python with torch 2.11 (CPU is enough) and
-`pip install --no-deps descript-audio-codec==1.0.0 einops==0.8.2 safetensors==0.8.0`):
+Usage (from the repository root; tools/reference/setup.sh makes .cache/reference/venv (torch 2.11, CPU is enough,
+and `descript-audio-codec==1.0.0` with --no-deps, einops, safetensors) and unzips the sglang-omni 0.1.9 wheel into
+.cache/reference/sglang, where --sglang-dac points by default; tools/reference/regenerate.sh runs every generator):
     cargo build --bin limelight
-    /work/.venv-torch/bin/python tools/reference/codec.py \
+    .cache/reference/venv/bin/python tools/reference/codec.py \
         --bin target/debug/limelight --out tests/fixtures/codec
 """
 
@@ -49,6 +50,7 @@ import subprocess
 import sys
 import tempfile
 import types
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -57,8 +59,10 @@ SEED = 7  # checkpoint seed; tests/common/mod.rs SEED
 CODES_SEED = 20260
 FRAMES = 40
 LONG_FRAMES = 160
-# The unzipped sglang-omni 0.1.9 wheel (`pip download --no-deps sglang-omni==0.1.9`, then unzip).
-SGLANG_DAC = "/work/research/sglang/sglang_omni/models/fishaudio_s2_pro/fish_speech/models/dac"
+# In the unzipped sglang-omni 0.1.9 wheel (`pip download --no-deps sglang-omni==0.1.9`, then unzip; setup.sh puts it in
+# .cache/reference/sglang).
+SGLANG_DAC = str(Path(__file__).resolve().parents[2] / ".cache/reference/sglang"
+                 / "sglang_omni/models/fishaudio_s2_pro/fish_speech/models/dac")
 IGNORED_BUFFERS = [
     "quantizer.pre_module.causal_mask",
     "quantizer.pre_module.freqs_cis",
@@ -278,7 +282,7 @@ def main():
     save_file(tensors, os.path.join(args.out, "decode.safetensors"))
     versions = {
         "decode.safetensors": {
-            "command": "cargo build --bin limelight && /work/.venv-torch/bin/python tools/reference/codec.py "
+            "command": "cargo build --bin limelight && .cache/reference/venv/bin/python tools/reference/codec.py "
             "--bin target/debug/limelight --out tests/fixtures/codec",
             "reference": "sglang-omni 0.1.9 fish_speech/models/dac/{modded_dac,rvq}.py (wheel), "
             "DAC.from_indices, stage outputs by forward hooks",

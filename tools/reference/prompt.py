@@ -14,8 +14,11 @@ Steps:
    each reference's error message.
 3. Writes tests/fixtures/prompt/golden.json (reference A's rows; whether B agreed) and versions.json.
 
-Usage: /work/.venv-torch/bin/python tools/reference/prompt.py --bin target/debug/limelight
-(the same script is re-invoked with --engine s1 / --engine mlx inside each reference's interpreter).
+Usage (from the repository root, after tools/reference/setup.sh; tools/reference/regenerate.sh runs every generator):
+    cargo build --bin limelight
+    .cache/reference/venv/bin/python tools/reference/prompt.py --bin target/debug/limelight --out tests/fixtures/prompt
+(the same script is re-invoked with --engine s1 / --engine mlx inside each reference's interpreter: by default
+.cache/reference/venv/bin/python with .cache/reference/sglang, and .venv/bin/python from tools/python-env.sh).
 """
 
 import argparse
@@ -30,6 +33,7 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent  # the repository root
 SEED = 7  # the tiny checkpoint's seed
 CODE_SEED = 20240607  # reference codes
 CODEBOOK_SIZE = 256  # tiny preset audio_decoder_config.vocab_size
@@ -174,9 +178,12 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bin", default="target/debug/limelight", help="the limelight binary")
     ap.add_argument("--out", default="tests/fixtures/prompt", help="fixture directory")
-    ap.add_argument("--sglang-omni", default="/work/research/sglang", help="the unzipped sglang-omni 0.1.9 wheel")
-    ap.add_argument("--torch-python", default="/work/.venv-torch/bin/python", help="interpreter with torch")
-    ap.add_argument("--mlx-python", default="/work/main/.venv/bin/python", help="interpreter with mlx-audio")
+    ap.add_argument("--sglang-omni", default=str(ROOT / ".cache/reference/sglang"),
+                    help="the unzipped sglang-omni 0.1.9 wheel (default: from tools/reference/setup.sh)")
+    ap.add_argument("--torch-python", default=str(ROOT / ".cache/reference/venv/bin/python"),
+                    help="interpreter with torch (default: from tools/reference/setup.sh)")
+    ap.add_argument("--mlx-python", default=str(ROOT / ".venv/bin/python"),
+                    help="interpreter with mlx-audio (default: from tools/python-env.sh)")
     ap.add_argument("--engine", choices=["s1", "mlx"], help=argparse.SUPPRESS)
     ap.add_argument("--tokenizer", help=argparse.SUPPRESS)
     ap.add_argument("--work", help=argparse.SUPPRESS)
@@ -211,7 +218,7 @@ def main():
     write_golden(os.path.join(args.out, "golden.json"), ids, built, refused, a, b)
     versions = {
         "generator": "tools/reference/prompt.py",
-        "command": "cargo build --bin limelight && /work/.venv-torch/bin/python tools/reference/prompt.py "
+        "command": "cargo build --bin limelight && .cache/reference/venv/bin/python tools/reference/prompt.py "
                    "--bin target/debug/limelight --out tests/fixtures/prompt",
         "checkpoint": f"limelight checkpoint synth --preset tiny --seed {SEED} (tokenizer.json copied here)",
         "reference_a": "sglang-omni 0.1.9 sglang_omni/models/fishaudio_drama3/prompt.py (unmodified, from the wheel)",

@@ -19,7 +19,8 @@ probabilities (what src/engine/sampling.rs does). The script refuses to write a 
 pick, so no case sits within rounding of a top-p boundary or of a race tie.
 
 Writes tests/fixtures/sampling/golden.json and versions.json.
-Usage: /work/.venv-torch/bin/python tools/reference/sampling.py [--out tests/fixtures/sampling]
+Usage (after tools/reference/setup.sh; tools/reference/regenerate.sh runs every generator but not --check-s1-triton):
+    .cache/reference/venv/bin/python tools/reference/sampling.py --out tests/fixtures/sampling
 
 --check-s1-triton (needs a CUDA GPU with triton; S1 validated its kernels on sm_90 only) runs S1's REAL Triton
 sampling kernels, unmodified from the wheel (`sampling_kernels.py` + `sampling_selection.py`, imported behind stub
@@ -27,7 +28,7 @@ parent packages), on every golden case, one request per launch (batch row 0) wit
 `sampler.seed` = the case seed, and writes s1_triton_check.json (per case: frames whose pick equals the golden's).
 How it was run on the H200 (the S1 files travel in an ignored folder):
   mkdir -p target/s1_sampling/sglang_omni/models/fishaudio_drama3
-  cp /work/research/sglang/sglang_omni/models/fishaudio_drama3/sampling*.py target/s1_sampling/sglang_omni/models/fishaudio_drama3/
+  cp .cache/reference/sglang/sglang_omni/models/fishaudio_drama3/sampling*.py target/s1_sampling/sglang_omni/models/fishaudio_drama3/
   device: python3 tools/reference/sampling.py --check-s1-triton --sglang-omni target/s1_sampling --out $OUT
   (carry target/s1_sampling), then copy $OUT/s1_triton_check.json to tests/fixtures/sampling/.
 """
@@ -324,7 +325,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="tests/fixtures/sampling", help="fixture directory")
     ap.add_argument("--check-s1-triton", action="store_true", help="run S1's Triton kernels on the golden (GPU)")
-    ap.add_argument("--sglang-omni", default="/work/research/sglang", help="root holding sglang_omni/models/...")
+    ap.add_argument("--sglang-omni", default=str(Path(__file__).resolve().parents[2] / ".cache/reference/sglang"),
+                    help="root holding sglang_omni/models/... (default: from tools/reference/setup.sh)")
     ap.add_argument("--golden", default="tests/fixtures/sampling/golden.json", help="golden to check (GPU mode)")
     args = ap.parse_args()
     check_kat()
@@ -350,7 +352,7 @@ def main():
     Path(args.out, "golden.json").write_text("\n".join(lines) + "\n")
     versions = {
         "generator": "tools/reference/sampling.py (a PyTorch RESTATEMENT of sglang-omni 0.1.9 sampling.py)",
-        "command": "/work/.venv-torch/bin/python tools/reference/sampling.py --out tests/fixtures/sampling",
+        "command": ".cache/reference/venv/bin/python tools/reference/sampling.py --out tests/fixtures/sampling",
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "numpy": np.__version__,

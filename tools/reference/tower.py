@@ -33,11 +33,12 @@ Row p < 19 is labelled by row p+1; row 19+s (decode step s) predicts frame 20+s.
 metadata (its map is written in hash order, which would break byte-identical regeneration); versions.json says
 which reference wrote which tensor.
 
-Usage (from the repository root; the mlx-audio venv made by tools/python-env.sh, plus a torch interpreter and the
-unzipped sglang-omni 0.1.9 wheel, e.g. `pip download --no-deps sglang-omni==0.1.9 && unzip sglang_omni-0.1.9-*.whl`):
+Usage (from the repository root; the mlx-audio venv made by tools/python-env.sh, plus the torch interpreter and the
+unzipped sglang-omni 0.1.9 wheel that tools/reference/setup.sh puts in .cache/reference; tools/reference/regenerate.sh
+runs every generator):
     cargo build --bin limelight
     .venv/bin/python tools/reference/tower.py --bin target/debug/limelight \\
-        --torch-python /work/.venv-torch/bin/python --sglang-omni /work/research/sglang --out tests/fixtures/tower
+        --torch-python .cache/reference/venv/bin/python --sglang-omni .cache/reference/sglang --out tests/fixtures/tower
 """
 
 import argparse
@@ -221,9 +222,9 @@ def main():
         )
 
     versions = {
-        "command": ".venv/bin/python tools/reference/tower.py --bin target/debug/limelight "
-                   "--torch-python /work/.venv-torch/bin/python --sglang-omni /work/research/sglang "
-                   "--out tests/fixtures/tower",
+        "command": "cargo build --bin limelight && .venv/bin/python tools/reference/tower.py "
+                   "--bin target/debug/limelight --torch-python .cache/reference/venv/bin/python "
+                   "--sglang-omni .cache/reference/sglang --out tests/fixtures/tower",
         "python_mlx": sys.version.split()[0],
         "mlx": md.version("mlx"),
         "mlx-audio": md.version("mlx-audio"),

@@ -1,0 +1,266 @@
+//! `ServeConfig`: the `serve` flags checked once at start (limits, addresses, names, keys), in
+//! the terms the worker and the HTTP layer use. Nothing downstream re-checks them.
+
+use std::fmt;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::cli::ServeArgs;
+use crate::scheduler::WorkerConfig;
+use crate::telemetry::LogFormat;
+
+/// How long the worker waits for a client that stopped reading its audio.
+pub const STALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// The smallest `--max-body-bytes` accepted: below it even a short request would be refused.
+pub const MIN_BODY_BYTES: usize = 1024;
+
+/// Where generation runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Device {
+    /// The CPU reference engine (slow; for development and tests).
+    Cpu,
+    /// The CUDA engine (not built yet).
+    Cuda,
+}
+
+/// Which checkpoint to serve.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ModelSource {
+    /// A checkpoint directory in the published layout.
+    Dir(PathBuf),
+    /// The tiny random-weight checkpoint, synthesized once into this cache directory.
+    Demo(PathBuf),
+}
+
+impl ModelSource {
+    pub fn dir(&self) -> &PathBuf {
+        match self {
+            ModelSource::Dir(d) | ModelSource::Demo(d) => d,
+        }
+    }
+}
+
+/// The validated `serve` configuration.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ServeConfig {
+    pub model: ModelSource,
+    pub device: Device,
+    pub listen: SocketAddr,
+    pub served_model_name: String,
+    /// Other accepted model names; never empty strings, never the served name, no repeats.
+    pub model_aliases: Vec<String>,
+    /// Bearer key every route but `/health` and `/ready` needs; `None` leaves the API open.
+    pub api_key: Option<String>,
+    pub max_queue: usize,
+    pub max_input_chars: usize,
+    pub max_body_bytes: usize,
+    pub max_frames: usize,
+    pub drain_timeout: Duration,
+    pub log_format: LogFormat,
+}
+
+/// A flag the server cannot start with; says which and why.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("`--device cuda`: the CUDA engine is not built yet; serve with `--device cpu`")]
+    CudaUnavailable,
+    #[error("`--{flag}` must be at least {min}; got {value}")]
+    TooSmall { flag: &'static str, min: usize, value: usize },
+    #[error("`--served-model-name` must not be empty")]
+    EmptyModelName,
+    #[error("`--host {host}`/`--port {port}`: {message}")]
+    Listen { host: String, port: u16, message: String },
+    #[error("`--api-key-file {path}`: {message}")]
+    KeyFile { path: PathBuf, message: String },
+    #[error("`--api-key` must not be empty")]
+    EmptyKey,
+    #[error("`--demo`: no cache directory (set XDG_CACHE_HOME or HOME)")]
+    NoCacheDir,
+    #[error("give `--model DIR` or `--demo`")]
+    NoModel,
+}
+
+impl ServeConfig {
+    /// Checks every flag; reads the key file and resolves the listen address.
+    pub fn from_args(args: &ServeArgs) -> Result<ServeConfig, ConfigError> {
+        if args.device == Device::Cuda {
+            return Err(ConfigError::CudaUnavailable);
+        }
+        let model = match (&args.model, args.demo) {
+            (_, true) => ModelSource::Demo(demo_cache_dir()?),
+            (Some(dir), false) => ModelSource::Dir(dir.clone()),
+            (None, false) => return Err(ConfigError::NoModel),
+        };
+        at_least("max-queue", 1, args.max_queue)?;
+        at_least("max-input-chars", 1, args.max_input_chars)?;
+        at_least("max-frames", 1, args.max_frames)?;
+        at_least("max-body-bytes", MIN_BODY_BYTES, args.max_body_bytes)?;
+        let served_model_name = args.served_model_name.trim().to_owned();
+        if served_model_name.is_empty() {
+            return Err(ConfigError::EmptyModelName);
+        }
+        Ok(ServeConfig {
+            model,
+            device: args.device,
+            listen: resolve(&args.host, args.port)?,
+            model_aliases: aliases(&served_model_name, &args.model_aliases),
+            served_model_name,
+            api_key: api_key(args)?,
+            max_queue: args.max_queue,
+            max_input_chars: args.max_input_chars,
+            max_body_bytes: args.max_body_bytes,
+            max_frames: args.max_frames,
+            drain_timeout: Duration::from_secs(args.drain_timeout),
+            log_format: args.log_format,
+        })
+    }
+
+    /// Whether `name` is the served model or one of its aliases.
+    pub fn accepts_model(&self, name: &str) -> bool {
+        name == self.served_model_name || self.model_aliases.iter().any(|a| a == name)
+    }
+
+    pub fn worker_config(&self) -> WorkerConfig {
+        WorkerConfig {
+            model_dir: self.model.dir().clone(),
+            max_queue: self.max_queue,
+            default_max_frames: self.max_frames,
+            served_model_name: self.served_model_name.clone(),
+            model_aliases: self.model_aliases.clone(),
+            stall_timeout: STALL_TIMEOUT,
+        }
+    }
+}
+
+/// Never prints the API key.
+impl fmt::Debug for ServeConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ServeConfig")
+            .field("model", &self.model)
+            .field("device", &self.device)
+            .field("listen", &self.listen)
+            .field("served_model_name", &self.served_model_name)
+            .field("model_aliases", &self.model_aliases)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .field("max_queue", &self.max_queue)
+            .field("max_input_chars", &self.max_input_chars)
+            .field("max_body_bytes", &self.max_body_bytes)
+            .field("max_frames", &self.max_frames)
+            .field("drain_timeout", &self.drain_timeout)
+            .field("log_format", &self.log_format)
+            .finish()
+    }
+}
+
+fn at_least(flag: &'static str, min: usize, value: usize) -> Result<(), ConfigError> {
+    if value < min { Err(ConfigError::TooSmall { flag, min, value }) } else { Ok(()) }
+}
+
+/// Aliases as given, minus empty ones (`--model-alias ''` turns them all off), the served name
+/// itself, and repeats.
+fn aliases(served: &str, given: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for alias in given.iter().map(|a| a.trim()) {
+        if !alias.is_empty() && alias != served && !out.iter().any(|a| a == alias) {
+            out.push(alias.to_owned());
+        }
+    }
+    out
+}
+
+fn resolve(host: &str, port: u16) -> Result<SocketAddr, ConfigError> {
+    let listen_error = |message: String| ConfigError::Listen { host: host.to_owned(), port, message };
+    let mut addrs = (host, port).to_socket_addrs().map_err(|e| listen_error(e.to_string()))?;
+    addrs.next().ok_or_else(|| listen_error(String::from("the host resolves to no address")))
+}
+
+/// `--api-key`, or the first line of `--api-key-file` (surrounding whitespace ignored, so a
+/// file written by `echo` works).
+fn api_key(args: &ServeArgs) -> Result<Option<String>, ConfigError> {
+    let key = match (&args.api_key, &args.api_key_file) {
+        (Some(key), _) => key.trim().to_owned(),
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| ConfigError::KeyFile { path: path.clone(), message: e.to_string() })?;
+            let key = text.lines().next().unwrap_or("").trim().to_owned();
+            if key.is_empty() {
+                return Err(ConfigError::KeyFile {
+                    path: path.clone(),
+                    message: String::from("the first line is empty"),
+                });
+            }
+            key
+        }
+        (None, None) => return Ok(None),
+    };
+    if key.is_empty() { Err(ConfigError::EmptyKey) } else { Ok(Some(key)) }
+}
+
+/// `$XDG_CACHE_HOME/limelight/demo-tiny`, else `~/.cache/limelight/demo-tiny`.
+fn demo_cache_dir() -> Result<PathBuf, ConfigError> {
+    let base = match (std::env::var_os("XDG_CACHE_HOME"), std::env::var_os("HOME")) {
+        (Some(xdg), _) if !xdg.is_empty() => PathBuf::from(xdg),
+        (_, Some(home)) if !home.is_empty() => PathBuf::from(home).join(".cache"),
+        _ => return Err(ConfigError::NoCacheDir),
+    };
+    Ok(base.join("limelight").join("demo-tiny"))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::cli::{Cli, Command};
+
+    fn parse(flags: &[&str]) -> Result<ServeConfig, ConfigError> {
+        let argv = ["limelight", "serve"].iter().chain(flags);
+        match Cli::try_parse_from(argv).expect("flags parse").command {
+            Command::Serve(args) => ServeConfig::from_args(&args),
+            other => panic!("parsed as {other:?}"),
+        }
+    }
+
+    #[test]
+    fn defaults_follow_the_contract() {
+        let c = parse(&["--model", "/m"]).unwrap();
+        assert_eq!(c.model, ModelSource::Dir("/m".into()));
+        assert_eq!(c.listen, "127.0.0.1:8080".parse().unwrap());
+        assert_eq!(c.served_model_name, "drama-3");
+        assert_eq!(c.model_aliases, ["tts-1", "tts-1-hd", "gpt-4o-mini-tts"]);
+        assert_eq!((c.max_input_chars, c.max_frames), (4096, 2048));
+        assert_eq!(c.api_key, None);
+        assert!(c.accepts_model("tts-1") && c.accepts_model("drama-3") && !c.accepts_model("whisper-1"));
+    }
+
+    #[test]
+    fn aliases_drop_empties_repeats_and_the_served_name() {
+        let c = parse(&["--model", "/m", "--model-alias", "a,drama-3", "--model-alias", "a", "--model-alias", "b"]);
+        assert_eq!(c.unwrap().model_aliases, ["a", "b"]);
+        assert!(parse(&["--model", "/m", "--model-alias", ""]).unwrap().model_aliases.is_empty());
+    }
+
+    #[test]
+    fn bad_flags_are_refused_by_name() {
+        let refused = |flags: &[&str]| parse(flags).unwrap_err().to_string();
+        assert!(refused(&["--model", "/m", "--device", "cuda"]).contains("--device cuda"));
+        assert!(refused(&["--model", "/m", "--max-queue", "0"]).contains("--max-queue"));
+        assert!(refused(&["--model", "/m", "--max-body-bytes", "10"]).contains("--max-body-bytes"));
+        assert!(refused(&["--model", "/m", "--served-model-name", " "]).contains("--served-model-name"));
+        assert!(refused(&["--model", "/m", "--api-key", " "]).contains("--api-key"));
+        assert!(refused(&["--model", "/m", "--api-key-file", "/nonexistent/key"]).contains("--api-key-file"));
+        assert!(Cli::try_parse_from(["limelight", "serve"]).is_err(), "--model or --demo is required");
+        assert!(Cli::try_parse_from(["limelight", "serve", "--model", "/m", "--demo"]).is_err());
+    }
+
+    #[test]
+    fn the_key_file_gives_its_first_line_and_debug_hides_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("key");
+        std::fs::write(&path, "  sk-secret \n# comment\n").unwrap();
+        let c = parse(&["--model", "/m", "--api-key-file", path.to_str().unwrap()]).unwrap();
+        assert_eq!(c.api_key.as_deref(), Some("sk-secret"));
+        assert!(!format!("{c:?}").contains("sk-secret"));
+    }
+}

@@ -1,0 +1,94 @@
+//! A job and its reply stream: what a request hands the worker thread, and the events it gets
+//! back. Dropping the stream cancels the job.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use tokio::sync::mpsc;
+
+use crate::engine::generate::{FinishReason, GenerateOptions};
+
+/// Events buffered per job before the worker waits for the client: at most this many PCM
+/// chunks (each up to 8 frames, about 0.37 s) sit between the engine and a slow reader.
+pub const REPLY_CAPACITY: usize = 16;
+
+/// One speech request as the worker runs it.
+#[derive(Debug)]
+pub struct Job {
+    pub request_id: String,
+    /// Caller text, already validated, with the instructions prefix applied.
+    pub text: String,
+    pub options: GenerateOptions,
+    /// The request's span: the worker logs inside it, so its lines carry the request id.
+    pub span: tracing::Span,
+}
+
+/// What a job reports, in this order: `Started`, zero or more `Audio`, then exactly one of
+/// `Finished` or `Failed` (`Failed` may also come first, when the prompt cannot be built).
+#[derive(Clone, Debug, PartialEq)]
+pub enum JobEvent {
+    /// The prompt is built and generation begins; `prompt_rows` is the prompt's length in rows.
+    Started { prompt_rows: usize },
+    /// Mono f32 PCM at the codec's rate (44.1 kHz), continuing the previous chunk exactly.
+    Audio(Vec<f32>),
+    /// Generation ended; the audio of all `frames` was sent before this.
+    Finished { reason: FinishReason, frames: usize, prompt_rows: usize },
+    /// This job failed (and only this job). `message` is safe to log; it is not meant for
+    /// clients, who get a generic 500 naming the request id.
+    Failed { message: String },
+}
+
+/// The receiving end of a job. Dropping it cancels the job: the worker stops it within one frame.
+#[derive(Debug)]
+pub struct JobStream {
+    rx: mpsc::Receiver<JobEvent>,
+    cancel: Arc<AtomicBool>,
+}
+
+impl JobStream {
+    /// The next event, or `None` once the job has ended and every event was read.
+    pub async fn next(&mut self) -> Option<JobEvent> {
+        self.rx.recv().await
+    }
+
+    /// Stops the job at its next frame without dropping the stream.
+    pub fn cancel(&self) {
+        self.cancel.store(true, Ordering::Release);
+    }
+}
+
+impl Drop for JobStream {
+    fn drop(&mut self) {
+        self.cancel();
+    }
+}
+
+/// The worker's end of a job's channel.
+#[derive(Debug)]
+pub(crate) struct Reply {
+    pub tx: mpsc::Sender<JobEvent>,
+    cancel: Arc<AtomicBool>,
+}
+
+impl Reply {
+    /// Whether the client is gone or asked to stop.
+    pub fn cancelled(&self) -> bool {
+        self.cancel.load(Ordering::Acquire) || self.tx.is_closed()
+    }
+}
+
+/// A job admitted to the queue, with its reply channel and admission time.
+#[derive(Debug)]
+pub(crate) struct Queued {
+    pub job: Job,
+    pub reply: Reply,
+    pub admitted: Instant,
+}
+
+/// A connected (stream, reply) pair for one job.
+pub(crate) fn channel() -> (JobStream, Reply) {
+    let (tx, rx) = mpsc::channel(REPLY_CAPACITY);
+    let cancel = Arc::new(AtomicBool::new(false));
+    (JobStream { rx, cancel: cancel.clone() }, Reply { tx, cancel })
+}

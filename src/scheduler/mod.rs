@@ -1,0 +1,359 @@
+//! Admission and the synthesis thread: [`Scheduler`] is the handle requests use to submit jobs
+//! (bounded queue: 429 when full, 503 while loading or draining); one worker thread owns the
+//! model and runs the jobs (`worker.rs`).
+//!
+//! Jobs run one at a time on the CPU engine today. The queue is a channel of whole jobs, so a
+//! batching worker can later take several at once without changing this interface.
+
+mod job;
+mod worker;
+
+use std::ops::ControlFlow;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{SyncSender, TrySendError};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use tokio::sync::{Notify, watch};
+
+pub use job::{Job, JobEvent, JobStream, REPLY_CAPACITY};
+pub use worker::cpu_loader;
+
+use crate::engine::generate::{Finished, GenerateError, GenerateOptions, LoadModelError};
+use crate::model::frame::Rows;
+use crate::model::load::LoadError;
+use crate::request::prompt::PromptError;
+use crate::telemetry;
+
+/// What the worker thread needs to start.
+#[derive(Clone, Debug)]
+pub struct WorkerConfig {
+    /// Checkpoint directory in the published layout.
+    pub model_dir: PathBuf,
+    /// Jobs admitted but not yet running; one more is refused with [`SubmitError::QueueFull`].
+    pub max_queue: usize,
+    /// Frames per request when the request gives no `max_frames`; also its ceiling.
+    pub default_max_frames: usize,
+    /// The model id clients send (`--served-model-name`).
+    pub served_model_name: String,
+    /// Other names accepted for it (`--model-alias`).
+    pub model_aliases: Vec<String>,
+    /// How long the worker waits on a client that does not read its audio before it gives the
+    /// job up (a stalled reader must not hold the engine forever).
+    pub stall_timeout: Duration,
+}
+
+/// Whether the server can take work (`/ready`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Readiness {
+    /// The worker is loading the model.
+    Loading,
+    /// Jobs are admitted.
+    Ready,
+    /// Shutting down: no new jobs; queued and running ones finish.
+    Draining,
+    /// The model could not be loaded; the message says why.
+    Failed(String),
+}
+
+/// Why a job was not admitted.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SubmitError {
+    /// The admission queue is full (HTTP 429 with `Retry-After`).
+    #[error("the server is busy; retry in {retry_after_secs} s")]
+    QueueFull { retry_after_secs: u64 },
+    /// The model is not loaded (HTTP 503). Also returned after a failed load, until the process
+    /// exits: not ready is all a client needs to know.
+    #[error("the model is still loading")]
+    Loading,
+    /// The server is shutting down (HTTP 503).
+    #[error("the server is shutting down")]
+    Draining,
+}
+
+/// Facts about the served model, known once it is loaded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelInfo {
+    /// The model id (`--served-model-name`).
+    pub id: String,
+    pub aliases: Vec<String>,
+    /// When the model finished loading, in seconds since the Unix epoch (`/v1/models` `created`).
+    pub created: u64,
+    pub default_max_frames: usize,
+    /// Native output rate of the PCM in [`JobEvent::Audio`] (44 100 Hz).
+    pub sample_rate: u32,
+    /// PCM samples per generated frame (2048).
+    pub samples_per_frame: usize,
+    pub model_dir: PathBuf,
+}
+
+/// Device memory, in bytes: what the model holds now and what serving is budgeted to need.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryUse {
+    pub in_use: usize,
+    pub budget: usize,
+}
+
+/// A job's failure inside the engine (the job fails; the worker goes on).
+#[derive(Debug, thiserror::Error)]
+pub enum SynthError {
+    #[error("prompt: {0}")]
+    Prompt(#[from] PromptError),
+    #[error("generation: {0}")]
+    Generate(#[from] GenerateError),
+}
+
+/// Why the worker could not load a model.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelLoadError {
+    #[error("checkpoint refused: {0}")]
+    Checkpoint(#[from] LoadError),
+    #[error("loading the model: {0}")]
+    Model(#[from] LoadModelError),
+}
+
+/// A loaded model the worker runs jobs on. The CPU engine implements it (`cpu_loader`); the
+/// CUDA engine will too. Implementations need no locking: only the worker thread calls them.
+pub trait Synthesizer {
+    fn sample_rate(&self) -> u32;
+    fn samples_per_frame(&self) -> usize;
+    fn memory(&self) -> MemoryUse;
+    /// Prompt rows for already validated caller text.
+    fn prompt(&self, text: &str) -> Result<Rows, SynthError>;
+    /// Generates speech for `rows`, handing PCM to `on_audio` as it is produced; `Break` from
+    /// `on_audio` stops it between frames with reason `Cancelled`.
+    fn generate(
+        &self,
+        rows: &Rows,
+        options: &GenerateOptions,
+        on_audio: &mut dyn FnMut(&[f32]) -> ControlFlow<()>,
+    ) -> Result<Finished, SynthError>;
+}
+
+/// What a [`Loader`] reports to and hands its model to.
+pub trait ModelHost {
+    /// A loading stage, for logs and systemd's `STATUS=`.
+    fn progress(&self, stage: &str);
+    /// Runs jobs on `model` until the scheduler is dropped. Models that borrow their weights
+    /// (the CPU engine does) live on the loader's stack frame for this call.
+    fn serve(&mut self, model: &dyn Synthesizer);
+}
+
+/// Runs inside the worker thread: loads a model and passes it to [`ModelHost::serve`].
+pub type Loader = Box<dyn FnOnce(&mut dyn ModelHost) -> Result<(), ModelLoadError> + Send>;
+
+/// The handle requests use. Cheap to clone; the worker thread ends when the last clone is dropped.
+#[derive(Clone)]
+pub struct Scheduler {
+    inner: Arc<Handle>,
+}
+
+struct Handle {
+    commands: SyncSender<job::Queued>,
+    shared: Arc<Shared>,
+}
+
+/// State the handle and the worker thread share.
+struct Shared {
+    load: watch::Sender<LoadState>,
+    stage: Mutex<String>,
+    info: OnceLock<ModelInfo>,
+    draining: AtomicBool,
+    /// Set by [`Scheduler::cancel_all`]: every job, running or queued, ends as `Cancelled`.
+    aborting: AtomicBool,
+    /// Admitted and not yet finished (queued + running).
+    in_flight: AtomicUsize,
+    queued: AtomicUsize,
+    active: AtomicUsize,
+    /// Signalled whenever a job ends, for [`Scheduler::drained`].
+    idle: Notify,
+    /// Moving average of a job's wall time, f64 bits; 0 until the first job ends.
+    mean_job_secs: AtomicU64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum LoadState {
+    Loading,
+    Ready,
+    Failed(String),
+}
+
+impl Scheduler {
+    /// Starts the worker thread, which loads the CPU engine from `config.model_dir`.
+    pub fn start(config: WorkerConfig) -> Scheduler {
+        let loader = cpu_loader(config.model_dir.clone(), config.default_max_frames);
+        Scheduler::start_with(config, loader)
+    }
+
+    /// Starts the worker thread with any model `loader` (tests, other engines).
+    pub fn start_with(config: WorkerConfig, loader: Loader) -> Scheduler {
+        let shared = Arc::new(Shared {
+            load: watch::Sender::new(LoadState::Loading),
+            stage: Mutex::new(String::from("starting")),
+            info: OnceLock::new(),
+            draining: AtomicBool::new(false),
+            aborting: AtomicBool::new(false),
+            in_flight: AtomicUsize::new(0),
+            queued: AtomicUsize::new(0),
+            active: AtomicUsize::new(0),
+            idle: Notify::new(),
+            mean_job_secs: AtomicU64::new(0),
+        });
+        let commands = worker::spawn(config, loader, shared.clone());
+        Scheduler { inner: Arc::new(Handle { commands, shared }) }
+    }
+
+    /// Admits `job` or refuses it at once; never waits.
+    pub fn submit(&self, job: Job) -> Result<JobStream, SubmitError> {
+        let shared = &self.inner.shared;
+        // Count the job before looking at `draining`, so `drained()` (which looks the other way
+        // round) can never miss a job admitted while the drain began.
+        shared.in_flight.fetch_add(1, Ordering::SeqCst);
+        let refusal = if shared.draining.load(Ordering::SeqCst) {
+            Some(SubmitError::Draining)
+        } else if *shared.load.borrow() != LoadState::Ready {
+            Some(SubmitError::Loading)
+        } else {
+            None
+        };
+        if let Some(e) = refusal {
+            shared.job_left();
+            return Err(e);
+        }
+        let (stream, reply) = job::channel();
+        shared.queued.fetch_add(1, Ordering::SeqCst);
+        let queued = job::Queued { job, reply, admitted: std::time::Instant::now() };
+        match self.inner.commands.try_send(queued) {
+            Ok(()) => {
+                shared.publish_gauges();
+                Ok(stream)
+            }
+            Err(e) => {
+                shared.queued.fetch_sub(1, Ordering::SeqCst);
+                shared.job_left();
+                Err(match e {
+                    TrySendError::Full(_) => {
+                        SubmitError::QueueFull { retry_after_secs: retry_after_secs(shared.mean_job_secs()) }
+                    }
+                    // The worker thread is gone: its model failed to load.
+                    TrySendError::Disconnected(_) => SubmitError::Loading,
+                })
+            }
+        }
+    }
+
+    pub fn readiness(&self) -> Readiness {
+        let shared = &self.inner.shared;
+        match &*shared.load.borrow() {
+            LoadState::Failed(message) => Readiness::Failed(message.clone()),
+            _ if shared.draining.load(Ordering::SeqCst) => Readiness::Draining,
+            LoadState::Loading => Readiness::Loading,
+            LoadState::Ready => Readiness::Ready,
+        }
+    }
+
+    /// Waits until loading ends: `Ok` once the model is ready, `Err` with the reason if it failed.
+    pub async fn loaded(&self) -> Result<(), String> {
+        let mut rx = self.inner.shared.load.subscribe();
+        let state = rx.wait_for(|s| *s != LoadState::Loading).await.map(|s| s.clone());
+        match state {
+            Ok(LoadState::Ready) => Ok(()),
+            Ok(LoadState::Failed(message)) => Err(message),
+            _ => Err(String::from("the worker thread ended while loading")),
+        }
+    }
+
+    /// The current loading stage (e.g. "uploading weights"), for status lines.
+    pub fn loading_stage(&self) -> String {
+        self.inner.shared.stage.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// Stops admitting: new submissions get [`SubmitError::Draining`]; queued and running jobs finish.
+    pub fn begin_drain(&self) {
+        self.inner.shared.draining.store(true, Ordering::SeqCst);
+    }
+
+    /// Stops admitting and ends every job, running or queued, at its next frame with
+    /// [`FinishReason::Cancelled`](crate::engine::generate::FinishReason): the drain deadline passed.
+    pub fn cancel_all(&self) {
+        self.begin_drain();
+        self.inner.shared.aborting.store(true, Ordering::SeqCst);
+    }
+
+    /// Resolves once no job is queued or running.
+    pub async fn drained(&self) {
+        let shared = &self.inner.shared;
+        loop {
+            let notified = shared.idle.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if shared.in_flight.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Jobs admitted and waiting for the worker.
+    pub fn queue_depth(&self) -> usize {
+        self.inner.shared.queued.load(Ordering::SeqCst)
+    }
+
+    /// Jobs running now (0 or 1 until batching).
+    pub fn active(&self) -> usize {
+        self.inner.shared.active.load(Ordering::SeqCst)
+    }
+
+    /// The served model, once loaded.
+    pub fn model_info(&self) -> Option<ModelInfo> {
+        self.inner.shared.info.get().cloned()
+    }
+}
+
+impl Shared {
+    /// A job ended or was refused after being counted.
+    fn job_left(&self) {
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.idle.notify_waiters();
+    }
+
+    fn publish_gauges(&self) {
+        metrics::gauge!(telemetry::QUEUE_DEPTH).set(self.queued.load(Ordering::SeqCst) as f64);
+        metrics::gauge!(telemetry::ACTIVE_STREAMS).set(self.active.load(Ordering::SeqCst) as f64);
+    }
+
+    fn mean_job_secs(&self) -> f64 {
+        f64::from_bits(self.mean_job_secs.load(Ordering::Relaxed))
+    }
+
+    /// Folds one job's wall time into the moving average (only the worker thread writes it).
+    fn record_job_secs(&self, secs: f64) {
+        let old = self.mean_job_secs();
+        let new = if old == 0.0 { secs } else { 0.8 * old + 0.2 * secs };
+        self.mean_job_secs.store(new.to_bits(), Ordering::Relaxed);
+    }
+}
+
+/// `Retry-After` for a full queue: a slot opens when the running job ends, so about one job's
+/// time; at least 1 s, at most a minute.
+pub fn retry_after_secs(mean_job_secs: f64) -> u64 {
+    if !mean_job_secs.is_finite() || mean_job_secs <= 0.0 {
+        return 1;
+    }
+    (mean_job_secs.ceil() as u64).clamp(1, 60)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_is_about_one_job_and_bounded() {
+        assert_eq!(retry_after_secs(0.0), 1, "no job has finished yet");
+        assert_eq!(retry_after_secs(f64::NAN), 1);
+        assert_eq!(retry_after_secs(0.2), 1);
+        assert_eq!(retry_after_secs(2.5), 3);
+        assert_eq!(retry_after_secs(3600.0), 60);
+    }
+}

@@ -1,0 +1,245 @@
+//! `limelight serve`: checks the flags, starts logging and metrics, binds the socket, starts the
+//! worker, answers HTTP while the model loads (`/health` 200, `/ready` 503), tells systemd when it
+//! is ready, and drains on SIGTERM or SIGINT: no new jobs, running ones finish until
+//! `--drain-timeout`, then the rest are cancelled and the process exits 0.
+
+use std::io;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use axum::serve::ListenerExt;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tracing::{error, info, warn};
+
+use crate::cli::ServeArgs;
+use crate::config::{ConfigError, ModelSource, ServeConfig};
+use crate::http::{self, AppState, HttpConfig};
+use crate::request::validate::SpeechPolicy;
+use crate::scheduler::Scheduler;
+use crate::service;
+use crate::synth::presets::Preset;
+use crate::synth::{SynthOptions, SynthPlan};
+use crate::telemetry::{self, TelemetryError};
+
+/// How often loading progress goes to systemd (each time extending its start timeout by 3×).
+const LOAD_STATUS_INTERVAL: Duration = Duration::from_secs(10);
+/// How often the Prometheus recorder drains its histograms.
+const METRICS_UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
+/// Time for streams to send their last bytes once their jobs have ended.
+const CLOSE_GRACE: Duration = Duration::from_secs(2);
+/// Marks a complete demo checkpoint (written last, so a half-written one is never used).
+const DEMO_STAMP_FILE: &str = ".limelight-demo";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Telemetry(#[from] TelemetryError),
+    #[error("writing the demo checkpoint into {dir}: {source}")]
+    Demo { dir: PathBuf, source: io::Error },
+    #[error("starting the async runtime: {0}")]
+    Runtime(io::Error),
+    #[error("binding {addr}: {source}")]
+    Bind { addr: SocketAddr, source: io::Error },
+    #[error("installing the SIGTERM/SIGINT handlers: {0}")]
+    Signals(io::Error),
+    #[error("the model failed to load: {0}")]
+    Load(String),
+}
+
+/// Requests to shut down: the first drains, a second stops at once.
+pub type ShutdownRequests = mpsc::Receiver<()>;
+
+/// The `serve` command: runs until a signal has drained the server.
+pub fn run(args: &ServeArgs) -> Result<(), ServeError> {
+    let config = ServeConfig::from_args(args)?;
+    telemetry::init_logging(config.log_format)?;
+    if let ModelSource::Demo(dir) = &config.model {
+        ensure_demo_checkpoint(dir)?;
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(ServeError::Runtime)?;
+    runtime.block_on(async {
+        let listener = TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| ServeError::Bind { addr: config.listen, source })?;
+        let shutdown = signals().map_err(ServeError::Signals)?;
+        serve(config, listener, shutdown).await
+    })
+}
+
+/// Serves on `listener` until `shutdown` asks twice or a drain completes.
+pub async fn serve(
+    config: ServeConfig,
+    listener: TcpListener,
+    mut shutdown: ShutdownRequests,
+) -> Result<(), ServeError> {
+    let addr = listener.local_addr().map_err(|source| ServeError::Bind { addr: config.listen, source })?;
+    let scheduler = Scheduler::start(config.worker_config());
+    let metrics = telemetry::metrics_handle();
+    let upkeep = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(METRICS_UPKEEP_INTERVAL);
+        loop {
+            tick.tick().await;
+            metrics.run_upkeep();
+        }
+    });
+    let app = http::router(AppState::new(scheduler.clone(), http_config(&config)));
+    // Small PCM chunks must leave at once, not wait for Nagle.
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = stop_rx.await;
+            })
+            .await
+    });
+    info!(%addr, model = %config.model.dir().display(), "listening; loading the model");
+
+    let outcome = tokio::select! {
+        loaded = await_load(&scheduler) => match loaded {
+            Ok(()) => {
+                service::ready(&format!("serving {} on {addr}", config.served_model_name));
+                info!(%addr, model = %config.served_model_name, "ready");
+                let _ = shutdown.recv().await;
+                drain(&scheduler, config.drain_timeout, &mut shutdown).await;
+                Ok(())
+            }
+            Err(message) => {
+                error!(%message, "the model failed to load");
+                service::status(&format!("failed: {message}"));
+                Err(ServeError::Load(message))
+            }
+        },
+        _ = shutdown.recv() => {
+            info!("shutdown requested while loading");
+            Ok(())
+        }
+    };
+    let _ = stop_tx.send(());
+    finish_http(server, CLOSE_GRACE).await;
+    upkeep.abort();
+    outcome
+}
+
+/// The HTTP layer's share of the configuration.
+pub fn http_config(config: &ServeConfig) -> HttpConfig {
+    HttpConfig {
+        policy: SpeechPolicy {
+            served_model: config.served_model_name.clone(),
+            aliases: config.model_aliases.clone(),
+            max_input_chars: config.max_input_chars,
+            max_frames: config.max_frames,
+        },
+        api_key: config.api_key.clone(),
+        max_body_bytes: config.max_body_bytes,
+    }
+}
+
+/// Waits for the worker to load, telling systemd the stage (and extending its start timeout)
+/// every few seconds while it does.
+async fn await_load(scheduler: &Scheduler) -> Result<(), String> {
+    let loaded = scheduler.loaded();
+    tokio::pin!(loaded);
+    let mut tick = tokio::time::interval(LOAD_STATUS_INTERVAL);
+    loop {
+        tokio::select! {
+            result = &mut loaded => return result,
+            _ = tick.tick() => {
+                service::extend_start_timeout(3 * LOAD_STATUS_INTERVAL, &format!("loading: {}", scheduler.loading_stage()));
+            }
+        }
+    }
+}
+
+/// Stops admitting, lets queued and running jobs finish until `timeout` (or a second shutdown
+/// request), then cancels what is left so its streams end with an error rather than a cut.
+async fn drain(scheduler: &Scheduler, timeout: Duration, shutdown: &mut ShutdownRequests) {
+    scheduler.begin_drain();
+    let (running, queued) = (scheduler.active(), scheduler.queue_depth());
+    service::stopping(&format!("draining: {running} running, {queued} queued"));
+    info!(running, queued, timeout_secs = timeout.as_secs(), "draining");
+    let deadline = Instant::now() + timeout;
+    let drained = tokio::select! {
+        finished = tokio::time::timeout_at(deadline, scheduler.drained()) => finished.is_ok(),
+        _ = shutdown.recv() => {
+            warn!("second shutdown request: stopping now");
+            false
+        }
+    };
+    if drained {
+        info!("drained");
+    } else {
+        warn!(running = scheduler.active(), queued = scheduler.queue_depth(), "drain cut short; cancelling the rest");
+        scheduler.cancel_all();
+        // Cancelled jobs report within a frame; give their streams that long to say so.
+        let _ = tokio::time::timeout(CLOSE_GRACE, scheduler.drained()).await;
+    }
+}
+
+/// Lets the HTTP server close its connections, for at most `grace`.
+async fn finish_http(server: JoinHandle<io::Result<()>>, grace: Duration) {
+    match tokio::time::timeout(grace, server).await {
+        Ok(Ok(Ok(()))) => info!("stopped"),
+        Ok(Ok(Err(e))) => warn!(error = %e, "the HTTP server ended with an error"),
+        Ok(Err(e)) => warn!(error = %e, "the HTTP server task failed"),
+        Err(_) => warn!("connections still open after the grace period; closing them"),
+    }
+}
+
+/// SIGTERM and SIGINT, as a stream of shutdown requests.
+fn signals() -> io::Result<ShutdownRequests> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let (tx, rx) = mpsc::channel(4);
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            if tx.send(()).await.is_err() {
+                break;
+            }
+        }
+    });
+    Ok(rx)
+}
+
+/// Writes the tiny random checkpoint into `dir` unless a complete one from this version is there.
+pub fn ensure_demo_checkpoint(dir: &Path) -> Result<(), ServeError> {
+    let stamp = format!("limelight {} tiny seed 0\n", env!("CARGO_PKG_VERSION"));
+    if std::fs::read_to_string(dir.join(DEMO_STAMP_FILE)).is_ok_and(|s| s == stamp) {
+        return Ok(());
+    }
+    let demo_error = |source| ServeError::Demo { dir: dir.to_owned(), source };
+    let parent = dir.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(parent).map_err(demo_error)?;
+    // Written beside its final place and renamed, so two servers starting at once never see
+    // half a checkpoint.
+    let staging = parent.join(format!(".demo-tiny.{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&staging);
+    info!(dir = %dir.display(), "writing the demo checkpoint (tiny, random weights)");
+    SynthPlan::new(&SynthOptions { preset: Preset::Tiny, seed: 0, vq_backbone_codebooks: 1 })
+        .write(&staging)
+        .and_then(|()| std::fs::write(staging.join(DEMO_STAMP_FILE), &stamp))
+        .map_err(demo_error)?;
+    let _ = std::fs::remove_dir_all(dir);
+    match std::fs::rename(&staging, dir) {
+        Ok(()) => Ok(()),
+        // Another server finished first; its copy is as good as ours.
+        Err(_) if std::fs::read_to_string(dir.join(DEMO_STAMP_FILE)).is_ok_and(|s| s == stamp) => {
+            let _ = std::fs::remove_dir_all(&staging);
+            Ok(())
+        }
+        Err(e) => Err(demo_error(e)),
+    }
+}

@@ -1,0 +1,189 @@
+//! Logs and metrics: the tracing subscriber (text or JSON), the Prometheus recorder, every metric
+//! name as a constant, and the one structured line logged per request.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+pub use metrics_exporter_prometheus::PrometheusHandle;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+use tracing_subscriber::EnvFilter;
+
+/// Requests answered, labelled `status` (HTTP code) and `format` (`response_format`).
+pub const REQUESTS_TOTAL: &str = "limelight_requests_total";
+/// Jobs admitted and waiting for the worker.
+pub const QUEUE_DEPTH: &str = "limelight_queue_depth";
+/// Jobs generating now.
+pub const ACTIVE_STREAMS: &str = "limelight_active_streams";
+/// Seconds from a request's arrival to its first audio.
+pub const TIME_TO_FIRST_AUDIO_SECONDS: &str = "limelight_time_to_first_audio_seconds";
+/// A request's wall time over the duration of the audio it produced (< 1 is faster than real time).
+pub const REAL_TIME_FACTOR: &str = "limelight_real_time_factor";
+/// Frames generated (2048 samples each); its rate is frames per second.
+pub const FRAMES_GENERATED: &str = "limelight_frames_generated_total";
+/// Bytes the resident model holds on its device (on the CPU: weights as stored).
+pub const MEMORY_IN_USE_BYTES: &str = "limelight_memory_in_use_bytes";
+/// Bytes serving is budgeted to need: weights plus one request's caches at the longest context.
+pub const MEMORY_BUDGET_BYTES: &str = "limelight_memory_budget_bytes";
+
+/// Histogram buckets for time to first audio, in seconds.
+const TTFA_BUCKETS: &[f64] = &[0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0];
+/// Histogram buckets for the real-time factor.
+const RTF_BUCKETS: &[f64] = &[0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0, 10.0, 50.0];
+
+/// How log lines are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line (for journald or log shippers).
+    Json,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TelemetryError {
+    #[error("a global log subscriber is already installed")]
+    SubscriberTaken,
+    #[error("`RUST_LOG`: {0}")]
+    Filter(String),
+}
+
+/// Installs the log subscriber: level filter from `RUST_LOG` (default `info`), lines to stdout.
+pub fn init_logging(format: LogFormat) -> Result<(), TelemetryError> {
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(spec) => EnvFilter::try_new(spec).map_err(|e| TelemetryError::Filter(e.to_string()))?,
+        Err(_) => EnvFilter::new("info"),
+    };
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stdout);
+    let installed = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).with_current_span(true).try_init(),
+    };
+    installed.map_err(|_| TelemetryError::SubscriberTaken)
+}
+
+/// The Prometheus handle (`/metrics` renders it). The first call installs the global recorder;
+/// later calls return the same handle, so tests and the server can all ask for it.
+pub fn metrics_handle() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(install_recorder).clone()
+}
+
+fn install_recorder() -> PrometheusHandle {
+    let recorder = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Full(TIME_TO_FIRST_AUDIO_SECONDS.into()), TTFA_BUCKETS)
+        .and_then(|b| b.set_buckets_for_metric(Matcher::Full(REAL_TIME_FACTOR.into()), RTF_BUCKETS))
+        .expect("bucket lists are non-empty constants")
+        .build_recorder();
+    let handle = recorder.handle();
+    if metrics::set_global_recorder(recorder).is_err() {
+        tracing::warn!("another metrics recorder is installed; /metrics will be empty");
+    }
+    describe();
+    handle
+}
+
+fn describe() {
+    metrics::describe_counter!(REQUESTS_TOTAL, "Speech requests answered, by HTTP status and response format.");
+    metrics::describe_gauge!(QUEUE_DEPTH, "Jobs admitted and waiting for the worker.");
+    metrics::describe_gauge!(ACTIVE_STREAMS, "Jobs generating now.");
+    metrics::describe_histogram!(
+        TIME_TO_FIRST_AUDIO_SECONDS,
+        metrics::Unit::Seconds,
+        "Seconds from a request's arrival to its first audio."
+    );
+    metrics::describe_histogram!(REAL_TIME_FACTOR, "Request wall time over the duration of its audio.");
+    metrics::describe_counter!(FRAMES_GENERATED, "Frames generated (2048 samples each at 44.1 kHz).");
+    metrics::describe_gauge!(MEMORY_IN_USE_BYTES, metrics::Unit::Bytes, "Bytes the resident model holds.");
+    metrics::describe_gauge!(MEMORY_BUDGET_BYTES, metrics::Unit::Bytes, "Bytes serving is budgeted to need.");
+}
+
+/// What one request did, for its log line and metrics.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RequestLog<'a> {
+    pub request_id: &'a str,
+    /// The model name the client sent.
+    pub model: &'a str,
+    /// `response_format` (`mp3`, `wav`, ...), or `sse` for SSE replies; `-` if the request was refused before parsing.
+    pub format: &'a str,
+    /// The HTTP status sent (a stream that failed after its headers still logs 200 with no finish reason).
+    pub status: u16,
+    pub input_chars: usize,
+    pub frames: usize,
+    /// `stop`, `length` or `cancelled`; `None` if generation did not finish.
+    pub finish_reason: Option<&'a str>,
+    /// From the request's arrival to its first audio chunk, if any was produced.
+    pub time_to_first_audio: Option<Duration>,
+    /// From the request's arrival to its end.
+    pub elapsed: Duration,
+    /// Seconds of audio produced.
+    pub audio_seconds: f64,
+}
+
+/// Logs the one structured line of a request and records its metrics. The HTTP layer calls
+/// this once per request, at its end (also for refused requests).
+pub fn log_request(log: &RequestLog<'_>) {
+    let rtf = real_time_factor(log.elapsed, log.audio_seconds);
+    let ttfa_ms = log.time_to_first_audio.map(|d| d.as_secs_f64() * 1e3);
+    tracing::info!(
+        target: "limelight::request",
+        request_id = log.request_id,
+        model = log.model,
+        format = log.format,
+        status = log.status,
+        input_chars = log.input_chars,
+        frames = log.frames,
+        finish_reason = log.finish_reason,
+        time_to_first_audio_ms = ttfa_ms,
+        real_time_factor = rtf,
+        elapsed_ms = log.elapsed.as_secs_f64() * 1e3,
+        "request"
+    );
+    let labels = [("status", log.status.to_string()), ("format", log.format.to_owned())];
+    metrics::counter!(REQUESTS_TOTAL, &labels).increment(1);
+    if let Some(ttfa) = log.time_to_first_audio {
+        metrics::histogram!(TIME_TO_FIRST_AUDIO_SECONDS).record(ttfa.as_secs_f64());
+    }
+    if let Some(rtf) = rtf {
+        metrics::histogram!(REAL_TIME_FACTOR).record(rtf);
+    }
+}
+
+/// Wall time over audio duration; `None` when no audio was produced.
+pub fn real_time_factor(elapsed: Duration, audio_seconds: f64) -> Option<f64> {
+    (audio_seconds > 0.0 && audio_seconds.is_finite()).then(|| elapsed.as_secs_f64() / audio_seconds)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn real_time_factor_is_wall_time_over_audio_time() {
+        assert_eq!(real_time_factor(Duration::from_millis(500), 2.0), Some(0.25));
+        assert_eq!(real_time_factor(Duration::from_secs(3), 1.5), Some(2.0));
+        assert_eq!(real_time_factor(Duration::from_secs(1), 0.0), None);
+    }
+
+    #[test]
+    fn a_logged_request_shows_up_in_the_prometheus_text() {
+        let handle = metrics_handle();
+        log_request(&RequestLog {
+            request_id: "req-test",
+            model: "drama-3",
+            format: "flac",
+            status: 200,
+            input_chars: 12,
+            frames: 43,
+            finish_reason: Some("stop"),
+            time_to_first_audio: Some(Duration::from_millis(120)),
+            elapsed: Duration::from_secs(1),
+            audio_seconds: 2.0,
+        });
+        let text = handle.render();
+        assert!(text.contains(&format!("{REQUESTS_TOTAL}{{status=\"200\",format=\"flac\"}} 1")), "{text}");
+        assert!(text.contains(&format!("{TIME_TO_FIRST_AUDIO_SECONDS}_bucket{{le=\"0.2\"}} 1")), "{text}");
+        assert!(text.contains(&format!("{REAL_TIME_FACTOR}_bucket{{le=\"0.5\"}} 1")), "{text}");
+        // A second call hands out the same recorder, not a fresh empty one.
+        assert!(metrics_handle().render().contains(REQUESTS_TOTAL));
+    }
+}

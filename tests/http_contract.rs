@@ -1,0 +1,632 @@
+//! The HTTP contract (`shared/spec/api.md`) in process: `router(state).oneshot(request)` against a
+//! real `Scheduler` on a tiny random checkpoint. Every row of the error table, content types,
+//! the finish reason as header / trailer / final SSE event, SSE usage, and same seed ⇒ same bytes.
+
+mod common;
+
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Request, Response, StatusCode, header};
+use base64::Engine as _;
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+use limelight::engine::generate::{Finished, GenerateError, GenerateOptions};
+use limelight::http::{AppState, HttpConfig, router};
+use limelight::model::frame::Rows;
+use limelight::request::validate::SpeechPolicy;
+use limelight::scheduler::{
+    Loader, MemoryUse, ModelHost, Scheduler, SynthError, Synthesizer, WorkerConfig, cpu_loader,
+};
+
+const MODEL: &str = "drama-3";
+const MAX_FRAMES: usize = 6;
+const MAX_BODY: usize = 2048;
+const KEY: &str = "sk-test-key";
+
+// ---------------------------------------------------------------- fixtures
+
+/// The tiny checkpoint, written once per test process.
+fn checkpoint() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("http_contract_tiny");
+        common::tiny_plan().write(&dir).unwrap();
+        dir
+    })
+}
+
+fn worker_config(max_queue: usize) -> WorkerConfig {
+    WorkerConfig {
+        model_dir: checkpoint().to_owned(),
+        max_queue,
+        default_max_frames: MAX_FRAMES,
+        served_model_name: MODEL.into(),
+        model_aliases: vec!["tts-1".into(), "tts-1-hd".into(), "gpt-4o-mini-tts".into()],
+        stall_timeout: Duration::from_secs(10),
+    }
+}
+
+fn app(scheduler: Scheduler, api_key: Option<&str>) -> Router {
+    let policy = SpeechPolicy {
+        served_model: MODEL.into(),
+        aliases: worker_config(0).model_aliases,
+        max_input_chars: 200,
+        max_frames: MAX_FRAMES,
+    };
+    let config = HttpConfig { policy, api_key: api_key.map(str::to_owned), max_body_bytes: MAX_BODY };
+    router(AppState::new(scheduler, config))
+}
+
+/// One scheduler on the plain CPU engine, shared by the tests that need nothing special.
+async fn shared_scheduler() -> Scheduler {
+    static SCHEDULER: OnceLock<Scheduler> = OnceLock::new();
+    let scheduler = SCHEDULER.get_or_init(|| plain_scheduler(worker_config(8))).clone();
+    scheduler.loaded().await.expect("the tiny model loads");
+    scheduler
+}
+
+async fn shared() -> Router {
+    app(shared_scheduler().await, None)
+}
+
+fn plain_scheduler(config: WorkerConfig) -> Scheduler {
+    let loader = cpu_loader(config.model_dir.clone(), config.default_max_frames);
+    Scheduler::start_with(config, loader)
+}
+
+/// What the wrapped engine does differently.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Mode {
+    /// Each job waits for the gate to open before generating.
+    Gated,
+    /// Fails before any audio.
+    FailAtOnce,
+    /// Sends the first audio chunk, then fails.
+    FailAfterFirstAudio,
+}
+
+/// A latch the test opens.
+#[derive(Clone, Default)]
+struct Gate(Arc<(Mutex<bool>, Condvar)>);
+
+impl Gate {
+    fn open(&self) {
+        *self.0.0.lock().unwrap() = true;
+        self.0.1.notify_all();
+    }
+    fn wait(&self) {
+        let mut open = self.0.0.lock().unwrap();
+        while !*open {
+            open = self.0.1.wait(open).unwrap();
+        }
+    }
+}
+
+/// The CPU engine behind a wrapper that misbehaves as `mode` says.
+struct Wrapped<'m> {
+    model: &'m dyn Synthesizer,
+    mode: Mode,
+    gate: Gate,
+}
+
+impl Synthesizer for Wrapped<'_> {
+    fn sample_rate(&self) -> u32 {
+        self.model.sample_rate()
+    }
+    fn samples_per_frame(&self) -> usize {
+        self.model.samples_per_frame()
+    }
+    fn memory(&self) -> MemoryUse {
+        self.model.memory()
+    }
+    fn prompt(&self, text: &str) -> Result<Rows, SynthError> {
+        self.model.prompt(text)
+    }
+    fn generate(
+        &self,
+        rows: &Rows,
+        options: &GenerateOptions,
+        on_audio: &mut dyn FnMut(&[f32]) -> ControlFlow<()>,
+    ) -> Result<Finished, SynthError> {
+        let failure = || SynthError::Generate(GenerateError::EmptyPrompt);
+        match self.mode {
+            Mode::Gated => {
+                self.gate.wait();
+                self.model.generate(rows, options, on_audio)
+            }
+            Mode::FailAtOnce => Err(failure()),
+            Mode::FailAfterFirstAudio => {
+                self.model.generate(rows, options, &mut |pcm| {
+                    let _ = on_audio(pcm);
+                    ControlFlow::Break(())
+                })?;
+                Err(failure())
+            }
+        }
+    }
+}
+
+struct WrappingHost<'h> {
+    host: &'h mut dyn ModelHost,
+    mode: Mode,
+    gate: Gate,
+}
+
+impl ModelHost for WrappingHost<'_> {
+    fn progress(&self, stage: &str) {
+        self.host.progress(stage);
+    }
+    fn serve(&mut self, model: &dyn Synthesizer) {
+        self.host.serve(&Wrapped { model, mode: self.mode, gate: self.gate.clone() });
+    }
+}
+
+/// A scheduler whose engine behaves as `mode` says; `load_gate`, if given, holds loading.
+fn wrapped(mode: Mode, max_queue: usize, gate: Gate, load_gate: Option<Gate>) -> Scheduler {
+    let inner = cpu_loader(checkpoint().to_owned(), MAX_FRAMES);
+    let loader: Loader = Box::new(move |host: &mut dyn ModelHost| {
+        if let Some(load_gate) = load_gate {
+            load_gate.wait();
+        }
+        inner(&mut WrappingHost { host, mode, gate })
+    });
+    Scheduler::start_with(worker_config(max_queue), loader)
+}
+
+// ---------------------------------------------------------------- requests
+
+fn speech(body: Value) -> Request<Body> {
+    Request::post("/v1/audio/speech")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap()
+}
+
+fn get(path: &str) -> Request<Body> {
+    Request::get(path).body(Body::empty()).unwrap()
+}
+
+/// A small valid request; `extra` fields are merged in.
+fn body(extra: Value) -> Value {
+    let mut b = json!({"model": MODEL, "input": "Hello there.", "voice": "alloy", "seed": 11, "max_frames": 3});
+    b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+    b
+}
+
+async fn send(app: &Router, req: Request<Body>) -> Response<Body> {
+    tokio::time::timeout(Duration::from_secs(60), app.clone().oneshot(req)).await.expect("answered in time").unwrap()
+}
+
+async fn bytes_of(resp: Response<Body>) -> Vec<u8> {
+    resp.into_body().collect().await.unwrap().to_bytes().to_vec()
+}
+
+/// An error response: status and the `error` object, after checking OpenAI's shape.
+async fn error_of(resp: Response<Body>) -> (StatusCode, Value) {
+    let status = resp.status();
+    assert_eq!(resp.headers()[header::CONTENT_TYPE], "application/json");
+    assert!(resp.headers().contains_key("x-request-id"));
+    let v: Value = serde_json::from_slice(&bytes_of(resp).await).unwrap();
+    let e = v["error"].clone();
+    for key in ["message", "type", "param", "code"] {
+        assert!(e.get(key).is_some(), "`{key}` missing from {v}");
+    }
+    (status, e)
+}
+
+async fn refused(app: &Router, req: Request<Body>) -> (StatusCode, Value) {
+    error_of(send(app, req).await).await
+}
+
+// ---------------------------------------------------------------- the error table
+
+#[tokio::test]
+async fn bad_bodies_are_400_in_openai_shape_naming_the_field() {
+    let app = shared().await;
+    let (status, e) = refused(&app, speech(body(json!({"bogus": 1})))).await;
+    assert_eq!(
+        (status, e["param"].as_str(), e["code"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("bogus"), Some("unknown_parameter"))
+    );
+    assert_eq!(e["type"], "invalid_request_error");
+    assert!(e["message"].as_str().unwrap().contains("`bogus`"), "{e}");
+
+    let malformed = Request::post("/v1/audio/speech").body(Body::from("{\"model\": ")).unwrap();
+    let (status, e) = refused(&app, malformed).await;
+    assert_eq!(
+        (status, e["code"].as_str(), e["param"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("invalid_json"), None)
+    );
+
+    let form = Request::post("/v1/audio/speech")
+        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .body(Body::from(body(json!({})).to_string()))
+        .unwrap();
+    assert_eq!(refused(&app, form).await.0, StatusCode::BAD_REQUEST);
+
+    let cases = [
+        (json!({"model": MODEL}), "input"),
+        (json!({"input": "hi"}), "model"),
+        (body(json!({"input": "a <|im_start|> b"})), "input"),
+        (body(json!({"input": "<|speaker:16|> hi"})), "input"),
+        (body(json!({"voice": "dave"})), "voice"),
+        (body(json!({"voice": {"id": "voice_123"}})), "voice"),
+        (body(json!({"speed": 4.01})), "speed"),
+        (body(json!({"speed": "fast"})), "speed"),
+        (body(json!({"temperature": -0.5})), "temperature"),
+        (body(json!({"top_p": 1.5})), "top_p"),
+        (body(json!({"sample_rate": 96000})), "sample_rate"),
+        (body(json!({"max_frames": MAX_FRAMES + 1})), "max_frames"),
+        (body(json!({"response_format": "ogg"})), "response_format"),
+        (body(json!({"stream_format": "sse", "stream": false})), "stream"),
+        (body(json!({"input": "x".repeat(201)})), "input"),
+    ];
+    for (request, param) in cases {
+        let (status, e) = refused(&app, speech(request.clone())).await;
+        assert_eq!((status, e["param"].as_str()), (StatusCode::BAD_REQUEST, Some(param)), "{request}: {e}");
+        assert_eq!(e["type"], "invalid_request_error");
+    }
+    let (_, e) = refused(&app, speech(body(json!({"voice": "dave"})))).await;
+    assert!(e["message"].as_str().unwrap().contains("`dave`"), "{e}");
+}
+
+#[tokio::test]
+async fn unknown_model_is_404_model_not_found() {
+    let app = shared().await;
+    let (status, e) = refused(&app, speech(body(json!({"model": "gpt-5-tts"})))).await;
+    assert_eq!(
+        (status, e["code"].as_str(), e["param"].as_str()),
+        (StatusCode::NOT_FOUND, Some("model_not_found"), Some("model"))
+    );
+    // Every alias is served.
+    for alias in ["tts-1", "tts-1-hd", "gpt-4o-mini-tts"] {
+        let resp = send(&app, speech(body(json!({"model": alias, "response_format": "pcm", "max_frames": 1})))).await;
+        assert_eq!(resp.status(), StatusCode::OK, "{alias}");
+    }
+}
+
+#[tokio::test]
+async fn body_over_the_limit_is_413() {
+    let app = shared().await;
+    let big = body(json!({"instructions": "y".repeat(MAX_BODY)})).to_string();
+    let declared = Request::post("/v1/audio/speech")
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::CONTENT_LENGTH, big.len())
+        .body(Body::from(big.clone()))
+        .unwrap();
+    let (status, e) = refused(&app, declared).await;
+    assert_eq!((status, e["code"].as_str()), (StatusCode::PAYLOAD_TOO_LARGE, Some("request_too_large")));
+    // Without a declared length (chunked upload) the limit holds while reading.
+    let chunks = big.into_bytes().chunks(256).map(|c| Ok::<_, std::io::Error>(c.to_vec())).collect::<Vec<_>>();
+    let streamed = Request::post("/v1/audio/speech")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from_stream(futures_util::stream::iter(chunks)))
+        .unwrap();
+    assert_eq!(refused(&app, streamed).await.0, StatusCode::PAYLOAD_TOO_LARGE);
+}
+
+#[tokio::test]
+async fn api_key_guards_all_but_health_and_ready() {
+    let app = app(shared_scheduler().await, Some(KEY));
+    let (status, e) = refused(&app, speech(body(json!({})))).await;
+    assert_eq!((status, e["code"].as_str()), (StatusCode::UNAUTHORIZED, Some("invalid_api_key")));
+    let mut wrong = get("/v1/models");
+    wrong.headers_mut().insert(header::AUTHORIZATION, "Bearer sk-test-kez".parse().unwrap());
+    assert_eq!(refused(&app, wrong).await.0, StatusCode::UNAUTHORIZED);
+    let mut right = get("/v1/models");
+    right.headers_mut().insert(header::AUTHORIZATION, format!("Bearer {KEY}").parse().unwrap());
+    assert_eq!(send(&app, right).await.status(), StatusCode::OK);
+    assert_eq!(send(&app, get("/health")).await.status(), StatusCode::OK);
+    assert_eq!(send(&app, get("/ready")).await.status(), StatusCode::OK);
+    assert_eq!(refused(&app, get("/metrics")).await.0, StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test]
+async fn full_queue_is_429_with_retry_after() {
+    let gate = Gate::default();
+    let scheduler = wrapped(Mode::Gated, 1, gate.clone(), None);
+    scheduler.loaded().await.unwrap();
+    let app = app(scheduler.clone(), None);
+    let pcm = || speech(body(json!({"response_format": "pcm", "max_frames": 1})));
+    // A runs (held at the gate), B waits in the one queue slot, C is refused.
+    let a = tokio::spawn(send_owned(app.clone(), pcm()));
+    wait_until(|| scheduler.active() == 1).await;
+    let b = tokio::spawn(send_owned(app.clone(), pcm()));
+    wait_until(|| scheduler.queue_depth() == 1).await;
+    let resp = send(&app, pcm()).await;
+    let retry_after = resp.headers().get(header::RETRY_AFTER).expect("Retry-After").to_str().unwrap().to_owned();
+    assert!(retry_after.parse::<u64>().unwrap() >= 1, "{retry_after}");
+    let (status, e) = error_of(resp).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{e}");
+    gate.open();
+    for held in [a, b] {
+        assert_eq!(held.await.unwrap().status(), StatusCode::OK);
+    }
+}
+
+#[tokio::test]
+async fn loading_is_503_with_retry_after_then_ready() {
+    let load_gate = Gate::default();
+    let scheduler = wrapped(Mode::Gated, 1, Gate::default(), Some(load_gate.clone()));
+    let app = app(scheduler.clone(), None);
+    let resp = send(&app, speech(body(json!({})))).await;
+    assert!(resp.headers().contains_key(header::RETRY_AFTER));
+    let (status, e) = error_of(resp).await;
+    assert_eq!((status, e["code"].as_str()), (StatusCode::SERVICE_UNAVAILABLE, Some("model_loading")));
+    let ready = send(&app, get("/ready")).await;
+    assert_eq!(ready.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(ready.headers().contains_key(header::RETRY_AFTER));
+    assert_eq!(send(&app, get("/health")).await.status(), StatusCode::OK, "alive while loading");
+    load_gate.open();
+    scheduler.loaded().await.unwrap();
+    assert_eq!(send(&app, get("/ready")).await.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn draining_is_503_with_retry_after() {
+    // A scheduler of its own: draining the shared one would refuse the other tests.
+    let own = plain_scheduler(worker_config(1));
+    own.loaded().await.unwrap();
+    own.begin_drain();
+    let app = app(own, None);
+    let resp = send(&app, speech(body(json!({})))).await;
+    assert!(resp.headers().contains_key(header::RETRY_AFTER));
+    assert_eq!(error_of(resp).await.0, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(send(&app, get("/ready")).await.status(), StatusCode::SERVICE_UNAVAILABLE);
+}
+
+#[tokio::test]
+async fn internal_failure_is_500_naming_the_request_id() {
+    let scheduler = wrapped(Mode::FailAtOnce, 2, Gate::default(), None);
+    scheduler.loaded().await.unwrap();
+    let app = app(scheduler, None);
+    for extra in [json!({}), json!({"stream": false}), json!({"stream_format": "sse"})] {
+        let mut req = speech(body(extra));
+        req.headers_mut().insert("x-request-id", "client-id-42".parse().unwrap());
+        let (status, e) = refused(&app, req).await;
+        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(e["message"].as_str().unwrap().contains("client-id-42"), "{e}");
+    }
+}
+
+// ---------------------------------------------------------------- successful replies
+
+async fn send_owned(app: Router, req: Request<Body>) -> Response<Body> {
+    send(&app, req).await
+}
+
+async fn wait_until(mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < Duration::from_secs(20), "condition not reached in time");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+const FORMATS: [(&str, &str); 5] =
+    [("mp3", "audio/mpeg"), ("opus", "audio/ogg"), ("flac", "audio/flac"), ("wav", "audio/wav"), ("pcm", "audio/pcm")];
+
+fn finish_reason(value: Option<&axum::http::HeaderValue>) -> String {
+    let reason = value.expect("X-Finish-Reason").to_str().unwrap().to_owned();
+    assert!(reason == "stop" || reason == "length", "{reason}");
+    reason
+}
+
+#[tokio::test]
+async fn whole_replies_carry_length_type_and_finish_reason_header() {
+    let app = shared().await;
+    for (format, content_type) in FORMATS {
+        let resp = send(&app, speech(body(json!({"response_format": format, "stream": false})))).await;
+        assert_eq!(resp.status(), StatusCode::OK, "{format}");
+        let headers = resp.headers().clone();
+        assert_eq!(headers[header::CONTENT_TYPE], content_type);
+        assert!(!headers.contains_key(header::TRAILER), "{format}");
+        finish_reason(headers.get("x-finish-reason"));
+        let audio = bytes_of(resp).await;
+        assert!(!audio.is_empty(), "{format}");
+        assert_eq!(headers[header::CONTENT_LENGTH], audio.len().to_string().as_str(), "{format}");
+    }
+    let wav = bytes_of(send(&app, speech(body(json!({"response_format": "wav", "stream": false})))).await).await;
+    assert_eq!(&wav[4..8], &((wav.len() - 8) as u32).to_le_bytes(), "a whole wav has exact sizes");
+    #[cfg(not(feature = "aac"))]
+    {
+        let (status, e) = refused(&app, speech(body(json!({"response_format": "aac"})))).await;
+        assert_eq!((status, e["param"].as_str()), (StatusCode::BAD_REQUEST, Some("response_format")));
+    }
+}
+
+#[tokio::test]
+async fn streamed_replies_send_the_finish_reason_as_a_trailer() {
+    let app = shared().await;
+    for (format, content_type) in FORMATS {
+        let mut req = speech(body(json!({"response_format": format, "instructions": "calmly"})));
+        req.headers_mut().insert(header::TE, "trailers".parse().unwrap());
+        let resp = send(&app, req).await;
+        assert_eq!(resp.status(), StatusCode::OK, "{format}");
+        assert_eq!(resp.headers()[header::CONTENT_TYPE], content_type);
+        assert_eq!(resp.headers()[header::TRAILER].to_str().unwrap().to_ascii_lowercase(), "x-finish-reason");
+        assert!(!resp.headers().contains_key(header::CONTENT_LENGTH), "{format}: streamed bodies are chunked");
+        assert!(!resp.headers().contains_key("x-finish-reason"), "{format}: a trailer, not a header");
+        let collected = resp.into_body().collect().await.unwrap();
+        finish_reason(collected.trailers().and_then(|t| t.get("x-finish-reason")));
+        let audio = collected.to_bytes();
+        if format == "wav" {
+            assert_eq!(&audio[4..8], &[0xFF; 4], "a streamed wav has the unknown-length RIFF size");
+        }
+        assert!(!audio.is_empty());
+    }
+}
+
+#[tokio::test]
+async fn same_seed_gives_same_bytes_streamed_or_whole() {
+    let app = shared().await;
+    let audio = |extra: Value| {
+        let app = app.clone();
+        async move {
+            let resp = send(&app, speech(body(extra))).await;
+            assert_eq!(resp.status(), StatusCode::OK);
+            let streamed = !resp.headers().contains_key("x-finish-reason");
+            let collected = resp.into_body().collect().await.unwrap();
+            let reason = collected.trailers().map(|t| t["x-finish-reason"].clone());
+            assert_eq!(streamed, reason.is_some());
+            collected.to_bytes().to_vec()
+        }
+    };
+    for format in ["pcm", "wav"] {
+        let first = audio(json!({"response_format": format, "stream": false})).await;
+        let again = audio(json!({"response_format": format, "stream": false})).await;
+        assert_eq!(first, again, "{format} whole");
+        let streamed = audio(json!({"response_format": format})).await;
+        assert_eq!(streamed, audio(json!({"response_format": format})).await, "{format} streamed");
+        if format == "pcm" {
+            assert_eq!(streamed, first, "pcm does not depend on chunking");
+        } else {
+            assert_eq!(streamed[44..], first[44..], "wav differs only in its header sizes");
+        }
+    }
+    let other = audio(json!({"response_format": "pcm", "seed": 12})).await;
+    assert_ne!(other, audio(json!({"response_format": "pcm"})).await, "another seed, other audio");
+}
+
+/// The `data:` payloads of an SSE body.
+fn sse_events(text: &str) -> Vec<Value> {
+    text.split("\n\n")
+        .filter(|block| !block.trim().is_empty())
+        .map(|block| {
+            let data = block.strip_prefix("data: ").unwrap_or_else(|| panic!("not a data event: {block:?}"));
+            serde_json::from_str(data).unwrap()
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn sse_sends_deltas_then_done_with_usage_and_finish_reason() {
+    let app = shared().await;
+    let resp = send(&app, speech(body(json!({"response_format": "pcm", "stream_format": "sse"})))).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(resp.headers()[header::CONTENT_TYPE], "text/event-stream");
+    let events = sse_events(std::str::from_utf8(&bytes_of(resp).await).unwrap());
+    let (done, deltas) = events.split_last().expect("events");
+    assert!(!deltas.is_empty());
+    let mut audio = Vec::new();
+    for delta in deltas {
+        assert_eq!(delta["type"], "speech.audio.delta", "{delta}");
+        audio.extend(base64::engine::general_purpose::STANDARD.decode(delta["audio"].as_str().unwrap()).unwrap());
+    }
+    assert_eq!(done["type"], "speech.audio.done", "{done}");
+    let usage = &done["usage"];
+    let (input, output) = (usage["input_tokens"].as_u64().unwrap(), usage["output_tokens"].as_u64().unwrap());
+    assert!(input > 0 && (1..=3).contains(&output), "{usage}");
+    assert_eq!(usage["total_tokens"].as_u64(), Some(input + output));
+    let reason = done["finish_reason"].as_str().unwrap();
+    assert!(reason == "stop" || reason == "length", "{done}");
+    // The deltas are the same bytes as the audio body, and carry every frame.
+    let whole = bytes_of(send(&app, speech(body(json!({"response_format": "pcm", "stream": false})))).await).await;
+    assert_eq!(audio, whole);
+    assert_eq!(reason == "length", output == 3);
+}
+
+#[tokio::test]
+async fn failure_after_the_first_audio_breaks_the_stream() {
+    let scheduler = wrapped(Mode::FailAfterFirstAudio, 2, Gate::default(), None);
+    scheduler.loaded().await.unwrap();
+    let app = app(scheduler, None);
+
+    let resp = send(&app, speech(body(json!({"response_format": "pcm"})))).await;
+    assert_eq!(resp.status(), StatusCode::OK, "the first audio went out with a 200");
+    let mut stream = resp.into_body();
+    let first = stream.frame().await.expect("a frame").expect("audio, not an error");
+    assert!(first.is_data());
+    let mut ended_in_error = false;
+    while let Some(frame) = stream.frame().await {
+        match frame {
+            Ok(frame) => assert!(frame.is_data(), "no trailer after a failure"),
+            Err(_) => {
+                ended_in_error = true;
+                break;
+            }
+        }
+    }
+    assert!(ended_in_error, "the stream must end without its terminator");
+
+    let mut req = speech(body_sse());
+    req.headers_mut().insert("x-request-id", "sse-fail-1".parse().unwrap());
+    let resp = send(&app, req).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let events = sse_events(std::str::from_utf8(&bytes_of(resp).await).unwrap());
+    let (last, deltas) = events.split_last().unwrap();
+    assert!(!deltas.is_empty() && deltas.iter().all(|d| d["type"] == "speech.audio.delta"));
+    assert_eq!(last["type"], "error", "{last}");
+    assert!(last["error"]["message"].as_str().unwrap().contains("sse-fail-1"), "{last}");
+
+    let (status, _) = refused(&app, speech(body(json!({"stream": false})))).await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+}
+
+fn body_sse() -> Value {
+    body(json!({"response_format": "pcm", "stream_format": "sse"}))
+}
+
+#[tokio::test]
+async fn dropping_the_response_cancels_the_job() {
+    const LONG: usize = 4096;
+    let scheduler = plain_scheduler(WorkerConfig { default_max_frames: LONG, ..worker_config(1) });
+    scheduler.loaded().await.unwrap();
+    let policy = SpeechPolicy { served_model: MODEL.into(), aliases: vec![], max_input_chars: 200, max_frames: LONG };
+    let app = router(AppState::new(scheduler.clone(), HttpConfig { policy, api_key: None, max_body_bytes: MAX_BODY }));
+    let req =
+        speech(json!({"model": MODEL, "input": "Hello.", "response_format": "pcm", "max_frames": LONG, "seed": 3}));
+    let resp = send(&app, req).await;
+    let mut stream = resp.into_body();
+    assert!(stream.frame().await.unwrap().unwrap().is_data());
+    assert_eq!(scheduler.active(), 1, "still generating");
+    drop(stream);
+    wait_until(|| scheduler.active() == 0).await;
+}
+
+#[tokio::test]
+async fn request_ids_are_echoed_when_sane_and_made_otherwise() {
+    let app = shared().await;
+    let mut req = get("/health");
+    req.headers_mut().insert("x-request-id", "abc-123".parse().unwrap());
+    assert_eq!(send(&app, req).await.headers()["x-request-id"], "abc-123");
+    let mut req = get("/health");
+    req.headers_mut().insert("x-request-id", "has space".parse().unwrap());
+    let made = send(&app, req).await.headers()["x-request-id"].to_str().unwrap().to_owned();
+    assert!(made.starts_with("req_"), "{made}");
+    let other = send(&app, get("/health")).await.headers()["x-request-id"].to_str().unwrap().to_owned();
+    assert_ne!(made, other);
+    let resp = send(&app, speech(body(json!({"response_format": "pcm"})))).await;
+    assert!(resp.headers()["x-request-id"].to_str().unwrap().starts_with("req_"));
+}
+
+#[tokio::test]
+async fn ops_routes() {
+    let app = shared().await;
+    let models: Value = serde_json::from_slice(&bytes_of(send(&app, get("/v1/models")).await).await).unwrap();
+    assert_eq!(models["object"], "list");
+    assert_eq!(models["data"][0]["id"], MODEL);
+    assert_eq!(models["data"][0]["object"], "model");
+    assert!(models["data"][0]["created"].as_u64().unwrap() > 0);
+    assert!(models["data"].as_array().unwrap().iter().any(|m| m["id"] == "tts-1"));
+    assert_eq!(send(&app, get("/health")).await.status(), StatusCode::OK);
+    assert_eq!(send(&app, get("/ready")).await.status(), StatusCode::OK);
+
+    let _ = bytes_of(send(&app, speech(body(json!({"response_format": "pcm", "stream": false})))).await).await;
+    let metrics = send(&app, get("/metrics")).await;
+    assert!(metrics.headers()[header::CONTENT_TYPE].to_str().unwrap().starts_with("text/plain"));
+    let text = String::from_utf8(bytes_of(metrics).await).unwrap();
+    assert!(text.contains("limelight_requests_total{status=\"200\",format=\"pcm\"}"), "{text}");
+
+    let (status, e) = refused(&app, get("/v1/nothing")).await;
+    assert_eq!((status, e["code"].as_str()), (StatusCode::NOT_FOUND, Some("unknown_url")));
+    let (status, _) = refused(&app, get("/v1/audio/speech")).await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+}

@@ -1,0 +1,284 @@
+//! The scheduler on the tiny checkpoint: events in order with all the audio, a bounded queue,
+//! a dropped stream freeing the engine, a failing or panicking job failing alone, drain, and
+//! readiness through loading.
+
+mod common;
+
+use std::ops::ControlFlow;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use limelight::engine::generate::{FinishReason, Finished, GenerateError, GenerateOptions};
+use limelight::engine::sampling::SamplingParams;
+use limelight::model::frame::Rows;
+use limelight::scheduler::{
+    Job, JobEvent, JobStream, Loader, MemoryUse, ModelHost, Readiness, Scheduler, SubmitError, SynthError,
+    Synthesizer, WorkerConfig, cpu_loader,
+};
+
+const TEXT: &str = "Hello there, how are you today?";
+/// Every test finishes well inside this; a hang fails instead of blocking the suite.
+const LIMIT: Duration = Duration::from_secs(60);
+
+fn config(dir: PathBuf, max_queue: usize) -> WorkerConfig {
+    WorkerConfig {
+        model_dir: dir,
+        max_queue,
+        default_max_frames: 2048,
+        served_model_name: String::from("drama-3"),
+        model_aliases: vec![String::from("tts-1")],
+        stall_timeout: Duration::from_secs(30),
+    }
+}
+
+fn job(text: &str, max_frames: usize) -> Job {
+    Job {
+        request_id: String::from("req-test"),
+        text: text.to_owned(),
+        // Seed 3 gives no EOS on this checkpoint, so every job runs to `max_frames`.
+        options: GenerateOptions { params: SamplingParams::default(), seed: 3, max_frames },
+        span: tracing::Span::none(),
+    }
+}
+
+/// Reads a job to its end: (events without audio, audio samples, audio chunks).
+async fn collect(stream: &mut JobStream) -> (Vec<JobEvent>, usize, usize) {
+    let (mut events, mut samples, mut chunks) = (Vec::new(), 0, 0);
+    while let Some(event) = stream.next().await {
+        match event {
+            JobEvent::Audio(pcm) => {
+                samples += pcm.len();
+                chunks += 1;
+            }
+            other => events.push(other),
+        }
+    }
+    (events, samples, chunks)
+}
+
+async fn ready(scheduler: &Scheduler) {
+    scheduler.loaded().await.expect("the tiny checkpoint loads");
+    assert_eq!(scheduler.readiness(), Readiness::Ready);
+}
+
+/// The CPU engine behind a wrapper that fails on cue and records how each generation ended.
+struct Faulty<'m> {
+    inner: &'m dyn Synthesizer,
+    ends: Arc<Mutex<Vec<(FinishReason, usize)>>>,
+}
+
+impl Synthesizer for Faulty<'_> {
+    fn sample_rate(&self) -> u32 {
+        self.inner.sample_rate()
+    }
+    fn samples_per_frame(&self) -> usize {
+        self.inner.samples_per_frame()
+    }
+    fn memory(&self) -> MemoryUse {
+        self.inner.memory()
+    }
+    fn prompt(&self, text: &str) -> Result<Rows, SynthError> {
+        assert!(text != "panic", "injected panic");
+        self.inner.prompt(text)
+    }
+    fn generate(
+        &self,
+        rows: &Rows,
+        options: &GenerateOptions,
+        on_audio: &mut dyn FnMut(&[f32]) -> ControlFlow<()>,
+    ) -> Result<Finished, SynthError> {
+        if options.seed == 666 {
+            return Err(GenerateError::EmptyPrompt.into());
+        }
+        let finished = self.inner.generate(rows, options, on_audio)?;
+        self.ends.lock().unwrap().push((finished.reason, finished.frames));
+        Ok(finished)
+    }
+}
+
+/// Hands the model the real loader produces to the worker wrapped in [`Faulty`].
+struct Wrap<'h> {
+    host: &'h mut dyn ModelHost,
+    ends: Arc<Mutex<Vec<(FinishReason, usize)>>>,
+}
+
+impl ModelHost for Wrap<'_> {
+    fn progress(&self, stage: &str) {
+        self.host.progress(stage);
+    }
+    fn serve(&mut self, model: &dyn Synthesizer) {
+        self.host.serve(&Faulty { inner: model, ends: self.ends.clone() });
+    }
+}
+
+fn faulty_loader(dir: PathBuf, ends: Arc<Mutex<Vec<(FinishReason, usize)>>>) -> Loader {
+    Box::new(move |host: &mut dyn ModelHost| cpu_loader(dir, 2048)(&mut Wrap { host, ends }))
+}
+
+#[tokio::test]
+async fn events_arrive_in_order_with_all_the_audio() {
+    let dir = common::tiny_checkpoint();
+    let scheduler = Scheduler::start(config(dir.path().to_owned(), 4));
+    tokio::time::timeout(LIMIT, async {
+        ready(&scheduler).await;
+        let info = scheduler.model_info().expect("known once ready");
+        assert_eq!((info.id.as_str(), info.sample_rate, info.samples_per_frame), ("drama-3", 44_100, 2048));
+        let mut stream = scheduler.submit(job(TEXT, 12)).unwrap();
+        let first = stream.next().await;
+        let Some(JobEvent::Started { prompt_rows }) = first else { panic!("first event {first:?}") };
+        assert!(prompt_rows > 10, "the prompt has its fixed segments: {prompt_rows} rows");
+        let (events, samples, chunks) = collect(&mut stream).await;
+        assert_eq!(events, [JobEvent::Finished { reason: FinishReason::Length, frames: 12, prompt_rows }]);
+        assert_eq!(samples, 12 * 2048, "audio length = frames × 2048");
+        assert_eq!(chunks, 4, "the first frame alone, then groups of 2, 4 and the rest");
+        assert_eq!((scheduler.active(), scheduler.queue_depth()), (0, 0));
+    })
+    .await
+    .expect("bounded");
+}
+
+#[tokio::test]
+async fn a_full_queue_refuses_and_a_dropped_stream_frees_the_engine() {
+    let dir = common::tiny_checkpoint();
+    let ends = Arc::new(Mutex::new(Vec::new()));
+    let scheduler = Scheduler::start_with(config(dir.path().to_owned(), 1), faulty_loader(dir.path().into(), ends.clone()));
+    tokio::time::timeout(LIMIT, async {
+        ready(&scheduler).await;
+        // A runs and, unread, soon blocks the worker on its full reply channel.
+        let mut a = scheduler.submit(job(TEXT, 2048)).unwrap();
+        assert!(matches!(a.next().await, Some(JobEvent::Started { .. })));
+        assert_eq!(scheduler.active(), 1);
+        let mut b = scheduler.submit(job(TEXT, 6)).unwrap();
+        assert_eq!(scheduler.queue_depth(), 1);
+        let refused = scheduler.submit(job(TEXT, 6)).unwrap_err();
+        let SubmitError::QueueFull { retry_after_secs } = refused else { panic!("{refused:?}") };
+        assert!((1..=60).contains(&retry_after_secs));
+        // The client of A goes away: A stops at its next chunk and B starts at once.
+        assert!(matches!(a.next().await, Some(JobEvent::Audio(_))));
+        drop(a);
+        let dropped = Instant::now();
+        assert!(matches!(b.next().await, Some(JobEvent::Started { .. })));
+        assert!(dropped.elapsed() < Duration::from_secs(5), "B waited {:?}", dropped.elapsed());
+        let (events, samples, _) = collect(&mut b).await;
+        assert!(matches!(events[..], [JobEvent::Finished { reason: FinishReason::Length, frames: 6, .. }]));
+        assert_eq!(samples, 6 * 2048);
+        let ends = ends.lock().unwrap().clone();
+        let (reason, frames) = ends[0];
+        assert_eq!(reason, FinishReason::Cancelled, "A was cancelled, not run to 2048 frames");
+        assert!(frames < 2048 / 4, "A stopped early: {frames} frames");
+        assert_eq!(ends[1], (FinishReason::Length, 6));
+    })
+    .await
+    .expect("bounded");
+}
+
+#[tokio::test]
+async fn a_failing_or_panicking_job_fails_alone() {
+    let dir = common::tiny_checkpoint();
+    let ends = Arc::new(Mutex::new(Vec::new()));
+    let scheduler = Scheduler::start_with(config(dir.path().to_owned(), 4), faulty_loader(dir.path().into(), ends));
+    tokio::time::timeout(LIMIT, async {
+        ready(&scheduler).await;
+        let mut panicking = scheduler.submit(job("panic", 6)).unwrap();
+        let mut erring = scheduler.submit(Job { options: GenerateOptions { seed: 666, ..job(TEXT, 6).options }, ..job(TEXT, 6) }).unwrap();
+        let mut fine = scheduler.submit(job(TEXT, 6)).unwrap();
+        let (events, samples, _) = collect(&mut panicking).await;
+        assert_eq!(samples, 0);
+        assert!(matches!(&events[..], [JobEvent::Failed { message }] if message.contains("injected panic")), "{events:?}");
+        let (events, samples, _) = collect(&mut erring).await;
+        assert_eq!(samples, 0);
+        assert!(
+            matches!(&events[..], [JobEvent::Started { .. }, JobEvent::Failed { message }] if message.contains("no rows")),
+            "{events:?}"
+        );
+        let (events, samples, _) = collect(&mut fine).await;
+        assert!(matches!(events[..], [JobEvent::Started { .. }, JobEvent::Finished { frames: 6, .. }]), "{events:?}");
+        assert_eq!(samples, 6 * 2048);
+        assert_eq!(scheduler.readiness(), Readiness::Ready, "the worker lives on");
+    })
+    .await
+    .expect("bounded");
+}
+
+#[tokio::test]
+async fn drain_refuses_new_jobs_and_lets_admitted_ones_finish() {
+    let dir = common::tiny_checkpoint();
+    let scheduler = Scheduler::start(config(dir.path().to_owned(), 4));
+    tokio::time::timeout(LIMIT, async {
+        ready(&scheduler).await;
+        // 120 frames are more chunks than the reply channel holds: unread, A keeps the worker busy.
+        let mut a = scheduler.submit(job(TEXT, 120)).unwrap();
+        let mut b = scheduler.submit(job(TEXT, 3)).unwrap();
+        scheduler.begin_drain();
+        assert_eq!(scheduler.readiness(), Readiness::Draining);
+        assert_eq!(scheduler.submit(job(TEXT, 3)).unwrap_err(), SubmitError::Draining);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(300), scheduler.drained()).await.is_err(),
+            "not drained while A and B are in flight"
+        );
+        let (events, samples, _) = collect(&mut a).await;
+        assert!(matches!(events[..], [JobEvent::Started { .. }, JobEvent::Finished { frames: 120, .. }]), "{events:?}");
+        assert_eq!(samples, 120 * 2048);
+        let (events, _, _) = collect(&mut b).await;
+        assert!(matches!(events[..], [JobEvent::Started { .. }, JobEvent::Finished { frames: 3, .. }]), "{events:?}");
+        scheduler.drained().await;
+        assert_eq!(scheduler.readiness(), Readiness::Draining);
+    })
+    .await
+    .expect("bounded");
+}
+
+#[tokio::test]
+async fn cancel_all_ends_running_and_queued_jobs_as_cancelled() {
+    let dir = common::tiny_checkpoint();
+    let scheduler = Scheduler::start(config(dir.path().to_owned(), 4));
+    tokio::time::timeout(LIMIT, async {
+        ready(&scheduler).await;
+        let mut a = scheduler.submit(job(TEXT, 2048)).unwrap();
+        let mut b = scheduler.submit(job(TEXT, 2048)).unwrap();
+        assert!(matches!(a.next().await, Some(JobEvent::Started { .. })));
+        scheduler.cancel_all();
+        let (events, samples, _) = collect(&mut a).await;
+        let [JobEvent::Finished { reason: FinishReason::Cancelled, frames, .. }] = events[..] else { panic!("{events:?}") };
+        assert_eq!(samples, frames * 2048, "every produced frame's audio was sent");
+        assert!(frames < 2048);
+        let (events, samples, _) = collect(&mut b).await;
+        assert_eq!(events, [JobEvent::Finished { reason: FinishReason::Cancelled, frames: 0, prompt_rows: 0 }]);
+        assert_eq!(samples, 0);
+        scheduler.drained().await;
+    })
+    .await
+    .expect("bounded");
+}
+
+#[tokio::test]
+async fn readiness_goes_from_loading_to_ready_or_failed() {
+    let dir = common::tiny_checkpoint();
+    let (gate_tx, gate_rx) = std::sync::mpsc::channel::<()>();
+    let model_dir = dir.path().to_owned();
+    let gated: Loader = Box::new(move |host: &mut dyn ModelHost| {
+        host.progress("waiting for the test");
+        gate_rx.recv().expect("the test opens the gate");
+        cpu_loader(model_dir, 2048)(host)
+    });
+    let scheduler = Scheduler::start_with(config(dir.path().to_owned(), 4), gated);
+    tokio::time::timeout(LIMIT, async {
+        assert_eq!(scheduler.readiness(), Readiness::Loading);
+        assert_eq!(scheduler.submit(job(TEXT, 3)).unwrap_err(), SubmitError::Loading);
+        assert!(scheduler.model_info().is_none());
+        gate_tx.send(()).unwrap();
+        ready(&scheduler).await;
+        assert_eq!(scheduler.loading_stage(), "ready");
+        assert!(scheduler.model_info().is_some());
+
+        let missing = dir.path().join("missing");
+        let broken = Scheduler::start(config(missing, 4));
+        let message = broken.loaded().await.unwrap_err();
+        assert!(message.contains("missing"), "the failure names the directory: {message}");
+        assert_eq!(broken.readiness(), Readiness::Failed(message));
+        assert_eq!(broken.submit(job(TEXT, 3)).unwrap_err(), SubmitError::Loading);
+    })
+    .await
+    .expect("bounded");
+}
