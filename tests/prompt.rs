@@ -1,6 +1,6 @@
 //! Prompt rows (`model.md` §7) against the golden of sglang-omni 0.1.9's own `prompt.py` (mlx-audio
 //! 0.6.2's `build_frames` agreed on every case when it was made), and every refusal by name.
-//! Regenerate: `cargo build --bin limelight && /work/.venv-torch/bin/python tools/reference/prompt.py`.
+//! Regenerate: `cargo build --bin limelight && .cache/reference/venv/bin/python (tools/reference/setup.sh) tools/reference/prompt.py`.
 
 mod common;
 

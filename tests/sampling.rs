@@ -1,7 +1,7 @@
 //! The sampler (`model.md` §8.1-8.3) against the golden of tools/reference/sampling.py (a PyTorch restatement of
 //! sglang-omni 0.1.9 `sampling.py` fed our Philox uniforms), Philox against Random123's published vectors, and the
 //! exponential race against the probabilities it should realise.
-//! Regenerate: `/work/.venv-torch/bin/python tools/reference/sampling.py`.
+//! Regenerate: `.cache/reference/venv/bin/python (tools/reference/setup.sh) tools/reference/sampling.py`.
 
 use std::path::Path;
 

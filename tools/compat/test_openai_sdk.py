@@ -127,7 +127,10 @@ def test_every_format_whole_and_streamed(client, server, tmp_path, fmt, codec, r
     spath.write_bytes(streamed)
     _, srate, schannels, sduration = probe(spath, fmt)
     assert (srate, schannels) == (rate, 1)
-    assert abs(sduration - duration) <= codec_frame + 1e-3
+    # A streamed MP3 cannot carry LAME's Info tag (it is written at the end of a seekable file),
+    # so decoders keep the encoder delay and padding: up to about three MP3 frames.
+    slack = 3 * codec_frame if fmt == "mp3" else codec_frame
+    assert abs(sduration - duration) <= slack + 1e-3
     if fmt in ("pcm", "flac"):
         assert streamed == path.read_bytes(), "a streamed reply carries the same audio as a whole one"
 
