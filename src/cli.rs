@@ -63,7 +63,8 @@ pub struct ServeArgs {
     /// Require `Authorization: Bearer KEY` on every route but `/health` and `/ready`.
     #[arg(long, env = "LIMELIGHT_API_KEY", hide_env_values = true, conflicts_with = "api_key_file")]
     pub api_key: Option<String>,
-    /// Read the API key from the first line of this file (keeps it out of `ps`).
+    /// Read API keys from this file, one per line (`#` comments and blank lines skipped); keeps
+    /// keys out of `ps`.
     #[arg(long, env = "LIMELIGHT_API_KEY_FILE")]
     pub api_key_file: Option<PathBuf>,
     /// Requests that may wait for the engine; more are refused with 429 and `Retry-After`.

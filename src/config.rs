@@ -50,8 +50,8 @@ pub struct ServeConfig {
     pub served_model_name: String,
     /// Other accepted model names; never empty strings, never the served name, no repeats.
     pub model_aliases: Vec<String>,
-    /// Bearer key every route but `/health` and `/ready` needs; `None` leaves the API open.
-    pub api_key: Option<String>,
+    /// Bearer keys accepted on every route but `/health` and `/ready`; empty leaves the API open.
+    pub api_keys: Vec<String>,
     pub max_queue: usize,
     pub max_input_chars: usize,
     pub max_body_bytes: usize,
@@ -106,7 +106,7 @@ impl ServeConfig {
             listen: resolve(&args.host, args.port)?,
             model_aliases: aliases(&served_model_name, &args.model_aliases),
             served_model_name,
-            api_key: api_key(args)?,
+            api_keys: api_keys(args)?,
             max_queue: args.max_queue,
             max_input_chars: args.max_input_chars,
             max_body_bytes: args.max_body_bytes,
@@ -142,7 +142,7 @@ impl fmt::Debug for ServeConfig {
             .field("listen", &self.listen)
             .field("served_model_name", &self.served_model_name)
             .field("model_aliases", &self.model_aliases)
-            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .field("api_keys", &format_args!("<{} redacted>", self.api_keys.len()))
             .field("max_queue", &self.max_queue)
             .field("max_input_chars", &self.max_input_chars)
             .field("max_body_bytes", &self.max_body_bytes)
@@ -175,26 +175,28 @@ fn resolve(host: &str, port: u16) -> Result<SocketAddr, ConfigError> {
     addrs.next().ok_or_else(|| listen_error(String::from("the host resolves to no address")))
 }
 
-/// `--api-key`, or the first line of `--api-key-file` (surrounding whitespace ignored, so a
-/// file written by `echo` works).
-fn api_key(args: &ServeArgs) -> Result<Option<String>, ConfigError> {
-    let key = match (&args.api_key, &args.api_key_file) {
-        (Some(key), _) => key.trim().to_owned(),
+/// `--api-key`, or every key in `--api-key-file`: one per line, surrounding whitespace ignored,
+/// blank lines and `#` comments skipped (several keys let a key be rotated without downtime).
+fn api_keys(args: &ServeArgs) -> Result<Vec<String>, ConfigError> {
+    match (&args.api_key, &args.api_key_file) {
+        (Some(key), _) if key.trim().is_empty() => Err(ConfigError::EmptyKey),
+        (Some(key), _) => Ok(vec![key.trim().to_owned()]),
         (None, Some(path)) => {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| ConfigError::KeyFile { path: path.clone(), message: e.to_string() })?;
-            let key = text.lines().next().unwrap_or("").trim().to_owned();
-            if key.is_empty() {
-                return Err(ConfigError::KeyFile {
-                    path: path.clone(),
-                    message: String::from("the first line is empty"),
-                });
+            let key_file_error = |message: String| ConfigError::KeyFile { path: path.clone(), message };
+            let text = std::fs::read_to_string(path).map_err(|e| key_file_error(e.to_string()))?;
+            let keys: Vec<String> = text
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                .map(str::to_owned)
+                .collect();
+            if keys.is_empty() {
+                return Err(key_file_error(String::from("the file holds no key")));
             }
-            key
+            Ok(keys)
         }
-        (None, None) => return Ok(None),
-    };
-    if key.is_empty() { Err(ConfigError::EmptyKey) } else { Ok(Some(key)) }
+        (None, None) => Ok(Vec::new()),
+    }
 }
 
 /// `$XDG_CACHE_HOME/limelight/demo-tiny`, else `~/.cache/limelight/demo-tiny`.
@@ -230,7 +232,7 @@ mod tests {
         assert_eq!(c.served_model_name, "drama-3");
         assert_eq!(c.model_aliases, ["tts-1", "tts-1-hd", "gpt-4o-mini-tts"]);
         assert_eq!((c.max_input_chars, c.max_frames), (4096, 2048));
-        assert_eq!(c.api_key, None);
+        assert!(c.api_keys.is_empty());
         assert!(c.accepts_model("tts-1") && c.accepts_model("drama-3") && !c.accepts_model("whisper-1"));
     }
 
@@ -255,12 +257,15 @@ mod tests {
     }
 
     #[test]
-    fn the_key_file_gives_its_first_line_and_debug_hides_it() {
+    fn the_key_file_gives_one_key_a_line_and_debug_hides_them() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("key");
-        std::fs::write(&path, "  sk-secret \n# comment\n").unwrap();
+        let path = dir.path().join("keys");
+        std::fs::write(&path, "  sk-first \n\n# old: sk-retired\nsk-second\n").unwrap();
         let c = parse(&["--model", "/m", "--api-key-file", path.to_str().unwrap()]).unwrap();
-        assert_eq!(c.api_key.as_deref(), Some("sk-secret"));
-        assert!(!format!("{c:?}").contains("sk-secret"));
+        assert_eq!(c.api_keys, ["sk-first", "sk-second"]);
+        assert!(!format!("{c:?}").contains("sk-"));
+        std::fs::write(&path, "# nothing\n\n").unwrap();
+        let refused = parse(&["--model", "/m", "--api-key-file", path.to_str().unwrap()]).unwrap_err();
+        assert!(refused.to_string().contains("no key"), "{refused}");
     }
 }

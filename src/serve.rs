@@ -25,8 +25,9 @@ use crate::synth::presets::Preset;
 use crate::synth::{SynthOptions, SynthPlan};
 use crate::telemetry::{self, TelemetryError};
 
-/// How often loading progress goes to systemd (each time extending its start timeout by 3×).
-const LOAD_STATUS_INTERVAL: Duration = Duration::from_secs(10);
+/// How often loading progress goes to systemd's `STATUS=`. The start timeout is not extended:
+/// `TimeoutStartSec` stays the bound that catches a load that hangs (`docs/operations.md` §4).
+const LOAD_STATUS_INTERVAL: Duration = Duration::from_secs(5);
 /// How often the Prometheus recorder drains its histograms.
 const METRICS_UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
 /// Time for streams to send their last bytes once their jobs have ended.
@@ -50,6 +51,10 @@ pub enum ServeError {
     Signals(io::Error),
     #[error("the model failed to load: {0}")]
     Load(String),
+    #[error(
+        "`--api-key-file` holds {0} keys; the HTTP layer checks one key so far: keep one line until it takes a list"
+    )]
+    ManyKeys(usize),
 }
 
 /// Requests to shut down: the first drains, a second stops at once.
@@ -58,6 +63,7 @@ pub type ShutdownRequests = mpsc::Receiver<()>;
 /// The `serve` command: runs until a signal has drained the server.
 pub fn run(args: &ServeArgs) -> Result<(), ServeError> {
     let config = ServeConfig::from_args(args)?;
+    http_config(&config)?;
     telemetry::init_logging(config.log_format)?;
     if let ModelSource::Demo(dir) = &config.model {
         ensure_demo_checkpoint(dir)?;
@@ -79,6 +85,7 @@ pub async fn serve(
     mut shutdown: ShutdownRequests,
 ) -> Result<(), ServeError> {
     let addr = listener.local_addr().map_err(|source| ServeError::Bind { addr: config.listen, source })?;
+    let http_config = http_config(&config)?;
     let scheduler = Scheduler::start(config.worker_config());
     let metrics = telemetry::metrics_handle();
     let upkeep = tokio::spawn(async move {
@@ -88,7 +95,7 @@ pub async fn serve(
             metrics.run_upkeep();
         }
     });
-    let app = http::router(AppState::new(scheduler.clone(), http_config(&config)));
+    let app = http::router(AppState::new(scheduler.clone(), http_config));
     // Small PCM chunks must leave at once, not wait for Nagle.
     let listener = listener.tap_io(|tcp| {
         let _ = tcp.set_nodelay(true);
@@ -113,7 +120,7 @@ pub async fn serve(
                 Ok(())
             }
             Err(message) => {
-                error!(%message, "the model failed to load");
+                error!(reason = %message, "the model failed to load");
                 service::status(&format!("failed: {message}"));
                 Err(ServeError::Load(message))
             }
@@ -130,21 +137,25 @@ pub async fn serve(
 }
 
 /// The HTTP layer's share of the configuration.
-pub fn http_config(config: &ServeConfig) -> HttpConfig {
-    HttpConfig {
+pub fn http_config(config: &ServeConfig) -> Result<HttpConfig, ServeError> {
+    let api_key = match config.api_keys.as_slice() {
+        [] => None,
+        [key] => Some(key.clone()),
+        many => return Err(ServeError::ManyKeys(many.len())),
+    };
+    Ok(HttpConfig {
         policy: SpeechPolicy {
             served_model: config.served_model_name.clone(),
             aliases: config.model_aliases.clone(),
             max_input_chars: config.max_input_chars,
             max_frames: config.max_frames,
         },
-        api_key: config.api_key.clone(),
+        api_key,
         max_body_bytes: config.max_body_bytes,
-    }
+    })
 }
 
-/// Waits for the worker to load, telling systemd the stage (and extending its start timeout)
-/// every few seconds while it does.
+/// Waits for the worker to load, telling systemd the stage every few seconds while it does.
 async fn await_load(scheduler: &Scheduler) -> Result<(), String> {
     let loaded = scheduler.loaded();
     tokio::pin!(loaded);
@@ -153,7 +164,7 @@ async fn await_load(scheduler: &Scheduler) -> Result<(), String> {
         tokio::select! {
             result = &mut loaded => return result,
             _ = tick.tick() => {
-                service::extend_start_timeout(3 * LOAD_STATUS_INTERVAL, &format!("loading: {}", scheduler.loading_stage()));
+                service::status(&format!("loading: {}", scheduler.loading_stage()));
             }
         }
     }

@@ -2,8 +2,6 @@
 //! `/ready` turns 200, `STOPPING=1` when the drain begins. Every call is a no-op without
 //! `$NOTIFY_SOCKET`, so the same binary runs outside systemd unchanged.
 
-use std::time::Duration;
-
 use sd_notify::NotifyState;
 
 /// Free text for `systemctl status`.
@@ -14,13 +12,6 @@ pub fn status(text: &str) {
 /// The model is loaded and the socket is bound: the unit becomes active.
 pub fn ready(text: &str) {
     send(&[NotifyState::Ready, NotifyState::Status(&one_line(text))]);
-}
-
-/// Asks systemd for `by` more time to start, counted from now: sent while a long load makes
-/// progress, so `TimeoutStartSec` need not cover a multi-minute load.
-pub fn extend_start_timeout(by: Duration, text: &str) {
-    let usec = u32::try_from(by.as_micros()).unwrap_or(u32::MAX);
-    send(&[NotifyState::ExtendTimeoutUsec(usec), NotifyState::Status(&one_line(text))]);
 }
 
 /// The drain has begun: the unit is deactivating.

@@ -1,229 +1,19 @@
 //! The HTTP contract (`shared/spec/api.md`) in process: `router(state).oneshot(request)` against a
 //! real `Scheduler` on a tiny random checkpoint. Every row of the error table, content types,
-//! the finish reason as header / trailer / final SSE event, SSE usage, and same seed ⇒ same bytes.
+//! the finish reason as header / trailer / final SSE event, SSE usage, same seed ⇒ same bytes,
+//! a broken stream on failure, and cancellation when the client goes away.
 
 mod common;
+#[path = "http_contract/fixtures.rs"]
+mod fixtures;
 
-use std::ops::ControlFlow;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
-use std::time::{Duration, Instant};
-
-use axum::Router;
 use axum::body::Body;
-use axum::http::{Request, Response, StatusCode, header};
+use axum::http::{Request, StatusCode, header};
 use base64::Engine as _;
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
-use tower::ServiceExt;
 
-use limelight::engine::generate::{Finished, GenerateError, GenerateOptions};
-use limelight::http::{AppState, HttpConfig, router};
-use limelight::model::frame::Rows;
-use limelight::request::validate::SpeechPolicy;
-use limelight::scheduler::{
-    Loader, MemoryUse, ModelHost, Scheduler, SynthError, Synthesizer, WorkerConfig, cpu_loader,
-};
-
-const MODEL: &str = "drama-3";
-const MAX_FRAMES: usize = 6;
-const MAX_BODY: usize = 2048;
-const KEY: &str = "sk-test-key";
-
-// ---------------------------------------------------------------- fixtures
-
-/// The tiny checkpoint, written once per test process.
-fn checkpoint() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("http_contract_tiny");
-        common::tiny_plan().write(&dir).unwrap();
-        dir
-    })
-}
-
-fn worker_config(max_queue: usize) -> WorkerConfig {
-    WorkerConfig {
-        model_dir: checkpoint().to_owned(),
-        max_queue,
-        default_max_frames: MAX_FRAMES,
-        served_model_name: MODEL.into(),
-        model_aliases: vec!["tts-1".into(), "tts-1-hd".into(), "gpt-4o-mini-tts".into()],
-        stall_timeout: Duration::from_secs(10),
-    }
-}
-
-fn app(scheduler: Scheduler, api_key: Option<&str>) -> Router {
-    let policy = SpeechPolicy {
-        served_model: MODEL.into(),
-        aliases: worker_config(0).model_aliases,
-        max_input_chars: 200,
-        max_frames: MAX_FRAMES,
-    };
-    let config = HttpConfig { policy, api_key: api_key.map(str::to_owned), max_body_bytes: MAX_BODY };
-    router(AppState::new(scheduler, config))
-}
-
-/// One scheduler on the plain CPU engine, shared by the tests that need nothing special.
-async fn shared_scheduler() -> Scheduler {
-    static SCHEDULER: OnceLock<Scheduler> = OnceLock::new();
-    let scheduler = SCHEDULER.get_or_init(|| plain_scheduler(worker_config(8))).clone();
-    scheduler.loaded().await.expect("the tiny model loads");
-    scheduler
-}
-
-async fn shared() -> Router {
-    app(shared_scheduler().await, None)
-}
-
-fn plain_scheduler(config: WorkerConfig) -> Scheduler {
-    let loader = cpu_loader(config.model_dir.clone(), config.default_max_frames);
-    Scheduler::start_with(config, loader)
-}
-
-/// What the wrapped engine does differently.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Mode {
-    /// Each job waits for the gate to open before generating.
-    Gated,
-    /// Fails before any audio.
-    FailAtOnce,
-    /// Sends the first audio chunk, then fails.
-    FailAfterFirstAudio,
-}
-
-/// A latch the test opens.
-#[derive(Clone, Default)]
-struct Gate(Arc<(Mutex<bool>, Condvar)>);
-
-impl Gate {
-    fn open(&self) {
-        *self.0.0.lock().unwrap() = true;
-        self.0.1.notify_all();
-    }
-    fn wait(&self) {
-        let mut open = self.0.0.lock().unwrap();
-        while !*open {
-            open = self.0.1.wait(open).unwrap();
-        }
-    }
-}
-
-/// The CPU engine behind a wrapper that misbehaves as `mode` says.
-struct Wrapped<'m> {
-    model: &'m dyn Synthesizer,
-    mode: Mode,
-    gate: Gate,
-}
-
-impl Synthesizer for Wrapped<'_> {
-    fn sample_rate(&self) -> u32 {
-        self.model.sample_rate()
-    }
-    fn samples_per_frame(&self) -> usize {
-        self.model.samples_per_frame()
-    }
-    fn memory(&self) -> MemoryUse {
-        self.model.memory()
-    }
-    fn prompt(&self, text: &str) -> Result<Rows, SynthError> {
-        self.model.prompt(text)
-    }
-    fn generate(
-        &self,
-        rows: &Rows,
-        options: &GenerateOptions,
-        on_audio: &mut dyn FnMut(&[f32]) -> ControlFlow<()>,
-    ) -> Result<Finished, SynthError> {
-        let failure = || SynthError::Generate(GenerateError::EmptyPrompt);
-        match self.mode {
-            Mode::Gated => {
-                self.gate.wait();
-                self.model.generate(rows, options, on_audio)
-            }
-            Mode::FailAtOnce => Err(failure()),
-            Mode::FailAfterFirstAudio => {
-                self.model.generate(rows, options, &mut |pcm| {
-                    let _ = on_audio(pcm);
-                    ControlFlow::Break(())
-                })?;
-                Err(failure())
-            }
-        }
-    }
-}
-
-struct WrappingHost<'h> {
-    host: &'h mut dyn ModelHost,
-    mode: Mode,
-    gate: Gate,
-}
-
-impl ModelHost for WrappingHost<'_> {
-    fn progress(&self, stage: &str) {
-        self.host.progress(stage);
-    }
-    fn serve(&mut self, model: &dyn Synthesizer) {
-        self.host.serve(&Wrapped { model, mode: self.mode, gate: self.gate.clone() });
-    }
-}
-
-/// A scheduler whose engine behaves as `mode` says; `load_gate`, if given, holds loading.
-fn wrapped(mode: Mode, max_queue: usize, gate: Gate, load_gate: Option<Gate>) -> Scheduler {
-    let inner = cpu_loader(checkpoint().to_owned(), MAX_FRAMES);
-    let loader: Loader = Box::new(move |host: &mut dyn ModelHost| {
-        if let Some(load_gate) = load_gate {
-            load_gate.wait();
-        }
-        inner(&mut WrappingHost { host, mode, gate })
-    });
-    Scheduler::start_with(worker_config(max_queue), loader)
-}
-
-// ---------------------------------------------------------------- requests
-
-fn speech(body: Value) -> Request<Body> {
-    Request::post("/v1/audio/speech")
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(Body::from(body.to_string()))
-        .unwrap()
-}
-
-fn get(path: &str) -> Request<Body> {
-    Request::get(path).body(Body::empty()).unwrap()
-}
-
-/// A small valid request; `extra` fields are merged in.
-fn body(extra: Value) -> Value {
-    let mut b = json!({"model": MODEL, "input": "Hello there.", "voice": "alloy", "seed": 11, "max_frames": 3});
-    b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
-    b
-}
-
-async fn send(app: &Router, req: Request<Body>) -> Response<Body> {
-    tokio::time::timeout(Duration::from_secs(60), app.clone().oneshot(req)).await.expect("answered in time").unwrap()
-}
-
-async fn bytes_of(resp: Response<Body>) -> Vec<u8> {
-    resp.into_body().collect().await.unwrap().to_bytes().to_vec()
-}
-
-/// An error response: status and the `error` object, after checking OpenAI's shape.
-async fn error_of(resp: Response<Body>) -> (StatusCode, Value) {
-    let status = resp.status();
-    assert_eq!(resp.headers()[header::CONTENT_TYPE], "application/json");
-    assert!(resp.headers().contains_key("x-request-id"));
-    let v: Value = serde_json::from_slice(&bytes_of(resp).await).unwrap();
-    let e = v["error"].clone();
-    for key in ["message", "type", "param", "code"] {
-        assert!(e.get(key).is_some(), "`{key}` missing from {v}");
-    }
-    (status, e)
-}
-
-async fn refused(app: &Router, req: Request<Body>) -> (StatusCode, Value) {
-    error_of(send(app, req).await).await
-}
+use fixtures::*;
 
 // ---------------------------------------------------------------- the error table
 
@@ -330,12 +120,12 @@ async fn api_key_guards_all_but_health_and_ready() {
 
 #[tokio::test]
 async fn full_queue_is_429_with_retry_after() {
-    let gate = Gate::default();
-    let scheduler = wrapped(Mode::Gated, 1, gate.clone(), None);
+    let control = Control::default();
+    let scheduler = wrapped(Mode::Gated, 1, control.clone(), None);
     scheduler.loaded().await.unwrap();
     let app = app(scheduler.clone(), None);
     let pcm = || speech(body(json!({"response_format": "pcm", "max_frames": 1})));
-    // A runs (held at the gate), B waits in the one queue slot, C is refused.
+    // A runs (held by `control`), B waits in the one queue slot, C is refused.
     let a = tokio::spawn(send_owned(app.clone(), pcm()));
     wait_until(|| scheduler.active() == 1).await;
     let b = tokio::spawn(send_owned(app.clone(), pcm()));
@@ -345,7 +135,7 @@ async fn full_queue_is_429_with_retry_after() {
     assert!(retry_after.parse::<u64>().unwrap() >= 1, "{retry_after}");
     let (status, e) = error_of(resp).await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{e}");
-    gate.open();
+    control.open();
     for held in [a, b] {
         assert_eq!(held.await.unwrap().status(), StatusCode::OK);
     }
@@ -353,8 +143,8 @@ async fn full_queue_is_429_with_retry_after() {
 
 #[tokio::test]
 async fn loading_is_503_with_retry_after_then_ready() {
-    let load_gate = Gate::default();
-    let scheduler = wrapped(Mode::Gated, 1, Gate::default(), Some(load_gate.clone()));
+    let load_gate = Control::default();
+    let scheduler = wrapped(Mode::Gated, 1, Control::default(), Some(load_gate.clone()));
     let app = app(scheduler.clone(), None);
     let resp = send(&app, speech(body(json!({})))).await;
     assert!(resp.headers().contains_key(header::RETRY_AFTER));
@@ -384,7 +174,7 @@ async fn draining_is_503_with_retry_after() {
 
 #[tokio::test]
 async fn internal_failure_is_500_naming_the_request_id() {
-    let scheduler = wrapped(Mode::FailAtOnce, 2, Gate::default(), None);
+    let scheduler = wrapped(Mode::FailAtOnce, 2, Control::default(), None);
     scheduler.loaded().await.unwrap();
     let app = app(scheduler, None);
     for extra in [json!({}), json!({"stream": false}), json!({"stream_format": "sse"})] {
@@ -398,26 +188,8 @@ async fn internal_failure_is_500_naming_the_request_id() {
 
 // ---------------------------------------------------------------- successful replies
 
-async fn send_owned(app: Router, req: Request<Body>) -> Response<Body> {
-    send(&app, req).await
-}
-
-async fn wait_until(mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(start.elapsed() < Duration::from_secs(20), "condition not reached in time");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
 const FORMATS: [(&str, &str); 5] =
     [("mp3", "audio/mpeg"), ("opus", "audio/ogg"), ("flac", "audio/flac"), ("wav", "audio/wav"), ("pcm", "audio/pcm")];
-
-fn finish_reason(value: Option<&axum::http::HeaderValue>) -> String {
-    let reason = value.expect("X-Finish-Reason").to_str().unwrap().to_owned();
-    assert!(reason == "stop" || reason == "length", "{reason}");
-    reason
-}
 
 #[tokio::test]
 async fn whole_replies_carry_length_type_and_finish_reason_header() {
@@ -495,23 +267,13 @@ async fn same_seed_gives_same_bytes_streamed_or_whole() {
     assert_ne!(other, audio(json!({"response_format": "pcm"})).await, "another seed, other audio");
 }
 
-/// The `data:` payloads of an SSE body.
-fn sse_events(text: &str) -> Vec<Value> {
-    text.split("\n\n")
-        .filter(|block| !block.trim().is_empty())
-        .map(|block| {
-            let data = block.strip_prefix("data: ").unwrap_or_else(|| panic!("not a data event: {block:?}"));
-            serde_json::from_str(data).unwrap()
-        })
-        .collect()
-}
-
 #[tokio::test]
 async fn sse_sends_deltas_then_done_with_usage_and_finish_reason() {
     let app = shared().await;
     let resp = send(&app, speech(body(json!({"response_format": "pcm", "stream_format": "sse"})))).await;
     assert_eq!(resp.status(), StatusCode::OK);
     assert_eq!(resp.headers()[header::CONTENT_TYPE], "text/event-stream");
+    assert_eq!(resp.headers()["x-accel-buffering"], "no");
     let events = sse_events(std::str::from_utf8(&bytes_of(resp).await).unwrap());
     let (done, deltas) = events.split_last().expect("events");
     assert!(!deltas.is_empty());
@@ -535,7 +297,7 @@ async fn sse_sends_deltas_then_done_with_usage_and_finish_reason() {
 
 #[tokio::test]
 async fn failure_after_the_first_audio_breaks_the_stream() {
-    let scheduler = wrapped(Mode::FailAfterFirstAudio, 2, Gate::default(), None);
+    let scheduler = wrapped(Mode::FailAfterFirstAudio, 2, Control::default(), None);
     scheduler.loaded().await.unwrap();
     let app = app(scheduler, None);
 
@@ -556,7 +318,7 @@ async fn failure_after_the_first_audio_breaks_the_stream() {
     }
     assert!(ended_in_error, "the stream must end without its terminator");
 
-    let mut req = speech(body_sse());
+    let mut req = speech(body(json!({"response_format": "pcm", "stream_format": "sse"})));
     req.headers_mut().insert("x-request-id", "sse-fail-1".parse().unwrap());
     let resp = send(&app, req).await;
     assert_eq!(resp.status(), StatusCode::OK);
@@ -570,25 +332,21 @@ async fn failure_after_the_first_audio_breaks_the_stream() {
     assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
 }
 
-fn body_sse() -> Value {
-    body(json!({"response_format": "pcm", "stream_format": "sse"}))
-}
-
 #[tokio::test]
 async fn dropping_the_response_cancels_the_job() {
-    const LONG: usize = 4096;
-    let scheduler = plain_scheduler(WorkerConfig { default_max_frames: LONG, ..worker_config(1) });
+    let control = Control::default();
+    let scheduler = wrapped(Mode::Endless, 1, control.clone(), None);
     scheduler.loaded().await.unwrap();
-    let policy = SpeechPolicy { served_model: MODEL.into(), aliases: vec![], max_input_chars: 200, max_frames: LONG };
-    let app = router(AppState::new(scheduler.clone(), HttpConfig { policy, api_key: None, max_body_bytes: MAX_BODY }));
-    let req =
-        speech(json!({"model": MODEL, "input": "Hello.", "response_format": "pcm", "max_frames": LONG, "seed": 3}));
-    let resp = send(&app, req).await;
+    let app = app(scheduler.clone(), None);
+    let resp = send(&app, speech(body(json!({"response_format": "pcm"})))).await;
     let mut stream = resp.into_body();
     assert!(stream.frame().await.unwrap().unwrap().is_data());
     assert_eq!(scheduler.active(), 1, "still generating");
+    assert!(!control.saw_cancel());
     drop(stream);
+    // The job can only end by cancellation, and it does, promptly.
     wait_until(|| scheduler.active() == 0).await;
+    assert!(control.saw_cancel(), "the engine saw the cancellation");
 }
 
 #[tokio::test]

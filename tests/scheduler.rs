@@ -13,8 +13,8 @@ use limelight::engine::generate::{FinishReason, Finished, GenerateError, Generat
 use limelight::engine::sampling::SamplingParams;
 use limelight::model::frame::Rows;
 use limelight::scheduler::{
-    Job, JobEvent, JobStream, Loader, MemoryUse, ModelHost, Readiness, Scheduler, SubmitError, SynthError,
-    Synthesizer, WorkerConfig, cpu_loader,
+    Job, JobEvent, JobStream, Loader, MemoryUse, ModelHost, Readiness, Scheduler, SubmitError, SynthError, Synthesizer,
+    WorkerConfig, cpu_loader,
 };
 
 const TEXT: &str = "Hello there, how are you today?";
@@ -142,7 +142,8 @@ async fn events_arrive_in_order_with_all_the_audio() {
 async fn a_full_queue_refuses_and_a_dropped_stream_frees_the_engine() {
     let dir = common::tiny_checkpoint();
     let ends = Arc::new(Mutex::new(Vec::new()));
-    let scheduler = Scheduler::start_with(config(dir.path().to_owned(), 1), faulty_loader(dir.path().into(), ends.clone()));
+    let scheduler =
+        Scheduler::start_with(config(dir.path().to_owned(), 1), faulty_loader(dir.path().into(), ends.clone()));
     tokio::time::timeout(LIMIT, async {
         ready(&scheduler).await;
         // A runs and, unread, soon blocks the worker on its full reply channel.
@@ -152,7 +153,7 @@ async fn a_full_queue_refuses_and_a_dropped_stream_frees_the_engine() {
         let mut b = scheduler.submit(job(TEXT, 6)).unwrap();
         assert_eq!(scheduler.queue_depth(), 1);
         let refused = scheduler.submit(job(TEXT, 6)).unwrap_err();
-        let SubmitError::QueueFull { retry_after_secs } = refused else { panic!("{refused:?}") };
+        let SubmitError::QueueFull { retry_after_secs, max_queue: 1 } = refused else { panic!("{refused:?}") };
         assert!((1..=60).contains(&retry_after_secs));
         // The client of A goes away: A stops at its next chunk and B starts at once.
         assert!(matches!(a.next().await, Some(JobEvent::Audio(_))));
@@ -240,7 +241,9 @@ async fn cancel_all_ends_running_and_queued_jobs_as_cancelled() {
         assert!(matches!(a.next().await, Some(JobEvent::Started { .. })));
         scheduler.cancel_all();
         let (events, samples, _) = collect(&mut a).await;
-        let [JobEvent::Finished { reason: FinishReason::Cancelled, frames, .. }] = events[..] else { panic!("{events:?}") };
+        let [JobEvent::Finished { reason: FinishReason::Cancelled, frames, .. }] = events[..] else {
+            panic!("{events:?}")
+        };
         assert_eq!(samples, frames * 2048, "every produced frame's audio was sent");
         assert!(frames < 2048);
         let (events, samples, _) = collect(&mut b).await;
@@ -281,4 +284,110 @@ async fn readiness_goes_from_loading_to_ready_or_failed() {
     })
     .await
     .expect("bounded");
+}
+
+/// The `serve` process end to end: systemd hears `STATUS=` then `READY=1`; SIGTERM makes it
+/// say `STOPPING=1`, answer `/ready` with 503, finish the stream in flight, and exit 0.
+#[test]
+fn serve_drains_on_sigterm_and_exits_zero() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::net::TcpStream;
+    use std::os::unix::net::UnixDatagram;
+    use std::process::{Command, Stdio};
+
+    let cache = tempfile::tempdir().unwrap();
+    let notify_path = cache.path().join("notify.sock");
+    let notify = UnixDatagram::bind(&notify_path).unwrap();
+    notify.set_read_timeout(Some(LIMIT)).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_limelight"))
+        .args(["serve", "--demo", "--port", "0", "--log-format", "json", "--drain-timeout", "60"])
+        .env("XDG_CACHE_HOME", cache.path())
+        .env("NOTIFY_SOCKET", &notify_path)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Kill the server whatever happens below, so a failure never leaves it running.
+    struct KillOnDrop(std::process::Child);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let stdout = child.stdout.take().unwrap();
+    let mut child = KillOnDrop(child);
+    let (line_tx, line_rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = line_tx.send(line);
+        }
+    });
+    let mut log = Vec::new();
+    let next_line = |log: &mut Vec<String>| {
+        let line = line_rx.recv_timeout(LIMIT).expect("the server logs");
+        log.push(line.clone());
+        serde_json::from_str::<serde_json::Value>(&line).expect("JSON log lines")
+    };
+    let addr = loop {
+        let line = next_line(&mut log);
+        if line["message"] == "listening; loading the model" {
+            break line["addr"].as_str().unwrap().to_owned();
+        }
+    };
+    let mut messages = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !messages.iter().any(|m: &String| m.contains("READY=1")) {
+        let n = notify.recv(&mut buf).expect("sd_notify messages");
+        messages.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+    }
+    assert!(messages[0].contains("STATUS=loading"), "{messages:?}");
+
+    let request = |text: &str| {
+        let mut s = TcpStream::connect(&addr).unwrap();
+        s.set_read_timeout(Some(LIMIT)).unwrap();
+        s.write_all(text.as_bytes()).unwrap();
+        s
+    };
+    let read_all = |mut s: TcpStream| {
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).unwrap();
+        String::from_utf8_lossy(&out).into_owned()
+    };
+    let body = r#"{"model":"tts-1","input":"Hello there, how are you today?","response_format":"pcm","max_frames":120,"seed":3}"#;
+    let mut speech = request(&format!(
+        "POST /v1/audio/speech HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nTE: trailers\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    ));
+    let mut head = [0u8; 12];
+    speech.read_exact(&mut head).unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200", "the stream has begun");
+
+    let pid = child.0.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    loop {
+        let n = notify.recv(&mut buf).expect("STOPPING=1");
+        if String::from_utf8_lossy(&buf[..n]).contains("STOPPING=1") {
+            break;
+        }
+    }
+    let ready = read_all(request("GET /ready HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"));
+    assert!(ready.starts_with("HTTP/1.1 503"), "{ready}");
+    assert!(ready.contains("draining"), "{ready}");
+
+    let rest = read_all(speech);
+    assert!(
+        rest.contains("\r\n0\r\nx-finish-reason: "),
+        "the stream in flight ended whole: ...{}",
+        &rest[rest.len().saturating_sub(200)..]
+    );
+    let status = child.0.wait().unwrap();
+    assert!(status.success(), "exit status {status}");
+    while let Ok(line) = line_rx.recv_timeout(Duration::from_secs(5)) {
+        log.push(line);
+    }
+    let draining = log.iter().find(|l| l.contains("\"draining\"")).expect("a draining line");
+    assert!(draining.contains("\"running\":1"), "SIGTERM came while the stream ran: {draining}");
+    assert!(log.iter().any(|l| l.contains("\"drained\"")), "{log:#?}");
+    assert!(log.iter().any(|l| l.contains("limelight::request") && l.contains("\"status\":200")), "{log:#?}");
 }

@@ -68,7 +68,7 @@ impl Encoder for Chain {
     }
 
     fn finish(self: Box<Self>) -> Result<Vec<u8>, AudioError> {
-        let Chain { tempo, resampler, writer, .. } = *self;
+        let Chain { tempo, resampler, mut writer, .. } = *self;
         let tail = tempo.map(Tempo::finish).unwrap_or_default();
         let tail = match resampler {
             Some(mut r) => {
@@ -79,7 +79,6 @@ impl Encoder for Chain {
             None => tail,
         };
         let mut out = Vec::new();
-        let mut writer = writer;
         writer.write(&tail, &mut out)?;
         writer.finish(&mut out)?;
         Ok(out)

@@ -22,6 +22,8 @@ use crate::engine::generate::FinishReason;
 use crate::scheduler::{JobEvent, JobStream};
 
 pub const FINISH_REASON: HeaderName = HeaderName::from_static("x-finish-reason");
+/// `no` keeps nginx from buffering a stream, which would destroy time to first audio.
+pub const ACCEL_BUFFERING: HeaderName = HeaderName::from_static("x-accel-buffering");
 /// The rate of the encoded audio; for headerless `pcm` the only place a client can learn it.
 pub const SAMPLE_RATE: HeaderName = HeaderName::from_static("x-sample-rate");
 
@@ -203,7 +205,9 @@ pub fn sse(reply: Reply, head: Step) -> Response {
             return Some((Ok(data_event(&event)), next));
         }
     });
-    Sse::new(events).into_response()
+    let mut response = Sse::new(events).into_response();
+    response.headers_mut().insert(ACCEL_BUFFERING, HeaderValue::from_static("no"));
+    response
 }
 
 /// A `data:` line only, with no `event:` name: EventSource's `onmessage` and line splitters
@@ -217,7 +221,6 @@ fn audio_headers(content_type: &'static str, sample_rate: u32) -> HeaderMap {
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     headers.insert(SAMPLE_RATE, HeaderValue::from(sample_rate));
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    // nginx would otherwise buffer the stream and destroy time to first audio.
-    headers.insert(HeaderName::from_static("x-accel-buffering"), HeaderValue::from_static("no"));
+    headers.insert(ACCEL_BUFFERING, HeaderValue::from_static("no"));
     headers
 }

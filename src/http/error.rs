@@ -144,8 +144,17 @@ impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
     }
 }
 
-/// JSON → `T`, with serde's complaint turned into an OpenAI error naming the field.
+/// A JSON object → `T`, with serde's complaint turned into an OpenAI error naming the field.
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    // Every body of this API is an object; serde would otherwise read `[…]` as a struct's fields
+    // in order and name them `[0]`, `[1]`.
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(ApiError::BadBody {
+            message: String::from("The request body must be a JSON object"),
+            param: None,
+            code: "invalid_json",
+        });
+    }
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize(&mut de).map_err(serde_refusal)?;
     // Trailing data after the object is malformed JSON too.
@@ -165,8 +174,13 @@ fn serde_refusal(e: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
     }
     let message = inner.to_string();
     if let Some(field) = unknown_field(&message) {
-        // The path already ends in the unknown key, except for a top-level complaint.
-        let param = if path == "." { field } else { path };
+        // serde_path_to_error's path ends in the unknown key when serde tracked it, but not for a
+        // top-level complaint or one raised by a hand-written visitor (`voice`).
+        let param = match path.as_str() {
+            "." => field,
+            p if p == field || p.ends_with(&format!(".{field}")) => path,
+            _ => format!("{path}.{field}"),
+        };
         return ApiError::BadBody {
             message: format!("Unknown parameter `{param}`: this server refuses fields it would otherwise ignore"),
             param: Some(param),
@@ -238,6 +252,7 @@ mod tests {
         assert_eq!(bad(r#"{"model": "#).1, "invalid_json");
         assert_eq!(bad(r#"{} {}"#).1, "invalid_json");
         assert_eq!(bad(r#"[1]"#).0, None);
+        assert_eq!(bad(" ").1, "invalid_json");
     }
 
     #[test]

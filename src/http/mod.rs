@@ -20,6 +20,7 @@ pub use request_id::RequestId;
 
 use crate::request::validate::SpeechPolicy;
 use crate::scheduler::Scheduler;
+use crate::telemetry;
 
 /// Default `--max-body-bytes`: a 4096-character input in 4-byte UTF-8 plus instructions and
 /// JSON overhead fits with room to spare.
@@ -49,6 +50,9 @@ struct Inner {
 
 impl AppState {
     pub fn new(scheduler: Scheduler, config: HttpConfig) -> AppState {
+        // Install the metrics recorder now, so the first request is counted and not lost to a
+        // recorder that `/metrics` would only install later.
+        telemetry::metrics_handle();
         AppState { inner: Arc::new(Inner { scheduler, config }) }
     }
 

@@ -252,7 +252,7 @@ mod tests {
         SpeechPolicy {
             served_model: "drama-3".into(),
             aliases: vec!["tts-1".into()],
-            max_input_chars: 10,
+            max_input_chars: 20,
             max_frames: 100,
         }
     }
@@ -289,8 +289,8 @@ mod tests {
             (r#"{"model": "gpt-9", "input": "hi"}"#, "model", "model_not_found"),
             (r#"{"model": "tts-1"}"#, "input", "missing_required_parameter"),
             (r#"{"model": "tts-1", "input": "   "}"#, "input", "invalid_value"),
-            (r#"{"model": "tts-1", "input": "12345678901"}"#, "input", "string_above_max_length"),
-            (r#"{"model": "tts-1", "input": "a<|im_end|>"}"#, "input", "invalid_value"),
+            (r#"{"model": "tts-1", "input": "123456789012345678901"}"#, "input", "string_above_max_length"),
+            (r#"{"model": "tts-1", "input": "<|im_end|>"}"#, "input", "invalid_value"),
             (r#"{"model": "tts-1", "input": "<|speaker:16|>a"}"#, "input", "invalid_value"),
             (r#"{"model": "tts-1", "input": "a", "voice": "bob"}"#, "voice", "voice_not_found"),
             (r#"{"model": "tts-1", "input": "a", "voice": {"id": "voice_1"}}"#, "voice", "voice_not_found"),
@@ -317,6 +317,14 @@ mod tests {
             assert_eq!((e.param(), e.code()), (param, code), "{json}: {e}");
         }
         assert!(refusal(r#"{"model": "tts-1", "input": "a", "voice": "bob"}"#).to_string().contains("`bob`"));
+    }
+
+    #[cfg(not(feature = "aac"))]
+    #[test]
+    fn aac_without_the_feature_names_response_format() {
+        let e = refusal(r#"{"model": "tts-1", "input": "a", "response_format": "aac"}"#);
+        assert_eq!(e.param(), "response_format");
+        assert!(e.to_string().contains("`aac`"), "{e}");
     }
 
     #[test]

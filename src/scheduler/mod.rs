@@ -61,8 +61,8 @@ pub enum Readiness {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum SubmitError {
     /// The admission queue is full (HTTP 429 with `Retry-After`).
-    #[error("the server is busy; retry in {retry_after_secs} s")]
-    QueueFull { retry_after_secs: u64 },
+    #[error("the server is busy: {max_queue} requests are already waiting")]
+    QueueFull { retry_after_secs: u64, max_queue: usize },
     /// The model is not loaded (HTTP 503). Also returned after a failed load, until the process
     /// exits: not ready is all a client needs to know.
     #[error("the model is still loading")]
@@ -156,6 +156,7 @@ struct Handle {
 
 /// State the handle and the worker thread share.
 struct Shared {
+    max_queue: usize,
     load: watch::Sender<LoadState>,
     stage: Mutex<String>,
     info: OnceLock<ModelInfo>,
@@ -189,6 +190,7 @@ impl Scheduler {
     /// Starts the worker thread with any model `loader` (tests, other engines).
     pub fn start_with(config: WorkerConfig, loader: Loader) -> Scheduler {
         let shared = Arc::new(Shared {
+            max_queue: config.max_queue,
             load: watch::Sender::new(LoadState::Loading),
             stage: Mutex::new(String::from("starting")),
             info: OnceLock::new(),
@@ -233,9 +235,10 @@ impl Scheduler {
                 shared.queued.fetch_sub(1, Ordering::SeqCst);
                 shared.job_left();
                 Err(match e {
-                    TrySendError::Full(_) => {
-                        SubmitError::QueueFull { retry_after_secs: retry_after_secs(shared.mean_job_secs()) }
-                    }
+                    TrySendError::Full(_) => SubmitError::QueueFull {
+                        retry_after_secs: retry_after_secs(shared.mean_job_secs()),
+                        max_queue: shared.max_queue,
+                    },
                     // The worker thread is gone: its model failed to load.
                     TrySendError::Disconnected(_) => SubmitError::Loading,
                 })

@@ -48,7 +48,7 @@ pub(super) fn spawn(config: WorkerConfig, loader: Loader, shared: Arc<Shared>) -
             };
             let shared = &host.shared;
             if let Some(message) = failure {
-                error!(%message, "model load failed");
+                error!(reason = %message, "model load failed");
                 shared.load.send_replace(LoadState::Failed(message));
             } else if *shared.load.borrow() == LoadState::Loading {
                 shared.load.send_replace(LoadState::Failed(String::from("the loader returned without a model")));
@@ -157,7 +157,11 @@ impl ModelHost for Host {
             self.shared.active.fetch_add(1, Ordering::SeqCst);
             self.shared.publish_gauges();
             let started = Instant::now();
-            self.run_job(model, queued);
+            // `run_job` contains the job's own failures; this catches one in reporting them, so
+            // even then only this job is lost and the worker goes on.
+            if catch_unwind(AssertUnwindSafe(|| self.run_job(model, queued))).is_err() {
+                error!("a job's failure could not be reported");
+            }
             self.shared.record_job_secs(started.elapsed().as_secs_f64());
             self.shared.active.fetch_sub(1, Ordering::SeqCst);
             self.shared.publish_gauges();
@@ -194,7 +198,7 @@ impl Host {
             }
             Err(panic) => {
                 let message = format!("the engine panicked: {}", panic_message(&*panic));
-                error!(%message, "job failed");
+                error!(reason = %message, "job failed");
                 JobEvent::Failed { message }
             }
         };
@@ -236,7 +240,8 @@ impl Host {
             return Err(Gone);
         }
         let stall = self.config.stall_timeout;
-        match self.runtime.block_on(tokio::time::timeout(stall, reply.tx.send(event))) {
+        // The timer must be created inside the runtime, hence the async block.
+        match self.runtime.block_on(async { tokio::time::timeout(stall, reply.tx.send(event)).await }) {
             Ok(Ok(())) => Ok(()),
             Ok(Err(_closed)) => Err(Gone),
             Err(_elapsed) => {

@@ -1,0 +1,267 @@
+//! Fixtures of `tests/http_contract.rs`: the tiny checkpoint, schedulers on the CPU engine (plain,
+//! or wrapped to hold, fail or never end on the test's word), and request/response helpers.
+
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{HeaderValue, Request, Response, StatusCode, header};
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+use crate::common;
+use limelight::engine::generate::{FinishReason, Finished, GenerateError, GenerateOptions};
+use limelight::http::{AppState, HttpConfig, router};
+use limelight::model::frame::Rows;
+use limelight::request::validate::SpeechPolicy;
+use limelight::scheduler::{
+    Loader, MemoryUse, ModelHost, Scheduler, SynthError, Synthesizer, WorkerConfig, cpu_loader,
+};
+
+pub const MODEL: &str = "drama-3";
+pub const MAX_FRAMES: usize = 6;
+pub const MAX_BODY: usize = 2048;
+pub const KEY: &str = "sk-test-key";
+
+/// The tiny checkpoint, written once per test process.
+pub fn checkpoint() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("http_contract_tiny");
+        common::tiny_plan().write(&dir).unwrap();
+        dir
+    })
+}
+
+pub fn worker_config(max_queue: usize) -> WorkerConfig {
+    WorkerConfig {
+        model_dir: checkpoint().to_owned(),
+        max_queue,
+        default_max_frames: MAX_FRAMES,
+        served_model_name: MODEL.into(),
+        model_aliases: vec!["tts-1".into(), "tts-1-hd".into(), "gpt-4o-mini-tts".into()],
+        stall_timeout: Duration::from_secs(10),
+    }
+}
+
+pub fn app(scheduler: Scheduler, api_key: Option<&str>) -> Router {
+    let policy = SpeechPolicy {
+        served_model: MODEL.into(),
+        aliases: worker_config(0).model_aliases,
+        max_input_chars: 200,
+        max_frames: MAX_FRAMES,
+    };
+    let config = HttpConfig { policy, api_key: api_key.map(str::to_owned), max_body_bytes: MAX_BODY };
+    router(AppState::new(scheduler, config))
+}
+
+/// One scheduler on the plain CPU engine, shared by the tests that need nothing special.
+pub async fn shared_scheduler() -> Scheduler {
+    static SCHEDULER: OnceLock<Scheduler> = OnceLock::new();
+    let scheduler = SCHEDULER.get_or_init(|| plain_scheduler(worker_config(8))).clone();
+    scheduler.loaded().await.expect("the tiny model loads");
+    scheduler
+}
+
+pub async fn shared() -> Router {
+    app(shared_scheduler().await, None)
+}
+
+pub fn plain_scheduler(config: WorkerConfig) -> Scheduler {
+    let loader = cpu_loader(config.model_dir.clone(), config.default_max_frames);
+    Scheduler::start_with(config, loader)
+}
+
+/// What the wrapped engine does differently.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Mode {
+    /// Each job waits for `Control::open` before generating.
+    Gated,
+    /// Fails before any audio.
+    FailAtOnce,
+    /// Sends the first audio chunk, then fails.
+    FailAfterFirstAudio,
+    /// Never ends by itself: generation restarts until the client is gone, which sets the flag.
+    Endless,
+}
+
+/// The test's hold on a wrapped engine: a latch it opens, and a flag the engine sets once a
+/// job was cancelled.
+#[derive(Clone, Default)]
+pub struct Control {
+    latch: Arc<(Mutex<bool>, Condvar)>,
+    cancelled: Arc<AtomicBool>,
+}
+
+impl Control {
+    pub fn open(&self) {
+        *self.latch.0.lock().unwrap() = true;
+        self.latch.1.notify_all();
+    }
+
+    pub fn wait(&self) {
+        let mut open = self.latch.0.lock().unwrap();
+        while !*open {
+            open = self.latch.1.wait(open).unwrap();
+        }
+    }
+
+    pub fn saw_cancel(&self) -> bool {
+        self.cancelled.load(Ordering::SeqCst)
+    }
+}
+
+/// The CPU engine behind a wrapper that misbehaves as `mode` says.
+pub struct Wrapped<'m> {
+    model: &'m dyn Synthesizer,
+    mode: Mode,
+    control: Control,
+}
+
+impl Synthesizer for Wrapped<'_> {
+    fn sample_rate(&self) -> u32 {
+        self.model.sample_rate()
+    }
+    fn samples_per_frame(&self) -> usize {
+        self.model.samples_per_frame()
+    }
+    fn memory(&self) -> MemoryUse {
+        self.model.memory()
+    }
+    fn prompt(&self, text: &str) -> Result<Rows, SynthError> {
+        self.model.prompt(text)
+    }
+    fn generate(
+        &self,
+        rows: &Rows,
+        options: &GenerateOptions,
+        on_audio: &mut dyn FnMut(&[f32]) -> ControlFlow<()>,
+    ) -> Result<Finished, SynthError> {
+        let failure = || SynthError::Generate(GenerateError::EmptyPrompt);
+        match self.mode {
+            Mode::Gated => {
+                self.control.wait();
+                self.model.generate(rows, options, on_audio)
+            }
+            Mode::FailAtOnce => Err(failure()),
+            Mode::Endless => loop {
+                let finished = self.model.generate(rows, options, on_audio)?;
+                if finished.reason == FinishReason::Cancelled {
+                    self.control.cancelled.store(true, Ordering::SeqCst);
+                    return Ok(finished);
+                }
+            },
+            Mode::FailAfterFirstAudio => {
+                self.model.generate(rows, options, &mut |pcm| {
+                    let _ = on_audio(pcm);
+                    ControlFlow::Break(())
+                })?;
+                Err(failure())
+            }
+        }
+    }
+}
+
+pub struct WrappingHost<'h> {
+    host: &'h mut dyn ModelHost,
+    mode: Mode,
+    control: Control,
+}
+
+impl ModelHost for WrappingHost<'_> {
+    fn progress(&self, stage: &str) {
+        self.host.progress(stage);
+    }
+    fn serve(&mut self, model: &dyn Synthesizer) {
+        self.host.serve(&Wrapped { model, mode: self.mode, control: self.control.clone() });
+    }
+}
+
+/// A scheduler whose engine behaves as `mode` says; `load_gate`, if given, holds loading.
+pub fn wrapped(mode: Mode, max_queue: usize, control: Control, load_gate: Option<Control>) -> Scheduler {
+    let inner = cpu_loader(checkpoint().to_owned(), MAX_FRAMES);
+    let loader: Loader = Box::new(move |host: &mut dyn ModelHost| {
+        if let Some(load_gate) = load_gate {
+            load_gate.wait();
+        }
+        inner(&mut WrappingHost { host, mode, control })
+    });
+    Scheduler::start_with(worker_config(max_queue), loader)
+}
+
+pub fn speech(body: Value) -> Request<Body> {
+    Request::post("/v1/audio/speech")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap()
+}
+
+pub fn get(path: &str) -> Request<Body> {
+    Request::get(path).body(Body::empty()).unwrap()
+}
+
+/// A small valid request; `extra` fields are merged in.
+pub fn body(extra: Value) -> Value {
+    let mut b = json!({"model": MODEL, "input": "Hello there.", "voice": "alloy", "seed": 11, "max_frames": 3});
+    b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+    b
+}
+
+pub async fn send(app: &Router, req: Request<Body>) -> Response<Body> {
+    tokio::time::timeout(Duration::from_secs(60), app.clone().oneshot(req)).await.expect("answered in time").unwrap()
+}
+
+pub async fn bytes_of(resp: Response<Body>) -> Vec<u8> {
+    resp.into_body().collect().await.unwrap().to_bytes().to_vec()
+}
+
+/// An error response: status and the `error` object, after checking OpenAI's shape.
+pub async fn error_of(resp: Response<Body>) -> (StatusCode, Value) {
+    let status = resp.status();
+    assert_eq!(resp.headers()[header::CONTENT_TYPE], "application/json");
+    assert!(resp.headers().contains_key("x-request-id"));
+    let v: Value = serde_json::from_slice(&bytes_of(resp).await).unwrap();
+    let e = v["error"].clone();
+    for key in ["message", "type", "param", "code"] {
+        assert!(e.get(key).is_some(), "`{key}` missing from {v}");
+    }
+    (status, e)
+}
+
+pub async fn refused(app: &Router, req: Request<Body>) -> (StatusCode, Value) {
+    error_of(send(app, req).await).await
+}
+
+pub async fn send_owned(app: Router, req: Request<Body>) -> Response<Body> {
+    send(&app, req).await
+}
+
+pub async fn wait_until(mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < Duration::from_secs(20), "condition not reached in time");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+pub fn finish_reason(value: Option<&HeaderValue>) -> String {
+    let reason = value.expect("X-Finish-Reason").to_str().unwrap().to_owned();
+    assert!(reason == "stop" || reason == "length", "{reason}");
+    reason
+}
+
+/// The `data:` payloads of an SSE body.
+pub fn sse_events(text: &str) -> Vec<Value> {
+    text.split("\n\n")
+        .filter(|block| !block.trim().is_empty())
+        .map(|block| {
+            let data = block.strip_prefix("data: ").unwrap_or_else(|| panic!("not a data event: {block:?}"));
+            serde_json::from_str(data).unwrap()
+        })
+        .collect()
+}
