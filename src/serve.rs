@@ -51,10 +51,6 @@ pub enum ServeError {
     Signals(io::Error),
     #[error("the model failed to load: {0}")]
     Load(String),
-    #[error(
-        "`--api-key-file` holds {0} keys; the HTTP layer checks one key so far: keep one line until it takes a list"
-    )]
-    ManyKeys(usize),
 }
 
 /// Requests to shut down: the first drains, a second stops at once.
@@ -63,7 +59,6 @@ pub type ShutdownRequests = mpsc::Receiver<()>;
 /// The `serve` command: runs until a signal has drained the server.
 pub fn run(args: &ServeArgs) -> Result<(), ServeError> {
     let config = ServeConfig::from_args(args)?;
-    http_config(&config)?;
     telemetry::init_logging(config.log_format)?;
     if let ModelSource::Demo(dir) = &config.model {
         ensure_demo_checkpoint(dir)?;
@@ -85,7 +80,7 @@ pub async fn serve(
     mut shutdown: ShutdownRequests,
 ) -> Result<(), ServeError> {
     let addr = listener.local_addr().map_err(|source| ServeError::Bind { addr: config.listen, source })?;
-    let http_config = http_config(&config)?;
+    let http_config = http_config(&config);
     let scheduler = Scheduler::start(config.worker_config());
     let metrics = telemetry::metrics_handle();
     let upkeep = tokio::spawn(async move {
@@ -137,22 +132,17 @@ pub async fn serve(
 }
 
 /// The HTTP layer's share of the configuration.
-pub fn http_config(config: &ServeConfig) -> Result<HttpConfig, ServeError> {
-    let api_key = match config.api_keys.as_slice() {
-        [] => None,
-        [key] => Some(key.clone()),
-        many => return Err(ServeError::ManyKeys(many.len())),
-    };
-    Ok(HttpConfig {
+pub fn http_config(config: &ServeConfig) -> HttpConfig {
+    HttpConfig {
         policy: SpeechPolicy {
             served_model: config.served_model_name.clone(),
             aliases: config.model_aliases.clone(),
             max_input_chars: config.max_input_chars,
             max_frames: config.max_frames,
         },
-        api_key,
+        api_keys: config.api_keys.clone(),
         max_body_bytes: config.max_body_bytes,
-    })
+    }
 }
 
 /// Waits for the worker to load, telling systemd the stage every few seconds while it does.

@@ -26,7 +26,7 @@ fn run(
     let rows = PromptBuilder::for_checkpoint(ckpt).build("Hello there, how are you today?", &[]).unwrap();
     let (mut pcm, mut chunks) = (Vec::new(), Vec::new());
     let finished = engine
-        .generate(&rows, opts, &mut |c| {
+        .generate(&rows, opts, &mut |c: &[f32]| {
             pcm.extend_from_slice(c);
             chunks.push(c.len());
             ControlFlow::Continue(())
@@ -68,7 +68,7 @@ fn cancelling_stops_between_frames() {
     let rows = PromptBuilder::for_checkpoint(&ckpt).build("Hello there, how are you today?", &[]).unwrap();
     let mut calls = 0;
     let finished = engine
-        .generate(&rows, &options(3, 12), &mut |_| {
+        .generate(&rows, &options(3, 12), &mut |_: &[f32]| {
             calls += 1;
             if calls == 2 { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }
         })
@@ -103,7 +103,7 @@ fn eos_stops_with_reason_stop() {
     let engine = Engine::new(&Cpu, &ckpt, &model).unwrap();
     let mut audio = 0;
     let finished = engine
-        .generate(&rows, &options(0, 12), &mut |c| {
+        .generate(&rows, &options(0, 12), &mut |c: &[f32]| {
             audio += c.len();
             ControlFlow::Continue(())
         })
@@ -156,4 +156,37 @@ fn say_writes_a_deterministic_wav_and_trace_dumps_every_stage() {
         assert!(f.view(name).is_some(), "missing `{name}`");
     }
     assert_eq!(f.view("backbone.layer.0").unwrap().shape, &[3, 256]);
+}
+
+/// Stops through `keep_going` after `frames` frames, counting the audio it was given.
+struct StopAfter {
+    frames: usize,
+    asked: usize,
+    samples: usize,
+}
+
+impl limelight::engine::generate::AudioSink for StopAfter {
+    fn audio(&mut self, pcm: &[f32]) -> ControlFlow<()> {
+        self.samples += pcm.len();
+        ControlFlow::Continue(())
+    }
+
+    fn keep_going(&mut self) -> ControlFlow<()> {
+        self.asked += 1;
+        if self.asked == self.frames { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }
+    }
+}
+
+#[test]
+fn a_cancel_between_frames_stops_within_one_frame_and_keeps_its_audio() {
+    let dir = common::tiny_checkpoint();
+    let ckpt = Checkpoint::open(dir.path()).unwrap();
+    let model = ResidentModel::load(&ckpt, &Cpu).unwrap();
+    let engine = Engine::new(&Cpu, &ckpt, &model).unwrap();
+    let rows = PromptBuilder::for_checkpoint(&ckpt).build("Hello there, how are you today?", &[]).unwrap();
+    let mut sink = StopAfter { frames: 5, asked: 0, samples: 0 };
+    let finished = engine.generate(&rows, &options(3, 12), &mut sink).unwrap();
+    assert_eq!(finished.reason, FinishReason::Cancelled);
+    assert_eq!(finished.frames, 5, "stopped right after the frame it was asked about");
+    assert_eq!(sink.samples, 5 * 2048, "the frames still in the codec group were flushed");
 }

@@ -119,6 +119,19 @@ async fn api_key_guards_all_but_health_and_ready() {
 }
 
 #[tokio::test]
+async fn any_of_several_api_keys_is_accepted() {
+    let app = app_with_keys(shared_scheduler().await, vec!["sk-old", "sk-new"]);
+    for key in ["sk-old", "sk-new"] {
+        let mut req = get("/v1/models");
+        req.headers_mut().insert(header::AUTHORIZATION, format!("Bearer {key}").parse().unwrap());
+        assert_eq!(send(&app, req).await.status(), StatusCode::OK, "{key}");
+    }
+    let mut req = get("/v1/models");
+    req.headers_mut().insert(header::AUTHORIZATION, "Bearer sk-older".parse().unwrap());
+    assert_eq!(refused(&app, req).await.0, StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test]
 async fn full_queue_is_429_with_retry_after() {
     let control = Control::default();
     let scheduler = wrapped(Mode::Gated, 1, control.clone(), None);

@@ -4,12 +4,11 @@
 
 mod common;
 
-use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use limelight::engine::generate::{FinishReason, Finished, GenerateError, GenerateOptions};
+use limelight::engine::generate::{AudioSink, FinishReason, Finished, GenerateError, GenerateOptions};
 use limelight::engine::sampling::SamplingParams;
 use limelight::model::frame::Rows;
 use limelight::scheduler::{
@@ -86,7 +85,7 @@ impl Synthesizer for Faulty<'_> {
         &self,
         rows: &Rows,
         options: &GenerateOptions,
-        on_audio: &mut dyn FnMut(&[f32]) -> ControlFlow<()>,
+        on_audio: &mut dyn AudioSink,
     ) -> Result<Finished, SynthError> {
         if options.seed == 666 {
             return Err(GenerateError::EmptyPrompt.into());

@@ -30,7 +30,7 @@ pub fn say(args: &SayArgs) -> anyhow::Result<Finished> {
     params.validate().context("sampling parameters")?;
     let opts = GenerateOptions { params, seed: args.seed, max_frames: args.max_frames };
     let mut pcm = Vec::new();
-    let finished = engine.generate(&rows, &opts, &mut |chunk| {
+    let finished = engine.generate(&rows, &opts, &mut |chunk: &[f32]| {
         pcm.extend_from_slice(chunk);
         ControlFlow::Continue(())
     })?;

@@ -69,6 +69,24 @@ pub enum GenerateError {
     EmptyPrompt,
 }
 
+/// Where generated audio goes, and whether to go on.
+pub trait AudioSink {
+    /// PCM (mono f32, 44.1 kHz) as the codec produces it; `Break` stops the generation.
+    fn audio(&mut self, pcm: &[f32]) -> ControlFlow<()>;
+
+    /// Asked after every frame, so a cancelled request stops within one frame even while the
+    /// codec is still gathering frames into a group.
+    fn keep_going(&mut self) -> ControlFlow<()> {
+        ControlFlow::Continue(())
+    }
+}
+
+impl<F: FnMut(&[f32]) -> ControlFlow<()>> AudioSink for F {
+    fn audio(&mut self, pcm: &[f32]) -> ControlFlow<()> {
+        self(pcm)
+    }
+}
+
 /// Frames decoded per codec call: the first frame alone for the earliest audio, then groups
 /// that double up to `MAX_GROUP` (fewer calls, same samples: streaming is exact).
 pub fn codec_group(groups_emitted: usize) -> usize {
@@ -140,13 +158,13 @@ impl<'w, B: Backend> Engine<'w, B> {
         })
     }
 
-    /// Generates speech for prompt `rows`; `on_audio` receives PCM (mono f32, 44.1 kHz) as the
-    /// codec produces it and may stop the generation by returning `Break`.
+    /// Generates speech for prompt `rows`; `sink` receives PCM as the codec produces it and may
+    /// stop the generation between frames.
     pub fn generate(
         &self,
         rows: &Rows,
         opts: &GenerateOptions,
-        on_audio: &mut dyn FnMut(&[f32]) -> ControlFlow<()>,
+        sink: &mut dyn AudioSink,
     ) -> Result<Finished, GenerateError> {
         if rows.is_empty() {
             return Err(GenerateError::EmptyPrompt);
@@ -185,7 +203,13 @@ impl<'w, B: Backend> Engine<'w, B> {
             row.push(pick.token);
             row.extend_from_slice(&codes);
             produced.push_row(&row);
-            if audio.push(&codes, on_audio)?.is_break() {
+            if audio.push(&codes, sink)?.is_break() {
+                reason = FinishReason::Cancelled;
+                break;
+            }
+            if sink.keep_going().is_break() {
+                // Frames already produced keep their audio, so `frames` always counts delivered audio.
+                let _ = audio.flush(sink)?;
                 reason = FinishReason::Cancelled;
                 break;
             }
@@ -195,7 +219,7 @@ impl<'w, B: Backend> Engine<'w, B> {
             }
         }
         if reason != FinishReason::Cancelled {
-            let _ = audio.flush(on_audio)?;
+            let _ = audio.flush(sink)?;
         }
         Ok(Finished { reason, frames: produced.len(), rows: produced })
     }
@@ -214,20 +238,16 @@ impl<'m, B: Backend> AudioOut<'m, B> {
         AudioOut { decoder: StreamingDecoder::new(codec, backend), pending: Vec::new(), pending_frames: 0, groups: 0 }
     }
 
-    fn push(
-        &mut self,
-        codes: &[u32],
-        on_audio: &mut dyn FnMut(&[f32]) -> ControlFlow<()>,
-    ) -> Result<ControlFlow<()>, CodecError> {
+    fn push(&mut self, codes: &[u32], sink: &mut dyn AudioSink) -> Result<ControlFlow<()>, CodecError> {
         self.pending.extend_from_slice(codes);
         self.pending_frames += 1;
         if self.pending_frames < codec_group(self.groups) {
             return Ok(ControlFlow::Continue(()));
         }
-        self.flush(on_audio)
+        self.flush(sink)
     }
 
-    fn flush(&mut self, on_audio: &mut dyn FnMut(&[f32]) -> ControlFlow<()>) -> Result<ControlFlow<()>, CodecError> {
+    fn flush(&mut self, sink: &mut dyn AudioSink) -> Result<ControlFlow<()>, CodecError> {
         if self.pending_frames == 0 {
             return Ok(ControlFlow::Continue(()));
         }
@@ -235,7 +255,7 @@ impl<'m, B: Backend> AudioOut<'m, B> {
         self.pending.clear();
         self.pending_frames = 0;
         self.groups += 1;
-        Ok(on_audio(&pcm))
+        Ok(sink.audio(&pcm))
     }
 }
 

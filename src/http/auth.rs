@@ -1,4 +1,5 @@
-//! `--api-key`: every route but `/health` and `/ready` needs `Authorization: Bearer <key>`,
+//! `--api-key` / `--api-key-file`: every route but `/health` and `/ready` needs
+//! `Authorization: Bearer <key>` with one of the configured keys (several allow rotation),
 //! compared in constant time so response timing does not reveal how much of a guess matched.
 
 use std::time::Instant;
@@ -17,12 +18,15 @@ pub const OPEN_PATHS: [&str; 2] = ["/health", "/ready"];
 /// Middleware: passes the request on when no key is configured, the path is open, or the
 /// bearer token matches; answers 401 otherwise.
 pub async fn require_key(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    let Some(key) = state.config().api_key.as_deref() else { return next.run(req).await };
-    if OPEN_PATHS.contains(&req.uri().path()) {
+    let keys = &state.config().api_keys;
+    if keys.is_empty() || OPEN_PATHS.contains(&req.uri().path()) {
         return next.run(req).await;
     }
     let presented = req.headers().get(header::AUTHORIZATION).and_then(|v| bearer_token(v.as_bytes()));
-    if presented.is_some_and(|token| constant_time_eq(token, key.as_bytes())) {
+    // Every key is compared (no early exit), so timing does not tell which one nearly matched.
+    let matched =
+        presented.is_some_and(|token| keys.iter().fold(false, |m, k| constant_time_eq(token, k.as_bytes()) | m));
+    if matched {
         return next.run(req).await;
     }
     let start = Instant::now();

@@ -31,8 +31,9 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 64 * 1024;
 pub struct HttpConfig {
     /// Model names and request limits applied by validation.
     pub policy: SpeechPolicy,
-    /// `--api-key`: when set, every route but `/health` and `/ready` needs `Authorization: Bearer`.
-    pub api_key: Option<String>,
+    /// `--api-key` / `--api-key-file`: when any is set, every route but `/health` and `/ready`
+    /// needs `Authorization: Bearer` with one of them.
+    pub api_keys: Vec<String>,
     /// `--max-body-bytes`: a larger request body is refused with 413.
     pub max_body_bytes: usize,
 }

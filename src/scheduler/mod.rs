@@ -8,7 +8,6 @@
 mod job;
 mod worker;
 
-use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{SyncSender, TrySendError};
@@ -20,7 +19,7 @@ use tokio::sync::{Notify, watch};
 pub use job::{Job, JobEvent, JobStream, REPLY_CAPACITY};
 pub use worker::cpu_loader;
 
-use crate::engine::generate::{Finished, GenerateError, GenerateOptions, LoadModelError};
+use crate::engine::generate::{AudioSink, Finished, GenerateError, GenerateOptions, LoadModelError};
 use crate::model::frame::Rows;
 use crate::model::load::LoadError;
 use crate::request::prompt::PromptError;
@@ -121,13 +120,13 @@ pub trait Synthesizer {
     fn memory(&self) -> MemoryUse;
     /// Prompt rows for already validated caller text.
     fn prompt(&self, text: &str) -> Result<Rows, SynthError>;
-    /// Generates speech for `rows`, handing PCM to `on_audio` as it is produced; `Break` from
-    /// `on_audio` stops it between frames with reason `Cancelled`.
+    /// Generates speech for `rows`, handing PCM to `sink` as it is produced; `Break` from the
+    /// sink stops it between frames with reason `Cancelled`.
     fn generate(
         &self,
         rows: &Rows,
         options: &GenerateOptions,
-        on_audio: &mut dyn FnMut(&[f32]) -> ControlFlow<()>,
+        sink: &mut dyn AudioSink,
     ) -> Result<Finished, SynthError>;
 }
 

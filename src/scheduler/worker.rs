@@ -19,7 +19,7 @@ use tracing::{debug, error, info, warn};
 use super::job::{JobEvent, Queued, Reply};
 use super::{LoadState, Loader, MemoryUse, ModelHost, ModelInfo, Shared, SynthError, Synthesizer, WorkerConfig};
 use crate::backend::cpu::Cpu;
-use crate::engine::generate::{Engine, FinishReason, Finished, GenerateOptions, ResidentModel};
+use crate::engine::generate::{AudioSink, Engine, FinishReason, Finished, GenerateOptions, ResidentModel};
 use crate::inspect::device_budget;
 use crate::model::frame::Rows;
 use crate::model::load::Checkpoint;
@@ -108,9 +108,9 @@ impl Synthesizer for CpuModel<'_> {
         &self,
         rows: &Rows,
         options: &GenerateOptions,
-        on_audio: &mut dyn FnMut(&[f32]) -> ControlFlow<()>,
+        sink: &mut dyn AudioSink,
     ) -> Result<Finished, SynthError> {
-        Ok(self.engine.generate(rows, options, on_audio)?)
+        Ok(self.engine.generate(rows, options, sink)?)
     }
 }
 
@@ -215,20 +215,10 @@ impl Host {
         let rows = model.prompt(text)?;
         let prompt_rows = rows.len();
         self.send(reply, JobEvent::Started { prompt_rows })?;
-        let mut gone = false;
-        let finished = model.generate(&rows, options, &mut |pcm| {
-            if self.send(reply, JobEvent::Audio(pcm.to_vec())).is_err() {
-                gone = true;
-                return ControlFlow::Break(());
-            }
-            // The drain deadline passed: stop, and still tell the client how it ended.
-            if self.shared.aborting.load(Ordering::SeqCst) {
-                return ControlFlow::Break(());
-            }
-            ControlFlow::Continue(())
-        })?;
+        let mut sink = ReplySink { worker: self, reply, gone: false };
+        let finished = model.generate(&rows, options, &mut sink)?;
         metrics::counter!(telemetry::FRAMES_GENERATED).increment(finished.frames as u64);
-        if gone {
+        if sink.gone {
             return Err(JobError::Gone);
         }
         Ok(JobEvent::Finished { reason: finished.reason, frames: finished.frames, prompt_rows })
@@ -249,6 +239,36 @@ impl Host {
                 Err(Gone)
             }
         }
+    }
+}
+
+/// Sends a job's audio to its client and stops the engine, within a frame, once the client is
+/// gone or the drain deadline has passed.
+struct ReplySink<'a> {
+    worker: &'a Host,
+    reply: &'a Reply,
+    gone: bool,
+}
+
+impl AudioSink for ReplySink<'_> {
+    fn audio(&mut self, pcm: &[f32]) -> ControlFlow<()> {
+        if self.worker.send(self.reply, JobEvent::Audio(pcm.to_vec())).is_err() {
+            self.gone = true;
+            return ControlFlow::Break(());
+        }
+        self.keep_going()
+    }
+
+    fn keep_going(&mut self) -> ControlFlow<()> {
+        if self.reply.cancelled() {
+            self.gone = true;
+            return ControlFlow::Break(());
+        }
+        // The drain deadline passed: stop, and still tell the client how it ended.
+        if self.worker.shared.aborting.load(Ordering::SeqCst) {
+            return ControlFlow::Break(());
+        }
+        ControlFlow::Continue(())
     }
 }
 

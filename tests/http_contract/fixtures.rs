@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use tower::ServiceExt;
 
 use crate::common;
-use limelight::engine::generate::{FinishReason, Finished, GenerateError, GenerateOptions};
+use limelight::engine::generate::{AudioSink, FinishReason, Finished, GenerateError, GenerateOptions};
 use limelight::http::{AppState, HttpConfig, router};
 use limelight::model::frame::Rows;
 use limelight::request::validate::SpeechPolicy;
@@ -50,13 +50,19 @@ pub fn worker_config(max_queue: usize) -> WorkerConfig {
 }
 
 pub fn app(scheduler: Scheduler, api_key: Option<&str>) -> Router {
+    app_with_keys(scheduler, api_key.into_iter().collect())
+}
+
+/// The router with any number of accepted API keys (rotation keeps old and new valid).
+pub fn app_with_keys(scheduler: Scheduler, api_keys: Vec<&str>) -> Router {
     let policy = SpeechPolicy {
         served_model: MODEL.into(),
         aliases: worker_config(0).model_aliases,
         max_input_chars: 200,
         max_frames: MAX_FRAMES,
     };
-    let config = HttpConfig { policy, api_key: api_key.map(str::to_owned), max_body_bytes: MAX_BODY };
+    let config =
+        HttpConfig { policy, api_keys: api_keys.into_iter().map(str::to_owned).collect(), max_body_bytes: MAX_BODY };
     router(AppState::new(scheduler, config))
 }
 
@@ -140,7 +146,7 @@ impl Synthesizer for Wrapped<'_> {
         &self,
         rows: &Rows,
         options: &GenerateOptions,
-        on_audio: &mut dyn FnMut(&[f32]) -> ControlFlow<()>,
+        on_audio: &mut dyn AudioSink,
     ) -> Result<Finished, SynthError> {
         let failure = || SynthError::Generate(GenerateError::EmptyPrompt);
         match self.mode {
@@ -157,8 +163,8 @@ impl Synthesizer for Wrapped<'_> {
                 }
             },
             Mode::FailAfterFirstAudio => {
-                self.model.generate(rows, options, &mut |pcm| {
-                    let _ = on_audio(pcm);
+                self.model.generate(rows, options, &mut |pcm: &[f32]| {
+                    let _ = on_audio.audio(pcm);
                     ControlFlow::Break(())
                 })?;
                 Err(failure())
