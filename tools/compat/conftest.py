@@ -4,8 +4,12 @@ random-weight checkpoints it writes, plus small helpers to read and edit safeten
 import json
 import os
 import shutil
+import signal
+import socket
 import struct
 import subprocess
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -29,6 +33,41 @@ def limelight_bin() -> Path:
             if message["target"]["name"] == "limelight":
                 return Path(message["executable"])
     raise RuntimeError("cargo did not report the limelight executable")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def limelight_server(limelight_bin, tmp_path_factory):
+    """limelight_server(*flags) -> generator yielding the base URL of `limelight serve --demo`
+    on a free loopback port; on teardown it is sent SIGTERM and must exit 0."""
+
+    def run(*flags):
+        port = free_port()
+        env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path_factory.mktemp("cache")))
+        proc = subprocess.Popen([limelight_bin, "serve", "--demo", "--port", str(port), *flags],
+                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(base + "/ready", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            assert proc.poll() is None, proc.stderr.read().decode()
+            assert time.monotonic() < deadline, "server never became ready"
+            time.sleep(0.2)
+        yield base
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+
+    return run
 
 
 @pytest.fixture(scope="session")
