@@ -55,3 +55,35 @@ def test_disconnect_frees_the_engine_for_the_next_request(server):
     assert len(short) > 0
     # Had the long job kept the engine, the short one would wait for all its frames.
     assert after < alone + 2.0, (alone, after)
+
+
+def test_a_flood_is_refused_cleanly_and_loses_no_admitted_audio(server):
+    """More requests at once than the queue holds: the excess gets 429 with Retry-After, every
+    admitted request still receives all its audio with a finish reason, and the server stays up."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    host = server.removeprefix("http://")
+
+    def one(i: int):
+        conn = http.client.HTTPConnection(host, timeout=300)
+        body = json.dumps({"model": "drama-3", "input": f"Flood request {i}.", "response_format": "pcm",
+                           "max_frames": 24, "seed": i, "stream": False})
+        conn.request("POST", "/v1/audio/speech", body, {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        data = resp.read()
+        return resp.status, resp.getheader("Retry-After"), resp.getheader("X-Finish-Reason"), len(data)
+
+    with ThreadPoolExecutor(max_workers=32) as pool:
+        results = list(pool.map(one, range(32)))
+    admitted = [r for r in results if r[0] == 200]
+    refused = [r for r in results if r[0] == 429]
+    assert len(admitted) + len(refused) == len(results), results
+    assert admitted and refused, "the default queue (16) admits some of 32 and refuses the rest"
+    assert all(r[1] and int(r[1]) >= 1 for r in refused)
+    for _, _, reason, size in admitted:
+        assert reason in ("stop", "length") and size > 0 and size % 2 == 0
+    conn = http.client.HTTPConnection(host, timeout=10)
+    conn.request("GET", "/health")
+    assert conn.getresponse().status == 200
+    conn.close()
+    assert open_stream(server, 4).read()
