@@ -4,6 +4,7 @@
 
 pub mod backbone;
 pub mod codec;
+mod scalar;
 mod tower;
 
 use super::BackendTypes;

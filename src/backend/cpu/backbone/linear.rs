@@ -1,18 +1,12 @@
 //! Dense building blocks of the CPU backbone (`backbone.md` §2–5): `x · Wᵀ` with f64 accumulation,
 //! the scalar activations, and NaN-poisoned output buffers so an unwritten element never passes.
 
+pub use crate::backend::cpu::scalar::{dot, sigmoid, silu};
 use crate::backend::cpu::{CpuWeight, Matrix};
 
 /// A `[rows, cols]` matrix filled with NaN: every op writes each element, and a missed one shows.
 pub fn poisoned(rows: usize, cols: usize) -> Matrix {
     Matrix::from_vec(rows, cols, vec![f32::NAN; rows * cols])
-}
-
-/// `Σ a·b` accumulated in f64 (the reference accumulates fp32 GEMMs; f64 keeps our own rounding
-/// far below the tolerance).
-pub fn dot(a: &[f32], b: &[f32]) -> f64 {
-    debug_assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(&x, &y)| x as f64 * y as f64).sum()
 }
 
 /// `x · Wᵀ` for a linear weight `[out, in]`: row `r` of the result is `W x_r`.
@@ -32,14 +26,6 @@ pub fn linear(x: &Matrix, w: &CpuWeight) -> Matrix {
 /// `W x` for one row, in f64 (kept unrounded when the next step is also ours).
 pub fn linear_row64(x: &[f32], w: &CpuWeight) -> Vec<f64> {
     (0..w.shape[0]).map(|o| dot(x, w.row(o))).collect()
-}
-
-pub fn sigmoid(x: f64) -> f64 {
-    1.0 / (1.0 + (-x).exp())
-}
-
-pub fn silu(x: f64) -> f64 {
-    x * sigmoid(x)
 }
 
 /// `softplus` with β = 1 and PyTorch's threshold 20 (linear above it).

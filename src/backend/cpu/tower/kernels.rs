@@ -2,6 +2,8 @@
 //! norm, interleaved RoPE and causal GQA attention. Every sum runs in f64 so the CPU result is
 //! closer to exact than any f32 reference, and the golden comparison measures the references.
 
+pub use crate::backend::cpu::scalar::{dot, sigmoid, silu};
+
 /// `y[n, out] = x[n, in] · W[out, in]ᵀ`, each dot product accumulated in f64.
 pub fn linear(x: &[f32], w: &[f32], inp: usize) -> Vec<f32> {
     assert_eq!(w.len() % inp, 0, "weight rows");
@@ -12,10 +14,6 @@ pub fn linear(x: &[f32], w: &[f32], inp: usize) -> Vec<f32> {
         y.extend(w.chunks_exact(inp).map(|wr| dot(xr, wr) as f32));
     }
     y
-}
-
-pub fn dot(a: &[f32], b: &[f32]) -> f64 {
-    a.iter().zip(b).map(|(&p, &q)| p as f64 * q as f64).sum()
 }
 
 /// RMS norm with a zero-centred gain, `x / sqrt(mean(x²) + eps) · (1 + w)`, applied to every
@@ -76,14 +74,6 @@ pub fn attend(q: &[f32], k: &[f32], v: &[f32], position: usize, kv_heads: usize,
         }
     }
     out
-}
-
-pub fn sigmoid(x: f64) -> f64 {
-    1.0 / (1.0 + (-x).exp())
-}
-
-pub fn silu(x: f64) -> f64 {
-    x * sigmoid(x)
 }
 
 #[cfg(test)]
