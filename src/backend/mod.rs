@@ -10,6 +10,8 @@
 pub mod backbone;
 pub mod codec;
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod tower;
 
 use crate::checkpoint::TensorView;

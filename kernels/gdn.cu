@@ -1,0 +1,2 @@
+// gdn kernels (being written).
+#include "common.cuh"

@@ -1,0 +1,2 @@
+// moe kernels (being written).
+#include "common.cuh"

@@ -1,0 +1,43 @@
+// Zero-centred RMSNorm of the backbone (`backbone.md` §4): y = x · rsqrt(mean(x²) + eps) · (1 + w),
+// in fp32 with one rounding to bf16; optionally fused with the residual add before it
+// (`residual ← bf16(residual + delta)`, then the norm of the rounded sum, as transformers does).
+#include "common.cuh"
+
+// One block per row. x, y: [rows, cols] bf16; w: [cols] f32 (the stored gain w, not 1 + w).
+extern "C" __global__ void rms_norm_zc(const bf16* __restrict__ x, const float* __restrict__ w,
+                                       bf16* __restrict__ y, int cols, float eps) {
+    __shared__ float scratch[32];
+    const bf16* xr = x + (size_t)blockIdx.x * cols;
+    bf16* yr = y + (size_t)blockIdx.x * cols;
+    float ss = 0.f;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        float v = to_f32(xr[c]);
+        ss += v * v;
+    }
+    const float inv = rsqrtf(block_sum(ss, scratch) / cols + eps);
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = to_bf16(to_f32(xr[c]) * inv * (1.f + w[c]));
+}
+
+// residual += delta (rounded to bf16), then y = rms_norm_zc(residual).
+extern "C" __global__ void add_rms_norm_zc(bf16* __restrict__ residual, const bf16* __restrict__ delta,
+                                           const float* __restrict__ w, bf16* __restrict__ y, int cols, float eps) {
+    __shared__ float scratch[32];
+    bf16* rr = residual + (size_t)blockIdx.x * cols;
+    const bf16* dr = delta + (size_t)blockIdx.x * cols;
+    bf16* yr = y + (size_t)blockIdx.x * cols;
+    float ss = 0.f;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        bf16 s = to_bf16(to_f32(rr[c]) + to_f32(dr[c]));
+        rr[c] = s;
+        float v = to_f32(s);
+        ss += v * v;
+    }
+    const float inv = rsqrtf(block_sum(ss, scratch) / cols + eps);
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = to_bf16(to_f32(rr[c]) * inv * (1.f + w[c]));
+}
+
+// x += y elementwise (bf16, rounded once).
+extern "C" __global__ void add_bf16(bf16* __restrict__ x, const bf16* __restrict__ y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = to_bf16(to_f32(x[i]) + to_f32(y[i]));
+}

@@ -1,0 +1,1 @@
+//! `BackboneOps` on the GPU (being written).

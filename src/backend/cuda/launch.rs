@@ -1,0 +1,160 @@
+//! Loading the embedded fatbins into typed kernel handles, and launching them. Every kernel
+//! takes raw device addresses and plain scalars, so one small argument type covers them all.
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, result};
+
+/// The fatbins `build.rs` compiled from `kernels/*.cu`, one `&[u8]` per file.
+pub mod embedded {
+    include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
+}
+
+/// A kernel or module missing from the embedded fatbins (a build problem, found at start-up).
+#[derive(Debug, thiserror::Error)]
+#[error("CUDA module `{module}`{}: {source}", kernel.map(|k| format!(", kernel `{k}`")).unwrap_or_default())]
+pub struct KernelError {
+    pub module: &'static str,
+    pub kernel: Option<&'static str>,
+    pub source: cudarc::driver::DriverError,
+}
+
+/// One loaded `kernels/<name>.cu`.
+pub struct Module {
+    name: &'static str,
+    module: Arc<CudaModule>,
+}
+
+impl Module {
+    /// Loads a fatbin; the driver picks the SASS for this GPU (or JITs the embedded PTX).
+    pub fn load(ctx: &Arc<CudaContext>, name: &'static str, image: &[u8]) -> Result<Module, KernelError> {
+        // The copy gives the driver an aligned image (include_bytes! is only byte-aligned).
+        let module = ctx
+            .load_module(cudarc::nvrtc::Ptx::from_binary(image.to_vec()))
+            .map_err(|source| KernelError { module: name, kernel: None, source })?;
+        Ok(Module { name, module })
+    }
+
+    pub fn kernel(&self, name: &'static str) -> Result<Kernel, KernelError> {
+        let function = self
+            .module
+            .load_function(name)
+            .map_err(|source| KernelError { module: self.name, kernel: Some(name), source })?;
+        Ok(Kernel { name, function })
+    }
+}
+
+/// A kernel handle, resolved once at start-up.
+pub struct Kernel {
+    pub name: &'static str,
+    function: CudaFunction,
+}
+
+/// A kernel argument: a device address or a scalar.
+#[derive(Clone, Copy, Debug)]
+pub enum Arg {
+    Ptr(u64),
+    I32(i32),
+    U32(u32),
+    F32(f32),
+}
+
+impl From<u64> for Arg {
+    fn from(v: u64) -> Arg {
+        Arg::Ptr(v)
+    }
+}
+
+impl From<i32> for Arg {
+    fn from(v: i32) -> Arg {
+        Arg::I32(v)
+    }
+}
+
+impl From<u32> for Arg {
+    fn from(v: u32) -> Arg {
+        Arg::U32(v)
+    }
+}
+
+impl From<f32> for Arg {
+    fn from(v: f32) -> Arg {
+        Arg::F32(v)
+    }
+}
+
+impl From<usize> for Arg {
+    /// Sizes and indices are passed as `int` (every size here is far below 2³¹).
+    fn from(v: usize) -> Arg {
+        Arg::I32(i32::try_from(v).expect("kernel size argument exceeds i32"))
+    }
+}
+
+/// Grid, block and dynamic shared memory of one launch.
+#[derive(Clone, Copy, Debug)]
+pub struct Dims {
+    pub grid: (u32, u32, u32),
+    pub block: (u32, u32, u32),
+    pub shared_bytes: u32,
+}
+
+impl Dims {
+    pub fn linear(blocks: usize, threads: u32) -> Dims {
+        Dims { grid: (u32::try_from(blocks).expect("grid size"), 1, 1), block: (threads, 1, 1), shared_bytes: 0 }
+    }
+
+    pub fn grid(grid: (u32, u32, u32), threads: u32) -> Dims {
+        Dims { grid, block: (threads, 1, 1), shared_bytes: 0 }
+    }
+
+    pub fn with_shared(mut self, bytes: u32) -> Dims {
+        self.shared_bytes = bytes;
+        self
+    }
+}
+
+impl Kernel {
+    /// Queues the kernel on `stream`.
+    ///
+    /// # Panics
+    /// If the driver refuses the launch (bad dimensions, or a sticky error from an earlier
+    /// fault): a broken context cannot serve any request, so this is not recoverable here.
+    pub fn launch(&self, stream: &CudaStream, dims: Dims, args: &[Arg]) {
+        let mut values: Vec<Arg> = args.to_vec();
+        let mut pointers: Vec<*mut c_void> = values
+            .iter_mut()
+            .map(|a| match a {
+                Arg::Ptr(v) => v as *mut u64 as *mut c_void,
+                Arg::I32(v) => v as *mut i32 as *mut c_void,
+                Arg::U32(v) => v as *mut u32 as *mut c_void,
+                Arg::F32(v) => v as *mut f32 as *mut c_void,
+            })
+            .collect();
+        // SAFETY: `pointers` address `values`, which lives (unmoved) across the call; the driver
+        // copies parameter values during cuLaunchKernel. Each wrapper module passes the argument
+        // list its kernel's C signature declares, with device addresses of live buffers sized
+        // for the launch (checked by the wrapper's asserts).
+        let launched = unsafe {
+            result::launch_kernel(
+                self.function.cu_function(),
+                dims.grid,
+                dims.block,
+                dims.shared_bytes,
+                stream.cu_stream(),
+                &mut pointers,
+            )
+        };
+        if let Err(e) = launched {
+            panic!("CUDA kernel `{}` failed to launch ({dims:?}): {e}", self.name);
+        }
+    }
+
+    /// Raises the kernel's dynamic shared-memory limit (needed above 48 KiB).
+    pub fn allow_shared_bytes(&self, bytes: u32) -> Result<(), cudarc::driver::DriverError> {
+        self.function.set_attribute(
+            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            bytes as i32,
+        )
+    }
+}

@@ -1,0 +1,209 @@
+//! Device memory, always through the [`Budget`]: raw buffers, the weight arena (tensors packed
+//! into large chunks, one driver allocation per chunk), and the activation pool (buffers kept
+//! in size classes and reused, so that after warm-up a decode step makes no driver allocation;
+//! the pool counts any that happen after it was sealed).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{CudaStream, DriverError, result, sys};
+
+use super::budget::{AllocError, Budget, Held, allocate};
+
+pub type MemoryError = AllocError<DriverError>;
+
+/// Alignment of every buffer and arena placement (cuBLASLt and 16-byte vector loads need ≥ 16).
+pub const ALIGN: usize = 256;
+
+/// One driver allocation, freed (and its bytes released) on drop.
+pub struct DeviceBuffer {
+    ptr: sys::CUdeviceptr,
+    bytes: usize,
+    held: Option<Held>,
+    budget: Arc<Budget>,
+}
+
+// SAFETY: a device pointer is an address in the context's memory, usable from any thread that
+// binds the context; the buffer is freed exactly once, in `drop`.
+unsafe impl Send for DeviceBuffer {}
+unsafe impl Sync for DeviceBuffer {}
+
+impl DeviceBuffer {
+    pub fn alloc(budget: &Arc<Budget>, what: &str, bytes: usize) -> Result<DeviceBuffer, MemoryError> {
+        let bytes = bytes.max(1).next_multiple_of(ALIGN);
+        // SAFETY: a plain synchronous allocation on the current context; the pointer is owned here.
+        let (ptr, held) = allocate(budget, what, bytes as u64, || unsafe { result::malloc_sync(bytes) })?;
+        Ok(DeviceBuffer { ptr, bytes, held: Some(held), budget: Arc::clone(budget) })
+    }
+
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` came from `malloc_sync` and is freed once; cuMemFree waits for work using it.
+        let freed = unsafe { result::free_sync(self.ptr) };
+        if freed.is_ok()
+            && let Some(held) = self.held.take()
+        {
+            self.budget.release(held);
+        }
+    }
+}
+
+/// Weights packed into chunks: one driver allocation per `CHUNK` bytes instead of one per tensor
+/// (the full model has ~62 000 tensors).
+pub struct WeightArena {
+    budget: Arc<Budget>,
+    chunks: Vec<Arc<DeviceBuffer>>,
+    offset: usize,
+}
+
+impl WeightArena {
+    pub const CHUNK: usize = 1 << 30;
+
+    pub fn new(budget: Arc<Budget>) -> WeightArena {
+        WeightArena { budget, chunks: Vec::new(), offset: 0 }
+    }
+
+    /// Room for `bytes` at an aligned address; the chunk keeps it alive.
+    pub fn place(&mut self, what: &str, bytes: usize) -> Result<(u64, Arc<DeviceBuffer>), MemoryError> {
+        let bytes = bytes.max(1).next_multiple_of(ALIGN);
+        let fits = self.chunks.last().is_some_and(|c| self.offset + bytes <= c.bytes());
+        if !fits {
+            let chunk = DeviceBuffer::alloc(&self.budget, what, bytes.max(Self::CHUNK))?;
+            self.chunks.push(Arc::new(chunk));
+            self.offset = 0;
+        }
+        let chunk = self.chunks.last().expect("a chunk was just ensured");
+        let ptr = chunk.ptr() + self.offset as u64;
+        self.offset += bytes;
+        Ok((ptr, Arc::clone(chunk)))
+    }
+
+    /// Bytes the arena holds from the driver.
+    pub fn reserved_bytes(&self) -> usize {
+        self.chunks.iter().map(|c| c.bytes()).sum()
+    }
+}
+
+/// Counters of the activation pool.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Driver allocations made by the pool in total.
+    pub driver_allocations: u64,
+    /// Of those, made after [`Pool::seal`] (a decode path that allocates shows up here).
+    pub after_seal: u64,
+    /// Bytes the pool holds, in use or free.
+    pub bytes: u64,
+}
+
+struct PoolInner {
+    free: BTreeMap<usize, Vec<DeviceBuffer>>,
+    stats: PoolStats,
+    sealed: bool,
+    /// Checks set this: every buffer handed out is first filled with 0xFF bytes, a NaN in bf16,
+    /// f32 and e4m3, so an element a kernel forgot to write cannot pass a comparison.
+    poison: bool,
+}
+
+/// Reusable scratch and activation buffers in power-of-two size classes.
+pub struct Pool {
+    budget: Arc<Budget>,
+    stream: Arc<CudaStream>,
+    inner: Mutex<PoolInner>,
+}
+
+impl Pool {
+    pub fn new(budget: Arc<Budget>, stream: Arc<CudaStream>) -> Arc<Pool> {
+        let inner = PoolInner { free: BTreeMap::new(), stats: PoolStats::default(), sealed: false, poison: false };
+        Arc::new(Pool { budget, stream, inner: Mutex::new(inner) })
+    }
+
+    fn class(bytes: usize) -> usize {
+        bytes.max(ALIGN).next_power_of_two()
+    }
+
+    /// A buffer of at least `bytes`, reused when one is free. Contents are undefined.
+    pub fn take(self: &Arc<Pool>, bytes: usize) -> Result<PoolBuf, MemoryError> {
+        let class = Pool::class(bytes);
+        let mut inner = self.inner.lock().expect("pool lock");
+        let reused = inner.free.get_mut(&class).and_then(Vec::pop);
+        let buffer = match reused {
+            Some(b) => b,
+            None => {
+                let b = DeviceBuffer::alloc(&self.budget, "activation pool", class)?;
+                inner.stats.driver_allocations += 1;
+                inner.stats.after_seal += u64::from(inner.sealed);
+                inner.stats.bytes += class as u64;
+                b
+            }
+        };
+        if inner.poison {
+            // SAFETY: the buffer is live and `class` bytes long; the fill is ordered on the stream
+            // before any kernel that receives the buffer.
+            unsafe { result::memset_d8_async(buffer.ptr(), 0xFF, class, self.stream.cu_stream()) }.map_err(
+                |source| AllocError::Driver { what: "poisoning a pool buffer".into(), bytes: class as u64, source },
+            )?;
+        }
+        Ok(PoolBuf { buffer: Some(buffer), bytes, pool: Arc::clone(self) })
+    }
+
+    /// Poison every buffer handed out from now on (see `PoolInner::poison`).
+    pub fn set_poison(&self, on: bool) {
+        self.inner.lock().expect("pool lock").poison = on;
+    }
+
+    /// From now on every driver allocation is counted in [`PoolStats::after_seal`].
+    pub fn seal(&self) {
+        self.inner.lock().expect("pool lock").sealed = true;
+    }
+
+    pub fn stats(&self) -> PoolStats {
+        self.inner.lock().expect("pool lock").stats
+    }
+
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+}
+
+/// A pool buffer, returned to its size class on drop. Work queued on the one stream that reads
+/// it is ordered before any later reuse, so returning it early is safe.
+pub struct PoolBuf {
+    buffer: Option<DeviceBuffer>,
+    bytes: usize,
+    pool: Arc<Pool>,
+}
+
+impl PoolBuf {
+    pub fn ptr(&self) -> u64 {
+        self.buffer.as_ref().expect("live pool buffer").ptr()
+    }
+
+    /// The bytes asked for (the buffer may be larger).
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.pool
+    }
+}
+
+impl Drop for PoolBuf {
+    fn drop(&mut self) {
+        if let Some(buffer) = self.buffer.take() {
+            let class = buffer.bytes();
+            if let Ok(mut inner) = self.pool.inner.lock() {
+                inner.free.entry(class).or_default().push(buffer);
+            }
+        }
+    }
+}

@@ -1,0 +1,264 @@
+//! The CUDA backend: the same contracts as the CPU backend, computed on an NVIDIA GPU with the
+//! kernels in `kernels/*.cu` (one wrapper module per file). It owns the context, the one stream
+//! every launch is ordered on, the memory budget, the weight arena and the activation pool.
+//! All device `unsafe` of the crate lives under this module.
+//!
+//! Numerics: activations are bf16 between operations (the reference's rounding points),
+//! reductions and recurrent state are fp32, weights are used exactly as stored (bf16 matrices,
+//! e4m3 experts with their f32 block scales; small tensors widened to f32 exactly).
+
+pub mod attention;
+pub mod backbone;
+pub mod budget;
+pub mod device;
+pub mod gdn;
+pub mod launch;
+pub mod linear;
+pub mod memory;
+pub mod moe;
+pub mod norm;
+pub mod tensor;
+
+use std::sync::{Arc, Mutex};
+
+use half::bf16;
+
+use self::budget::Budget;
+use self::device::{Device, DeviceError, DeviceInfo};
+use self::launch::KernelError;
+use self::memory::{MemoryError, Pool, PoolBuf, WeightArena};
+use self::tensor::{DType, GpuMatrix, GpuWeight};
+use super::BackendTypes;
+use super::cpu::Matrix;
+use crate::checkpoint::TensorView;
+use crate::model::weights::{Accept, TensorSpec};
+
+/// How to open the GPU.
+#[derive(Clone, Debug)]
+pub struct CudaOptions {
+    pub ordinal: usize,
+    /// Hard cap on device memory; `None` = what the device reports free at start minus `reserve`.
+    pub memory_budget: Option<u64>,
+    /// Left to the driver and other processes when the budget is derived from free memory.
+    pub reserve: u64,
+    /// Cap on pinned host memory (staging for uploads and audio read-back).
+    pub pinned_budget: u64,
+}
+
+impl Default for CudaOptions {
+    fn default() -> CudaOptions {
+        CudaOptions { ordinal: 0, memory_budget: None, reserve: 1 << 30, pinned_budget: 1 << 30 }
+    }
+}
+
+/// Why the CUDA backend did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum CudaError {
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+    #[error("a kernel failed to load: {0}")]
+    Kernel(#[from] KernelError),
+    #[error(
+        "--gpu-memory-budget {requested} bytes is more than GPU {ordinal} has free ({free} bytes of {total})"
+    )]
+    BudgetAboveFree { ordinal: usize, requested: u64, free: u64, total: u64 },
+    #[error("GPU memory: {0}")]
+    Memory(#[from] MemoryError),
+    #[error("CUDA driver call failed: {0}")]
+    Driver(#[from] cudarc::driver::DriverError),
+}
+
+/// Every kernel of every module, resolved at start-up: a missing kernel fails start-up, not a request.
+pub struct Kernels {
+    pub norm: norm::NormKernels,
+    pub linear: linear::LinearKernels,
+    pub gdn: gdn::GdnKernels,
+    pub attention: attention::AttentionKernels,
+    pub moe: moe::MoeKernels,
+}
+
+impl Kernels {
+    fn load(device: &Device) -> Result<Kernels, KernelError> {
+        let ctx = &device.ctx;
+        Ok(Kernels {
+            norm: norm::NormKernels::load(ctx)?,
+            linear: linear::LinearKernels::load(ctx)?,
+            gdn: gdn::GdnKernels::load(ctx)?,
+            attention: attention::AttentionKernels::load(ctx)?,
+            moe: moe::MoeKernels::load(ctx)?,
+        })
+    }
+}
+
+/// The CUDA backend. Create it on the thread that will use it (the context is bound there).
+pub struct Cuda {
+    device: Device,
+    budget: Arc<Budget>,
+    pinned: Arc<Budget>,
+    pool: Arc<Pool>,
+    arena: Mutex<WeightArena>,
+    pub kernels: Kernels,
+    pub blas: Option<linear::Blas>,
+}
+
+impl Cuda {
+    pub fn open(options: &CudaOptions) -> Result<Cuda, CudaError> {
+        let device = Device::open(options.ordinal)?;
+        let (free, total) = (device.info.free_memory_at_open, device.info.total_memory);
+        let cap = match options.memory_budget {
+            Some(requested) if requested > free => {
+                return Err(CudaError::BudgetAboveFree { ordinal: options.ordinal, requested, free, total });
+            }
+            Some(requested) => requested,
+            None => free.saturating_sub(options.reserve),
+        };
+        let budget = Arc::new(Budget::new("device", cap));
+        let pinned = Arc::new(Budget::new("pinned host", options.pinned_budget));
+        let kernels = Kernels::load(&device)?;
+        let pool = Pool::new(Arc::clone(&budget), Arc::clone(&device.stream));
+        let arena = Mutex::new(WeightArena::new(Arc::clone(&budget)));
+        let blas = linear::Blas::open(&device, &budget);
+        Ok(Cuda { device, budget, pinned, pool, arena, kernels, blas })
+    }
+
+    pub fn info(&self) -> &DeviceInfo {
+        &self.device.info
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    pub fn stream(&self) -> &Arc<cudarc::driver::CudaStream> {
+        &self.device.stream
+    }
+
+    /// The device-memory budget (cap, used, peak).
+    pub fn budget(&self) -> &Arc<Budget> {
+        &self.budget
+    }
+
+    pub fn pinned_budget(&self) -> &Arc<Budget> {
+        &self.pinned
+    }
+
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.pool
+    }
+
+    /// Bytes the weight arena holds.
+    pub fn weight_bytes(&self) -> usize {
+        self.arena.lock().expect("arena lock").reserved_bytes()
+    }
+
+    /// Waits for all queued work.
+    ///
+    /// # Panics
+    /// If the GPU reported a fault (the context is unusable afterwards).
+    pub fn synchronize(&self) {
+        self.device.synchronize().unwrap_or_else(|e| panic!("CUDA stream failed: {e}"));
+    }
+
+    /// An uninitialised bf16 matrix from the pool.
+    ///
+    /// # Panics
+    /// If the memory budget is exhausted (the model was admitted with room for its scratch).
+    pub fn matrix(&self, rows: usize, cols: usize) -> GpuMatrix {
+        GpuMatrix::uninit(&self.pool, rows, cols).unwrap_or_else(|e| panic!("activation [{rows}, {cols}]: {e}"))
+    }
+
+    /// Uninitialised scratch of `bytes` from the pool (same panics as [`Cuda::matrix`]).
+    pub fn scratch(&self, bytes: usize) -> PoolBuf {
+        self.pool.take(bytes).unwrap_or_else(|e| panic!("scratch of {bytes} bytes: {e}"))
+    }
+
+    /// Copies host values into device memory at `dst` (ordered on the stream; waits for the copy,
+    /// since the host slice may be pageable and short-lived).
+    pub fn copy_to_device<T: Copy>(&self, dst: u64, src: &[T]) {
+        // SAFETY: callers pass the address of a live buffer of at least `size_of_val(src)` bytes;
+        // the synchronize below keeps `src` borrowed until the copy has finished.
+        unsafe { cudarc::driver::result::memcpy_htod_async(dst, src, self.stream().cu_stream()) }
+            .expect("host-to-device copy");
+        self.synchronize();
+    }
+
+    /// Copies `n` values from device address `src` to the host, after all queued work.
+    pub fn copy_to_host<T: Copy + Default>(&self, src: u64, n: usize) -> Vec<T> {
+        let mut out = vec![T::default(); n];
+        // SAFETY: `src` addresses at least `n` values of `T` in a live buffer; the synchronize
+        // below completes the copy before `out` is read or moved.
+        unsafe { cudarc::driver::result::memcpy_dtoh_async(&mut out, src, self.stream().cu_stream()) }
+            .expect("device-to-host copy");
+        self.synchronize();
+        out
+    }
+
+    /// A host matrix as a bf16 activation (rounded to nearest even).
+    pub fn upload_matrix(&self, m: &Matrix) -> GpuMatrix {
+        let g = self.matrix(m.rows, m.cols);
+        self.copy_to_device(g.ptr(), &tensor::to_bf16_vec(&m.data));
+        g
+    }
+
+    /// Host f32 values in a pool buffer.
+    pub fn upload_f32_scratch(&self, data: &[f32]) -> PoolBuf {
+        let b = self.scratch(data.len() * 4);
+        self.copy_to_device(b.ptr(), data);
+        b
+    }
+
+    /// Fills `n` bf16 values at `dst` with NaN (tests poison outputs before a kernel writes them).
+    pub fn poison_bf16(&self, dst: u64, n: usize) {
+        self.copy_to_device(dst, &vec![bf16::NAN; n]);
+    }
+
+    /// Fills `n` f32 values at `dst` with NaN.
+    pub fn poison_f32(&self, dst: u64, n: usize) {
+        self.copy_to_device(dst, &vec![f32::NAN; n]);
+    }
+
+    fn place_weight(&self, name: &str, shape: &[usize], dtype: DType, bytes: &[u8]) -> GpuWeight {
+        let (ptr, chunk) = self
+            .arena
+            .lock()
+            .expect("arena lock")
+            .place(name, bytes.len())
+            .unwrap_or_else(|e| panic!("weight `{name}`: {e} (the model is admitted against the budget before upload)"));
+        self.copy_to_device(ptr, bytes);
+        GpuWeight { ptr, shape: shape.to_vec(), dtype, _chunk: chunk }
+    }
+}
+
+/// The resident dtype of a checkpoint tensor: big matrices and experts as stored, the rest f32.
+pub fn resident_dtype(accept: Accept) -> DType {
+    match accept {
+        Accept::Bf16 => DType::Bf16,
+        Accept::Fp8E4M3 => DType::Fp8E4m3,
+        Accept::SmallFloat | Accept::Scale | Accept::CodecFloat => DType::F32,
+    }
+}
+
+impl BackendTypes for Cuda {
+    type Act = GpuMatrix;
+    type Weight = GpuWeight;
+
+    fn upload(&self, spec: &TensorSpec, view: TensorView<'_>) -> GpuWeight {
+        match resident_dtype(spec.accept) {
+            dtype @ (DType::Bf16 | DType::Fp8E4m3) => self.place_weight(&spec.name, view.shape, dtype, view.bytes),
+            DType::F32 => {
+                let data = view.to_f32_vec().unwrap_or_else(|| panic!("tensor `{}` is not a float tensor", spec.name));
+                self.place_weight(&spec.name, view.shape, DType::F32, bytemuck::cast_slice(&data))
+            }
+        }
+    }
+
+    fn upload_f32(&self, shape: &[usize], data: Vec<f32>) -> GpuWeight {
+        assert_eq!(shape.iter().product::<usize>(), data.len(), "upload_f32 shape");
+        self.place_weight("host-prepared tensor", shape, DType::F32, bytemuck::cast_slice(&data))
+    }
+
+    fn to_host(&self, a: &GpuMatrix) -> Matrix {
+        let values: Vec<bf16> = self.copy_to_host(a.ptr(), a.len());
+        Matrix::from_vec(a.rows, a.cols, values.iter().map(|v| v.to_f32()).collect())
+    }
+}

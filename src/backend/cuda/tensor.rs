@@ -1,0 +1,110 @@
+//! What the CUDA backend computes with: weights resident in the arena in their stored format,
+//! and bf16 activation matrices in pool buffers.
+
+use std::sync::Arc;
+
+use half::bf16;
+
+use super::memory::{DeviceBuffer, MemoryError, Pool, PoolBuf};
+use crate::backend::cpu::Matrix;
+
+/// Element type of a resident weight.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DType {
+    /// Large matrices, exactly as published.
+    Bf16,
+    /// Norm gains, gates, conv taps, block scales: widened exactly from bf16/f16/f32 at upload.
+    F32,
+    /// Routed-expert weights (e4m3 codes; their `weight_scale_inv` grid is a separate F32 weight).
+    Fp8E4m3,
+}
+
+impl DType {
+    pub fn size(self) -> usize {
+        match self {
+            DType::Bf16 => 2,
+            DType::F32 => 4,
+            DType::Fp8E4m3 => 1,
+        }
+    }
+}
+
+/// A weight resident on the GPU.
+pub struct GpuWeight {
+    pub ptr: u64,
+    pub shape: Vec<usize>,
+    pub dtype: DType,
+    /// The arena chunk holding it.
+    pub(crate) _chunk: Arc<DeviceBuffer>,
+}
+
+impl GpuWeight {
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// `[rows, cols]` of a matrix (trailing dims folded into cols).
+    pub fn matrix_dims(&self) -> (usize, usize) {
+        (self.shape[0], self.shape[1..].iter().product())
+    }
+}
+
+/// A row-major `[rows, cols]` bf16 activation matrix.
+pub struct GpuMatrix {
+    pub(crate) buf: PoolBuf,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+impl GpuMatrix {
+    /// An uninitialised matrix from the pool.
+    pub fn uninit(pool: &Arc<Pool>, rows: usize, cols: usize) -> Result<GpuMatrix, MemoryError> {
+        Ok(GpuMatrix { buf: pool.take(rows * cols * 2)?, rows, cols })
+    }
+
+    pub fn ptr(&self) -> u64 {
+        self.buf.ptr()
+    }
+
+    /// Address of row `r`.
+    pub fn row_ptr(&self, r: usize) -> u64 {
+        assert!(r < self.rows, "row {r} of {}", self.rows);
+        self.ptr() + (r * self.cols * 2) as u64
+    }
+
+    pub fn len(&self) -> usize {
+        self.rows * self.cols
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn pool(&self) -> &Arc<Pool> {
+        self.buf.pool()
+    }
+}
+
+impl Clone for GpuMatrix {
+    fn clone(&self) -> GpuMatrix {
+        let pool = self.pool();
+        let copy = GpuMatrix::uninit(pool, self.rows, self.cols).expect("GPU memory budget exhausted cloning an activation");
+        // SAFETY: both buffers are live pool buffers of at least rows·cols·2 bytes; the copy is
+        // ordered on the one stream after the writes of `self`.
+        unsafe {
+            cudarc::driver::result::memcpy_dtod_async(copy.ptr(), self.ptr(), self.len() * 2, pool.stream().cu_stream())
+        }
+        .expect("device-to-device copy");
+        copy
+    }
+}
+
+/// f32 → bf16 with round-to-nearest-even (as torch's `.to(torch.bfloat16)`).
+pub fn to_bf16_vec(data: &[f32]) -> Vec<bf16> {
+    data.iter().map(|&v| bf16::from_f32(v)).collect()
+}
+
+/// A host matrix rounded to bf16 (what a GPU activation holds), back in f32.
+pub fn round_to_bf16(m: &Matrix) -> Matrix {
+    Matrix::from_vec(m.rows, m.cols, m.data.iter().map(|&v| bf16::from_f32(v).to_f32()).collect())
+}
