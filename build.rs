@@ -115,8 +115,7 @@ fn find_nvcc(manifest: &Path) -> Option<PathBuf> {
     if let Some(found) = candidates.into_iter().flatten().find(|p| p.is_file()) {
         return Some(found);
     }
-    env::var_os("PATH")
-        .and_then(|paths| env::split_paths(&paths).map(|d| d.join("nvcc")).find(|p| p.is_file()))
+    env::var_os("PATH").and_then(|paths| env::split_paths(&paths).map(|d| d.join("nvcc")).find(|p| p.is_file()))
 }
 
 /// `80,90a,120` → SASS for each, plus PTX of the last so newer GPUs can JIT it.

@@ -1,2 +1,407 @@
-// attention kernels (being written).
+// Gated full attention (`backbone.md` §2) around the bf16 projections `linear.cu` computes:
+//   attn_prep            q/gate split, zero-centred q/k norms, partial NeoX RoPE, K/V cache append;
+//   attn_prefill_hd*     causal GQA attention of many rows, online softmax, · sigmoid(gate), bf16;
+//   attn_decode_hd*      one split of the keys for each query row (flash-decoding), partials in fp32;
+//   attn_decode_combine  merges the splits, · sigmoid(gate), bf16.
+//
+// Layouts (row-major): qg [T, H·2·HD] bf16 (per head: HD query columns, then HD gate columns);
+// k, v [T, Hkv·HD] bf16; q [T, H, HD] f32, already multiplied by scale·log2(e) so that scores are in
+// log2 units and the softmax uses exp2; the K/V cache [capacity, Hkv, HD] bf16 each (K after norm and
+// RoPE, V raw); out [T, H·HD] bf16 (the gated attention output that o_proj reads).
+// q head h reads kv head h / (H / Hkv). All accumulation and softmax statistics are fp32.
 #include "common.cuh"
+
+namespace {
+
+constexpr int NT = 256;    // threads of the prefill and decode kernels
+constexpr int BM = 64;     // (position, head) query rows per prefill CTA
+constexpr int BK = 32;     // keys per tile: one lane per key in the softmax
+constexpr int MAXG = 16;   // most q heads per kv head the decode kernel takes
+
+__device__ __forceinline__ float dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
+
+// 8 bf16 (one 16-byte load) widened into 8 consecutive floats of shared memory (16-byte aligned).
+__device__ __forceinline__ void store8(float* dst, uint4 raw) {
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+    const float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]);
+    const float2 c = __bfloat1622float2(h[2]), d = __bfloat1622float2(h[3]);
+    reinterpret_cast<float4*>(dst)[0] = make_float4(a.x, a.y, b.x, b.y);
+    reinterpret_cast<float4*>(dst)[1] = make_float4(c.x, c.y, d.x, d.y);
+}
+
+// Keys k0 .. k0+BK of kv head `kvh` into shared memory as f32: Ks [BK][HD+4] (padded so that 8
+// threads reading 8 different keys at the same offset hit 8 different banks), Vs [BK][HD].
+// Keys at or past `kend` are zero (not yet written, or another split's): their probability is 0,
+// and a zero V keeps 0 · V finite whatever the cache holds there. All loads are issued before the
+// first store, so each thread has several 16-byte loads in flight.
+template <int HD>
+__device__ __forceinline__ void load_kv_tile(const bf16* __restrict__ kc, const bf16* __restrict__ vc, int kv_heads,
+                                             int kvh, int k0, int kend, float* Ks, float* Vs) {
+    constexpr int CH = HD / 8;  // 16-byte chunks per key
+    constexpr int ITER = (BK * CH + NT - 1) / NT;
+    uint4 kr[ITER], vr[ITER];
+#pragma unroll
+    for (int i = 0; i < ITER; ++i) {
+        const int idx = threadIdx.x + i * NT;
+        const int kk = idx / CH, c = idx % CH;
+        kr[i] = vr[i] = make_uint4(0u, 0u, 0u, 0u);
+        if (idx < BK * CH && k0 + kk < kend) {
+            const size_t off = ((size_t)(k0 + kk) * kv_heads + kvh) * HD + c * 8;
+            kr[i] = *reinterpret_cast<const uint4*>(kc + off);
+            vr[i] = *reinterpret_cast<const uint4*>(vc + off);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < ITER; ++i) {
+        const int idx = threadIdx.x + i * NT;
+        if (idx < BK * CH) {
+            const int kk = idx / CH, c = idx % CH;
+            store8(Ks + kk * (HD + 4) + c * 8, kr[i]);
+            store8(Vs + kk * HD + c * 8, vr[i]);
+        }
+    }
+}
+
+}  // namespace
+
+// One block per (head slot, row): grid (H + Hkv, T), blockDim = HD (a multiple of 32, ≤ 1024).
+// Slots 0..H-1 are q heads: norm, RoPE, · q_scale, into q (f32). Slots H.. are kv heads: k is normed
+// and rotated into the K cache, v copied into the V cache, both at position start + row.
+// RoPE matches the CPU oracle: the angle is the f32 product pos · inv_freq[i] (inv_freq computed on
+// the host exactly as the oracle does), its sin/cos and the rotation in f64.
+extern "C" __global__ void attn_prep(const bf16* __restrict__ qg, const bf16* __restrict__ kp,
+                                     const bf16* __restrict__ vp, const float* __restrict__ q_norm,
+                                     const float* __restrict__ k_norm, const float* __restrict__ inv_freq,
+                                     float* __restrict__ q, bf16* __restrict__ kc, bf16* __restrict__ vc, int heads,
+                                     int kv_heads, int rotary_dim, int start, float eps, float q_scale) {
+    __shared__ float scratch[32];
+    __shared__ float ys[1024];
+    const int hd = blockDim.x, d = threadIdx.x, slot = blockIdx.x, t = blockIdx.y, pos = start + t;
+    const bool is_q = slot < heads;
+    const int kvh = slot - heads;
+    const float x = is_q ? to_f32(qg[(size_t)t * 2 * heads * hd + (size_t)slot * 2 * hd + d])
+                         : to_f32(kp[((size_t)t * kv_heads + kvh) * hd + d]);
+    const float gain = is_q ? q_norm[d] : k_norm[d];
+    const float inv = rsqrtf(block_sum(x * x, scratch) / hd + eps);
+    float y = x * inv * (1.f + gain);
+    ys[d] = y;
+    __syncthreads();
+    if (d < rotary_dim) {
+        const int half = rotary_dim / 2;
+        const int i = d < half ? d : d - half;
+        const float angle = __fmul_rn((float)pos, inv_freq[i]);
+        double sn, cs;
+        sincos((double)angle, &sn, &cs);
+        y = d < half ? (float)((double)ys[d] * cs - (double)ys[d + half] * sn)
+                     : (float)((double)ys[d] * cs + (double)ys[d - half] * sn);
+    }
+    if (is_q) {
+        q[((size_t)t * heads + slot) * hd + d] = y * q_scale;
+    } else {
+        const size_t c = ((size_t)pos * kv_heads + kvh) * hd + d;
+        kc[c] = to_bf16(y);
+        vc[c] = vp[((size_t)t * kv_heads + kvh) * hd + d];
+    }
+}
+
+// Prefill attention. For kv head `kvh` the query rows are the flattened (t, g) pairs r = t·G + g
+// (G = H / Hkv q heads share the kv head, so one K/V tile serves all of them); CTA (bx, kvh) takes
+// rows bx·64 .. bx·64+63 and streams keys 0 ..= start + t_last through shared memory in tiles of 32.
+// grid (ceil(T·G / 64), Hkv), NT threads, dynamic shared memory prefill_smem_bytes(HD) (attention.rs).
+// Thread (ry = tid / 8, cx = tid % 8) owns rows ry and ry + 32: scores for keys cx + 8j (j < 4), and
+// output columns 4·cx + 32j .. +3 (j < HD/32). Warp w runs the softmax of rows 8w .. 8w+7.
+template <int HD>
+__device__ __forceinline__ void attn_prefill(const float* __restrict__ q, const bf16* __restrict__ qg,
+                                             const bf16* __restrict__ kc, const bf16* __restrict__ vc,
+                                             bf16* __restrict__ out, int rows, int heads, int kv_heads, int start) {
+    static_assert(HD % 32 == 0 && HD <= 1024, "head_dim must be a multiple of 32");
+    constexpr int QS = HD + 4;  // padded row stride of the Q and K tiles
+    constexpr int PS = BK + 1;  // padded row stride of the probabilities
+    extern __shared__ float4 smem4[];
+    float* Qs = reinterpret_cast<float*>(smem4);  // [BM][QS]
+    float* Ks = Qs + BM * QS;                     // [BK][QS]
+    float* Vs = Ks + BK * QS;                     // [BK][HD]
+    float* Ps = Vs + BK * HD;                     // [BM][PS]
+    float* row_m = Ps + BM * PS;                  // running max (log2 units)
+    float* row_l = row_m + BM;                    // running sum of exp2
+    float* row_a = row_l + BM;                    // this tile's rescale of the accumulators
+
+    const int group = heads / kv_heads, kvh = blockIdx.y, r0 = blockIdx.x * BM, tid = threadIdx.x;
+    const int nrows = rows * group;
+    if (r0 >= nrows) return;
+
+    constexpr int C4 = HD / 4;
+    for (int idx = tid; idx < BM * C4; idx += NT) {
+        const int r = idx / C4, c = idx % C4, fr = r0 + r;
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (fr < nrows) {
+            const int t = fr / group, head = kvh * group + fr % group;
+            v = *reinterpret_cast<const float4*>(q + ((size_t)t * heads + head) * HD + c * 4);
+        }
+        *reinterpret_cast<float4*>(Qs + r * QS + c * 4) = v;
+    }
+    if (tid < BM) {
+        row_m[tid] = -INFINITY;
+        row_l[tid] = 0.f;
+    }
+
+    const int ry = tid / 8, cx = tid % 8, warp = tid / 32, lane = tid % 32;
+    int qpos[2];  // causal limit of my two rows; −1 past the last row (sees nothing, never written)
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int fr = r0 + ry + 32 * i;
+        qpos[i] = fr < nrows ? start + fr / group : -1;
+    }
+    const int nkeys = start + (min(r0 + BM, nrows) - 1) / group + 1;
+    const int total = start + rows;  // keys present in the cache
+
+    float o[2][HD / 32][4];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < HD / 32; ++j) o[i][j][0] = o[i][j][1] = o[i][j][2] = o[i][j][3] = 0.f;
+
+    for (int k0 = 0; k0 < nkeys; k0 += BK) {
+        __syncthreads();  // the previous tile's readers are done; Q and the statistics are visible
+        load_kv_tile<HD>(kc, vc, kv_heads, kvh, k0, total, Ks, Vs);
+        __syncthreads();
+
+        float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll 4
+        for (int d = 0; d < HD; d += 4) {
+            const float4 qa = *reinterpret_cast<const float4*>(Qs + ry * QS + d);
+            const float4 qb = *reinterpret_cast<const float4*>(Qs + (ry + 32) * QS + d);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const float4 kv = *reinterpret_cast<const float4*>(Ks + (cx + 8 * j) * QS + d);
+                s[0][j] += dot4(qa, kv);
+                s[1][j] += dot4(qb, kv);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const int c = cx + 8 * j;
+                Ps[(ry + 32 * i) * PS + c] = k0 + c <= qpos[i] ? s[i][j] : -INFINITY;
+            }
+        __syncthreads();
+
+        for (int rr = 0; rr < BM / 8; ++rr) {
+            const int r = warp * (BM / 8) + rr;
+            const float v = Ps[r * PS + lane];
+            const float m_old = row_m[r];
+            const float m_new = fmaxf(m_old, warp_max(v));
+            const float m_use = m_new == -INFINITY ? 0.f : m_new;  // rows that have seen no key yet
+            const float p = exp2f(v - m_use);
+            const float sum = warp_sum(p);
+            Ps[r * PS + lane] = p;
+            __syncwarp();  // every lane has read row_m[r] before lane 0 replaces it
+            if (lane == 0) {
+                const float a = exp2f(m_old - m_use);
+                row_a[r] = a;
+                row_l[r] = row_l[r] * a + sum;
+                row_m[r] = m_new;
+            }
+        }
+        __syncthreads();
+
+        const float a0 = row_a[ry], a1 = row_a[ry + 32];
+#pragma unroll
+        for (int j = 0; j < HD / 32; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                o[0][j][e] *= a0;
+                o[1][j][e] *= a1;
+            }
+#pragma unroll 4
+        for (int kk = 0; kk < BK; ++kk) {
+            const float p0 = Ps[ry * PS + kk], p1 = Ps[(ry + 32) * PS + kk];
+#pragma unroll
+            for (int j = 0; j < HD / 32; ++j) {
+                const float4 v = *reinterpret_cast<const float4*>(Vs + kk * HD + 4 * cx + 32 * j);
+                o[0][j][0] += p0 * v.x;
+                o[0][j][1] += p0 * v.y;
+                o[0][j][2] += p0 * v.z;
+                o[0][j][3] += p0 * v.w;
+                o[1][j][0] += p1 * v.x;
+                o[1][j][1] += p1 * v.y;
+                o[1][j][2] += p1 * v.z;
+                o[1][j][3] += p1 * v.w;
+            }
+        }
+    }
+
+    // Epilogue: normalise, · sigmoid(gate), one rounding to bf16 (8-byte stores of 4 values).
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int r = ry + 32 * i, fr = r0 + r;
+        if (fr >= nrows) continue;
+        const int t = fr / group, head = kvh * group + fr % group;
+        const float inv_l = 1.f / row_l[r];
+        const bf16* gate = qg + (size_t)t * 2 * heads * HD + (size_t)head * 2 * HD + HD;
+        bf16* dst = out + ((size_t)t * heads + head) * HD;
+#pragma unroll
+        for (int j = 0; j < HD / 32; ++j) {
+            const int d = 4 * cx + 32 * j;
+            const uint2 graw = *reinterpret_cast<const uint2*>(gate + d);
+            const __nv_bfloat162* g2 = reinterpret_cast<const __nv_bfloat162*>(&graw);
+            const float2 ga = __bfloat1622float2(g2[0]), gb = __bfloat1622float2(g2[1]);
+            __nv_bfloat162 res[2];
+            res[0] = __floats2bfloat162_rn(o[i][j][0] * inv_l * sigmoidf_(ga.x), o[i][j][1] * inv_l * sigmoidf_(ga.y));
+            res[1] = __floats2bfloat162_rn(o[i][j][2] * inv_l * sigmoidf_(gb.x), o[i][j][3] * inv_l * sigmoidf_(gb.y));
+            *reinterpret_cast<uint2*>(dst + d) = *reinterpret_cast<const uint2*>(res);
+        }
+    }
+}
+
+// Decode attention, one split: CTA (s, kvh, t) takes keys [s·chunk, min((s+1)·chunk, visible)) of
+// query row t (visible = start + t + 1, chunk = ceil(visible / splits) rounded up to a tile) for the
+// G q heads of kv head kvh, and writes unnormalised partials: part_o [T, H, splits, HD] (Σ p·v) and
+// part_ml [T, H, splits, 2] (max in log2 units, Σ p); an empty split writes (0, −inf, 0).
+// grid (splits, Hkv, T), NT threads, dynamic shared memory decode_smem_bytes(HD) (attention.rs).
+// Scores: lane = key of the tile, warp w takes heads w, w + 8, .. (and runs their softmax).
+// Output element e = tid + 256j (j < MAXG·HD/256) is (head e / HD, dim e % HD).
+// `start` is the cache length before this call; a CUDA-graph capture of decode would read it from
+// device memory instead (the grid is already independent of it).
+template <int HD>
+__device__ __forceinline__ void attn_decode(const float* __restrict__ q, const bf16* __restrict__ kc,
+                                            const bf16* __restrict__ vc, float* __restrict__ part_o,
+                                            float* __restrict__ part_ml, int heads, int kv_heads, int start,
+                                            int splits) {
+    static_assert(HD % 32 == 0 && (MAXG * HD) % NT == 0, "head_dim must be a multiple of 32");
+    constexpr int QS = HD + 4;
+    constexpr int MAXO = MAXG * HD / NT;
+    extern __shared__ float4 smem4[];
+    float* Qs = reinterpret_cast<float*>(smem4);  // [MAXG][HD]
+    float* Ks = Qs + MAXG * HD;                   // [BK][QS]
+    float* Vs = Ks + BK * QS;                     // [BK][HD]
+    float* Ps = Vs + BK * HD;                     // [MAXG][BK]
+    float* row_m = Ps + MAXG * BK;
+    float* row_l = row_m + MAXG;
+    float* row_a = row_l + MAXG;
+
+    const int group = heads / kv_heads, s = blockIdx.x, kvh = blockIdx.y, t = blockIdx.z, tid = threadIdx.x;
+    const int warp = tid / 32, lane = tid % 32, nout = group * HD;
+    const int visible = start + t + 1;
+    const int chunk = ((visible + splits - 1) / splits + BK - 1) / BK * BK;
+    const int kbeg = s * chunk, kend = min(visible, kbeg + chunk);
+    // Partial of (head kvh·G + g, split s) of row t.
+    const size_t part0 = ((size_t)t * heads + kvh * group) * splits + s;
+
+    if (kbeg >= kend) {
+        for (int e = tid; e < nout; e += NT) part_o[(part0 + (size_t)(e / HD) * splits) * HD + e % HD] = 0.f;
+        if (tid < group) {
+            part_ml[(part0 + (size_t)tid * splits) * 2] = -INFINITY;
+            part_ml[(part0 + (size_t)tid * splits) * 2 + 1] = 0.f;
+        }
+        return;
+    }
+
+    // The G heads of this kv head are contiguous in q.
+    const float* qrow = q + ((size_t)t * heads + kvh * group) * HD;
+    for (int e = tid * 4; e < nout; e += NT * 4)
+        *reinterpret_cast<float4*>(Qs + e) = *reinterpret_cast<const float4*>(qrow + e);
+    if (tid < group) {
+        row_m[tid] = -INFINITY;
+        row_l[tid] = 0.f;
+    }
+
+    float o[MAXO];
+#pragma unroll
+    for (int j = 0; j < MAXO; ++j) o[j] = 0.f;
+
+    for (int k0 = kbeg; k0 < kend; k0 += BK) {
+        __syncthreads();
+        load_kv_tile<HD>(kc, vc, kv_heads, kvh, k0, kend, Ks, Vs);
+        __syncthreads();
+
+        for (int g = warp; g < group; g += NT / 32) {
+            float acc = 0.f;
+#pragma unroll 8
+            for (int d = 0; d < HD; d += 4)
+                acc += dot4(*reinterpret_cast<const float4*>(Qs + g * HD + d),
+                            *reinterpret_cast<const float4*>(Ks + lane * QS + d));
+            const float v = k0 + lane < kend ? acc : -INFINITY;
+            const float m_old = row_m[g];
+            const float m_new = fmaxf(m_old, warp_max(v));  // finite: key k0 < kend is in every tile
+            const float p = exp2f(v - m_new);
+            const float sum = warp_sum(p);
+            Ps[g * BK + lane] = p;
+            __syncwarp();
+            if (lane == 0) {
+                const float a = exp2f(m_old - m_new);
+                row_a[g] = a;
+                row_l[g] = row_l[g] * a + sum;
+                row_m[g] = m_new;
+            }
+        }
+        __syncthreads();
+
+#pragma unroll
+        for (int j = 0; j < MAXO; ++j) {
+            const int e = tid + j * NT;
+            if (e < nout) {
+                const int g = e / HD, d = e % HD;
+                float acc = o[j] * row_a[g];
+#pragma unroll 8
+                for (int kk = 0; kk < BK; ++kk) acc += Ps[g * BK + kk] * Vs[kk * HD + d];
+                o[j] = acc;
+            }
+        }
+    }
+
+#pragma unroll
+    for (int j = 0; j < MAXO; ++j) {
+        const int e = tid + j * NT;
+        if (e < nout) part_o[(part0 + (size_t)(e / HD) * splits) * HD + e % HD] = o[j];
+    }
+    if (tid < group) {
+        part_ml[(part0 + (size_t)tid * splits) * 2] = row_m[tid];
+        part_ml[(part0 + (size_t)tid * splits) * 2 + 1] = row_l[tid];
+    }
+}
+
+// One prefill and one decode entry point per compiled head_dim (attention.rs HEAD_DIMS). The `, 1` of
+// __launch_bounds__ lifts ptxas's own register target, under which the small variants spilled.
+#define ATTN_VARIANTS(HD)                                                                                              \
+    extern "C" __global__ void __launch_bounds__(NT, 1) attn_prefill_hd##HD(                                           \
+        const float* __restrict__ q, const bf16* __restrict__ qg, const bf16* __restrict__ kc,                         \
+        const bf16* __restrict__ vc, bf16* __restrict__ out, int rows, int heads, int kv_heads, int start) {           \
+        attn_prefill<HD>(q, qg, kc, vc, out, rows, heads, kv_heads, start);                                            \
+    }                                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(NT, 1) attn_decode_hd##HD(                                            \
+        const float* __restrict__ q, const bf16* __restrict__ kc, const bf16* __restrict__ vc,                         \
+        float* __restrict__ part_o, float* __restrict__ part_ml, int heads, int kv_heads, int start, int splits) {     \
+        attn_decode<HD>(q, kc, vc, part_o, part_ml, heads, kv_heads, start, splits);                                   \
+    }
+
+ATTN_VARIANTS(32)
+ATTN_VARIANTS(64)
+ATTN_VARIANTS(128)
+ATTN_VARIANTS(256)
+
+// Merges the decode splits of one (head, row): grid (H, T), blockDim a multiple of 32 (HD, ≤ 1024).
+// out[t, head·HD + d] = bf16(Σ_s 2^(m_s − M) o_s[d] / Σ_s 2^(m_s − M) l_s · sigmoid(gate[d])).
+// Split 0 always holds key 0, so M is finite and the denominator positive.
+extern "C" __global__ void attn_decode_combine(const float* __restrict__ part_o, const float* __restrict__ part_ml,
+                                               const bf16* __restrict__ qg, bf16* __restrict__ out, int heads,
+                                               int head_dim, int splits) {
+    const int head = blockIdx.x, t = blockIdx.y;
+    const size_t base = ((size_t)t * heads + head) * splits;
+    float mx = -INFINITY;
+    for (int s = 0; s < splits; ++s) mx = fmaxf(mx, part_ml[(base + s) * 2]);
+    const bf16* gate = qg + (size_t)t * 2 * heads * head_dim + (size_t)head * 2 * head_dim + head_dim;
+    bf16* dst = out + ((size_t)t * heads + head) * head_dim;
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float acc = 0.f, l = 0.f;
+        for (int s = 0; s < splits; ++s) {
+            const float m = part_ml[(base + s) * 2];
+            if (m == -INFINITY) continue;  // an empty split
+            const float w = exp2f(m - mx);
+            l += w * part_ml[(base + s) * 2 + 1];
+            acc += w * part_o[(base + s) * head_dim + d];
+        }
+        dst[d] = to_bf16(acc / l * sigmoidf_(to_f32(gate[d])));
+    }
+}

@@ -1,2 +1,414 @@
-// gdn kernels (being written).
+// Gated DeltaNet mixer core (`backbone.md` §3): causal depthwise conv + SiLU with the carried conv
+// state, q/k L2 norm and gates, the delta rule (64-token chunks for prefill, token recurrence for
+// decode) and the gated RMSNorm of each value head. The projections around it are `linear.cu`.
+//
+// Numerics follow the CPU oracle (`src/backend/cpu/backbone/gdn.rs`, `gdn_chunk.rs`) step for
+// step, in fp32: inputs are the bf16 projection outputs, everything between is fp32 (conv output,
+// normalised q/k, gates, core output, recurrent state), and only the gated norm rounds to bf16.
+//
+// The chunked form (WY/UT transform of each 64-token chunk, then one read and one update of the
+// chunk-start state) is the one of flash-linear-attention (github.com/fla-org/flash-linear-attention,
+// MIT licence, `chunk_gated_delta_rule`), here kept entirely in fp32 and computed as the
+// transformers torch reference orders it.
+//
+// Layouts (row t of a call, C = 2·Hk·Dk + Hv·Dv channels):
+//   prep   f32 [T, C]       conv output: q (L2-normalised, scaled by Dk^-1/2) | k (normalised) | v
+//   gates  f32 [2, T, Hv]   β = sigmoid(b), then g = −exp(A_log)·softplus(a + dt_bias)
+//   state  f32 [Hv, Dk, Dv] recurrent state S[k][v] per value head (the CPU GdnState layout)
+//   conv   f32 [K−1, C]     the last K−1 pre-conv inputs, oldest first (bf16-exact values)
+//   o      f32 [T, Hv, Dv]  core output before the gated norm
 #include "common.cuh"
+
+#define GDN_THREADS 256
+#define GDN_WARPS (GDN_THREADS / 32)
+// Tokens per chunk, as in the reference; the last chunk may be shorter.
+#define GDN_CHUNK 64
+// Value columns per CTA of the cores: one per lane.
+#define GDN_BV 32
+// Largest key dim the cores support (rows of S a warp holds: GDN_MAX_DK / GDN_WARPS).
+#define GDN_MAX_DK 128
+#define GDN_ROWS_PER_WARP (GDN_MAX_DK / GDN_WARPS)
+#define GDN_CHUNK_ROWS_PER_WARP (GDN_CHUNK / GDN_WARPS)
+// Epsilon of the q/k L2 norm, inside the sqrt; fixed in the reference.
+#define GDN_L2_EPS 1e-6f
+
+// Fills n floats with zeros (a fresh request's states). One thread per value.
+extern "C" __global__ void gdn_zero_f32(float* __restrict__ p, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) p[i] = 0.f;
+}
+
+// Conv + SiLU, q/k normalisation and the gates of one row. One block per row t (grid = rows,
+// any multiple of 32 threads). qkv: [rows, C] bf16 projection; conv_state: [K−1, C] f32 (read
+// only; gdn_conv_state_update advances it afterwards); conv_w: [C, 1, K] bf16, tap K−1 multiplies
+// the current row; b, a: [rows, Hv] bf16; a_log, dt_bias: [Hv] f32.
+// `prep` is written, then re-read by other threads of the block after the barrier (hence no
+// __restrict__: its loads must see this block's stores).
+extern "C" __global__ void gdn_conv_prepare(const bf16* __restrict__ qkv, const float* __restrict__ conv_state,
+                                            const bf16* __restrict__ conv_w, const bf16* __restrict__ b,
+                                            const bf16* __restrict__ a, const float* __restrict__ a_log,
+                                            const float* __restrict__ dt_bias, float* prep, float* __restrict__ gates,
+                                            int rows, int channels, int kernel, int key_heads, int key_dim,
+                                            int value_heads, float q_scale) {
+    const int t = blockIdx.x;
+    const int history = kernel - 1;
+    float* out = prep + (size_t)t * channels;
+    for (int c = threadIdx.x; c < channels; c += blockDim.x) {
+        float acc = 0.f;
+        for (int i = 0; i < kernel; ++i) {
+            // Input row t − (K−1) + i; rows before this call come from the carried state.
+            const int r = t - history + i;
+            const float x = r >= 0 ? to_f32(qkv[(size_t)r * channels + c])
+                                   : conv_state[(size_t)(history + r) * channels + c];
+            acc = fmaf(to_f32(conv_w[(size_t)c * kernel + i]), x, acc);
+        }
+        out[c] = siluf_(acc);
+    }
+    __syncthreads();
+
+    // One warp per q or k head vector: x / sqrt(Σx² + eps), q also scaled by Dk^-1/2.
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    for (int h = warp; h < 2 * key_heads; h += warps) {
+        float* vec = out + (size_t)h * key_dim;
+        float ss = 0.f;
+        for (int d = lane; d < key_dim; d += 32) ss = fmaf(vec[d], vec[d], ss);
+        const float inv = rsqrtf(warp_sum(ss) + GDN_L2_EPS) * (h < key_heads ? q_scale : 1.f);
+        for (int d = lane; d < key_dim; d += 32) vec[d] *= inv;
+    }
+
+    for (int j = threadIdx.x; j < value_heads; j += blockDim.x) {
+        const size_t idx = (size_t)t * value_heads + j;
+        gates[idx] = sigmoidf_(to_f32(b[idx]));
+        // softplus with PyTorch's threshold 20 (linear above it).
+        const float x = to_f32(a[idx]) + dt_bias[j];
+        const float softplus = x > 20.f ? x : log1pf(expf(x));
+        gates[(size_t)rows * value_heads + idx] = -expf(a_log[j]) * softplus;
+    }
+}
+
+// Conv state ← the last K−1 rows of [state; qkv] (run after gdn_conv_prepare). One thread per
+// channel; row i of the new state is row rows + i of that window, which lies ahead of i, so the
+// in-place shift reads each old row before overwriting it.
+extern "C" __global__ void gdn_conv_state_update(float* __restrict__ state, const bf16* __restrict__ qkv, int rows,
+                                                 int channels, int history) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= channels) return;
+    for (int i = 0; i < history; ++i) {
+        const int src = rows + i;
+        state[(size_t)i * channels + c] = src < history ? state[(size_t)src * channels + c]
+                                                        : to_f32(qkv[(size_t)(src - history) * channels + c]);
+    }
+}
+
+// Row `row`, column `col` of a chunk matrix with row stride ks (a multiple of 32): columns are
+// XOR-swizzled by the row so that both a row read across lanes and a column read across lanes
+// (lane = row) hit 32 distinct banks.
+__device__ __forceinline__ int gdn_swz(int row, int col, int ks) { return row * ks + (col ^ (row & 31)); }
+
+// Packed lower triangle (diagonal included) of a GDN_CHUNK × GDN_CHUNK matrix.
+__device__ __forceinline__ int gdn_tri(int i, int m) { return i * (i + 1) / 2 + m; }
+
+#define GDN_TRI_SIZE (GDN_CHUNK * (GDN_CHUNK + 1) / 2)
+
+// The lower triangle of X Kᵀ over one chunk (n rows, both swizzled [GDN_CHUNK, ks]) into `tri_out`,
+// each entry scaled by e^{γ_i − γ_m} and, when `beta` is given, by β_i. kDiag includes m = i.
+// Warp w owns rows i = w, w+8, …; lane l owns columns m = l, l+32: X reads are broadcasts, K reads
+// conflict-free. Entries outside the triangle are not written.
+template <bool kDiag>
+__device__ __forceinline__ void gdn_chunk_gram(const float* X, const float* K, const float* gam, const float* beta,
+                                               float* tri_out, int n, int dk, int ks) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float acc[GDN_CHUNK_ROWS_PER_WARP][2];
+#pragma unroll
+    for (int r = 0; r < GDN_CHUNK_ROWS_PER_WARP; ++r) acc[r][0] = acc[r][1] = 0.f;
+    for (int d = 0; d < dk; ++d) {
+        const float k0 = lane < n ? K[gdn_swz(lane, d, ks)] : 0.f;
+        const float k1 = lane + 32 < n ? K[gdn_swz(lane + 32, d, ks)] : 0.f;
+#pragma unroll
+        for (int r = 0; r < GDN_CHUNK_ROWS_PER_WARP; ++r) {
+            const int i = warp + GDN_WARPS * r;
+            const float x = i < n ? X[gdn_swz(i, d, ks)] : 0.f;
+            acc[r][0] = fmaf(x, k0, acc[r][0]);
+            acc[r][1] = fmaf(x, k1, acc[r][1]);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < GDN_CHUNK_ROWS_PER_WARP; ++r) {
+        const int i = warp + GDN_WARPS * r;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int m = lane + 32 * h;
+            if (i < n && (kDiag ? m <= i : m < i)) {
+                const float decayed = acc[r][h] * expf(gam[i] - gam[m]);
+                tri_out[gdn_tri(i, m)] = beta ? beta[i] * decayed : decayed;
+            }
+        }
+    }
+}
+
+// Chunked prefill core (`backbone.md` §3.7): for each 64-token chunk, with γ the cumulative
+// log-decay from the chunk start,
+//   A = strict lower β_i (k_i·k_m) e^{γ_i−γ_m};  U = (I+A)⁻¹ diag(β) V;  W = (I+A)⁻¹ diag(β) (K ⊙ e^γ)
+//   V_new = U − W S;  O = (Q ⊙ e^γ) S + [(Q Kᵀ) ⊙ e^{γ_i−γ_m}]_{m≤i} V_new;  S ← e^{γ_n} S + (K ⊙ e^{γ_n−γ})ᵀ V_new.
+// (I+A)⁻¹ is applied by forward substitution of U and W column by column, as the CPU does.
+//
+// Grid (Hv, ceil(Dv/32)), 256 threads: one CTA per value head and 32 value columns (the delta rule
+// never mixes value columns, so each column tile runs the recurrence on its own); the CTA walks all
+// chunks in order with its state tile in shared memory. Requires Dk ≤ 128 and Hv % Hk == 0.
+// Dynamic shared memory (floats), ks = Dk rounded up to 32:
+//   S [Dk][32] | K [64][ks] | QW [64][ks] (W, later the chunk's Q) | U [64][32] (βV → U → V_new)
+//   | A [tri 64] (A, later the decayed Q Kᵀ) | γ, β, e^γ, e^{γ_n−γ} [64 each]
+extern "C" __global__ void __launch_bounds__(GDN_THREADS)
+    gdn_chunk_core(const float* __restrict__ prep, const float* __restrict__ gates, float* __restrict__ state,
+                   float* __restrict__ out, int rows, int key_heads, int value_heads, int key_dim, int value_dim) {
+    extern __shared__ float smem[];
+    const int dk = key_dim, dv = value_dim, ks = (key_dim + 31) & ~31;
+    const int j = blockIdx.x, kh = j / (value_heads / key_heads);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int v = blockIdx.y * GDN_BV + lane;
+    const bool v_ok = v < dv;
+    const int channels = 2 * key_heads * dk + value_heads * dv;
+
+    float* S = smem;
+    float* K = S + dk * GDN_BV;
+    float* QW = K + GDN_CHUNK * ks;
+    float* U = QW + GDN_CHUNK * ks;
+    float* A = U + GDN_CHUNK * GDN_BV;
+    float* gam = A + GDN_TRI_SIZE;
+    float* beta = gam + GDN_CHUNK;
+    float* egam = beta + GDN_CHUNK;
+    float* fdec = egam + GDN_CHUNK;
+
+    float* s_global = state + (size_t)j * dk * dv;
+    for (int d = warp; d < dk; d += GDN_WARPS) S[d * GDN_BV + lane] = v_ok ? s_global[(size_t)d * dv + v] : 0.f;
+
+    const float* q_in = prep + (size_t)kh * dk;
+    const float* k_in = prep + (size_t)(key_heads + kh) * dk;
+    const float* v_in = prep + (size_t)2 * key_heads * dk + (size_t)j * dv;
+    const float* g_in = gates + (size_t)rows * value_heads;
+
+    for (int t0 = 0; t0 < rows; t0 += GDN_CHUNK) {
+        const int n = min(GDN_CHUNK, rows - t0);
+        for (int i = warp; i < n; i += GDN_WARPS) {
+            const size_t row = (size_t)(t0 + i) * channels;
+            for (int d = lane; d < dk; d += 32) K[gdn_swz(i, d, ks)] = k_in[row + d];
+            U[i * GDN_BV + lane] = v_ok ? v_in[row + v] : 0.f;
+        }
+        if (threadIdx.x < n) {
+            const size_t idx = (size_t)(t0 + threadIdx.x) * value_heads + j;
+            beta[threadIdx.x] = gates[idx];
+            gam[threadIdx.x] = g_in[idx];
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float acc = 0.f;
+            for (int i = 0; i < n; ++i) gam[i] = acc += gam[i];
+        }
+        __syncthreads();
+        if (threadIdx.x < n) {
+            egam[threadIdx.x] = expf(gam[threadIdx.x]);
+            fdec[threadIdx.x] = expf(gam[n - 1] - gam[threadIdx.x]);
+        }
+        gdn_chunk_gram<false>(K, K, gam, beta, A, n, dk, ks);
+        __syncthreads();
+
+        // Forward substitution, one thread per column of [W | U]; a column depends only on itself.
+        for (int c = threadIdx.x; c < dk + GDN_BV; c += blockDim.x) {
+            if (c < dk) {
+                for (int i = 0; i < n; ++i) {
+                    const float* a_row = A + gdn_tri(i, 0);
+                    float x = beta[i] * egam[i] * K[gdn_swz(i, c, ks)];
+                    for (int m = 0; m < i; ++m) x = fmaf(-a_row[m], QW[gdn_swz(m, c, ks)], x);
+                    QW[gdn_swz(i, c, ks)] = x;
+                }
+            } else {
+                const int col = c - dk;
+                for (int i = 0; i < n; ++i) {
+                    const float* a_row = A + gdn_tri(i, 0);
+                    float x = beta[i] * U[i * GDN_BV + col];
+                    for (int m = 0; m < i; ++m) x = fmaf(-a_row[m], U[m * GDN_BV + col], x);
+                    U[i * GDN_BV + col] = x;
+                }
+            }
+        }
+        __syncthreads();
+
+        // V_new = U − W S: warp w owns rows w, w+8, …, lane its value column.
+        {
+            float acc[GDN_CHUNK_ROWS_PER_WARP] = {};
+            for (int d = 0; d < dk; ++d) {
+                const float s = S[d * GDN_BV + lane];
+#pragma unroll
+                for (int r = 0; r < GDN_CHUNK_ROWS_PER_WARP; ++r) {
+                    const int i = warp + GDN_WARPS * r;
+                    if (i < n) acc[r] = fmaf(QW[gdn_swz(i, d, ks)], s, acc[r]);
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < GDN_CHUNK_ROWS_PER_WARP; ++r) {
+                const int i = warp + GDN_WARPS * r;
+                if (i < n) U[i * GDN_BV + lane] -= acc[r];
+            }
+        }
+        __syncthreads();
+
+        for (int i = warp; i < n; i += GDN_WARPS) {
+            const size_t row = (size_t)(t0 + i) * channels;
+            for (int d = lane; d < dk; d += 32) QW[gdn_swz(i, d, ks)] = q_in[row + d];
+        }
+        __syncthreads();
+        gdn_chunk_gram<true>(QW, K, gam, nullptr, A, n, dk, ks);
+        __syncthreads();
+
+        // O_i = e^{γ_i} q_iᵀ S + Σ_{m≤i} (q_i·k_m) e^{γ_i−γ_m} V_new[m], with S the chunk-start state.
+        {
+            float acc[GDN_CHUNK_ROWS_PER_WARP] = {};
+            for (int d = 0; d < dk; ++d) {
+                const float s = S[d * GDN_BV + lane];
+#pragma unroll
+                for (int r = 0; r < GDN_CHUNK_ROWS_PER_WARP; ++r) {
+                    const int i = warp + GDN_WARPS * r;
+                    if (i < n) acc[r] = fmaf(QW[gdn_swz(i, d, ks)], s, acc[r]);
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < GDN_CHUNK_ROWS_PER_WARP; ++r) {
+                const int i = warp + GDN_WARPS * r;
+                if (i >= n) continue;
+                float o = acc[r] * egam[i];
+                const float* c_row = A + gdn_tri(i, 0);
+                for (int m = 0; m <= i; ++m) o = fmaf(c_row[m], U[m * GDN_BV + lane], o);
+                if (v_ok) out[((size_t)(t0 + i) * value_heads + j) * dv + v] = o;
+            }
+        }
+        __syncthreads();
+
+        // S ← e^{γ_n} S + Σ_i e^{γ_n−γ_i} k_i V_new[i]ᵀ: warp w owns rows d = w, w+8, … of the tile.
+        {
+            float s[GDN_ROWS_PER_WARP];
+            const float e_last = egam[n - 1];
+#pragma unroll
+            for (int r = 0; r < GDN_ROWS_PER_WARP; ++r) {
+                const int d = warp + GDN_WARPS * r;
+                s[r] = d < dk ? S[d * GDN_BV + lane] * e_last : 0.f;
+            }
+            for (int i = 0; i < n; ++i) {
+                const float u = U[i * GDN_BV + lane], f = fdec[i];
+#pragma unroll
+                for (int r = 0; r < GDN_ROWS_PER_WARP; ++r) {
+                    const int d = warp + GDN_WARPS * r;
+                    if (d < dk) s[r] = fmaf(f * K[gdn_swz(i, d, ks)], u, s[r]);
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < GDN_ROWS_PER_WARP; ++r) {
+                const int d = warp + GDN_WARPS * r;
+                if (d < dk) S[d * GDN_BV + lane] = s[r];
+            }
+        }
+        __syncthreads();
+    }
+
+    for (int d = warp; d < dk; d += GDN_WARPS)
+        if (v_ok) s_global[(size_t)d * dv + v] = S[d * GDN_BV + lane];
+}
+
+// Recurrent decode core (`backbone.md` §3.4): rows one after another, each
+//   S ← e^g S;  u = Sᵀk;  δ = β(v − u);  S ← S + k δᵀ;  o = Sᵀq.
+// Grid (Hv, ceil(Dv/32)), 256 threads; the state tile [Dk][32] lives in registers: warp w holds
+// rows d = w, w+8, … (at most 16), lane its value column. The Dk-sums are per-warp partials
+// combined through shared memory. Requires Dk ≤ 128 and Hv % Hk == 0.
+extern "C" __global__ void __launch_bounds__(GDN_THREADS)
+    gdn_recurrent_core(const float* __restrict__ prep, const float* __restrict__ gates, float* __restrict__ state,
+                       float* __restrict__ out, int rows, int key_heads, int value_heads, int key_dim, int value_dim) {
+    __shared__ float kq[2][GDN_MAX_DK];
+    __shared__ float part[2][GDN_WARPS][32];
+    const int dk = key_dim, dv = value_dim;
+    const int j = blockIdx.x, kh = j / (value_heads / key_heads);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int v = blockIdx.y * GDN_BV + lane;
+    const bool v_ok = v < dv;
+    const int channels = 2 * key_heads * dk + value_heads * dv;
+
+    float* s_global = state + (size_t)j * dk * dv;
+    float s[GDN_ROWS_PER_WARP];
+#pragma unroll
+    for (int r = 0; r < GDN_ROWS_PER_WARP; ++r) {
+        const int d = warp + GDN_WARPS * r;
+        s[r] = d < dk && v_ok ? s_global[(size_t)d * dv + v] : 0.f;
+    }
+
+    for (int t = 0; t < rows; ++t) {
+        const float* row = prep + (size_t)t * channels;
+        for (int d = threadIdx.x; d < dk; d += blockDim.x) {
+            kq[0][d] = row[(size_t)(key_heads + kh) * dk + d];
+            kq[1][d] = row[(size_t)kh * dk + d];
+        }
+        const float vt = v_ok ? row[(size_t)2 * key_heads * dk + (size_t)j * dv + v] : 0.f;
+        const float b = gates[(size_t)t * value_heads + j];
+        const float decay = expf(gates[((size_t)rows + t) * value_heads + j]);
+        __syncthreads();
+
+        float u = 0.f;
+#pragma unroll
+        for (int r = 0; r < GDN_ROWS_PER_WARP; ++r) {
+            const int d = warp + GDN_WARPS * r;
+            if (d < dk) {
+                s[r] *= decay;
+                u = fmaf(s[r], kq[0][d], u);
+            }
+        }
+        part[0][warp][lane] = u;
+        __syncthreads();
+        float u_all = 0.f;
+#pragma unroll
+        for (int w = 0; w < GDN_WARPS; ++w) u_all += part[0][w][lane];
+        const float delta = b * (vt - u_all);
+
+        float o = 0.f;
+#pragma unroll
+        for (int r = 0; r < GDN_ROWS_PER_WARP; ++r) {
+            const int d = warp + GDN_WARPS * r;
+            if (d < dk) {
+                s[r] = fmaf(kq[0][d], delta, s[r]);
+                o = fmaf(s[r], kq[1][d], o);
+            }
+        }
+        part[1][warp][lane] = o;
+        __syncthreads();
+        // Every read of kq and part[0] for this row is done by now (kq is rewritten right after
+        // this barrier); warp 0's read of part[1] precedes the next row's first barrier, and
+        // part[1] is rewritten only after the next row's second.
+        if (warp == 0 && v_ok) {
+            float o_all = 0.f;
+#pragma unroll
+            for (int w = 0; w < GDN_WARPS; ++w) o_all += part[1][w][lane];
+            out[((size_t)t * value_heads + j) * dv + v] = o_all;
+        }
+    }
+
+#pragma unroll
+    for (int r = 0; r < GDN_ROWS_PER_WARP; ++r) {
+        const int d = warp + GDN_WARPS * r;
+        if (d < dk && v_ok) s_global[(size_t)d * dv + v] = s[r];
+    }
+}
+
+// Gated RMSNorm of each value head (`backbone.md` §3.5, norm before gate, plain gain):
+//   y = bf16(o · rsqrt(mean(o²) + eps) · w · SiLU(z)).
+// One warp per (row, value head) pair: grid ceil(pairs / 8), 256 threads. o: [pairs, Dv] f32;
+// z, y: [pairs, Dv] bf16 (row-major [rows, Hv·Dv]); w: [Dv] f32.
+extern "C" __global__ void gdn_gated_norm(const float* __restrict__ o, const bf16* __restrict__ z,
+                                          const float* __restrict__ w, bf16* __restrict__ y, int pairs, int dv,
+                                          float eps) {
+    const int lane = threadIdx.x & 31;
+    const int pair = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (pair >= pairs) return;  // whole warps leave; no block barrier follows
+    const float* op = o + (size_t)pair * dv;
+    const bf16* zp = z + (size_t)pair * dv;
+    bf16* yp = y + (size_t)pair * dv;
+    float ss = 0.f;
+    for (int c = lane; c < dv; c += 32) ss = fmaf(op[c], op[c], ss);
+    const float inv = rsqrtf(warp_sum(ss) / dv + eps);
+    for (int c = lane; c < dv; c += 32) yp[c] = to_bf16(op[c] * inv * w[c] * siluf_(to_f32(zp[c])));
+}

@@ -29,6 +29,62 @@ pub enum Command {
     Say(SayArgs),
     /// Dump every stage's tensors for given prompt rows (for comparison with references).
     Trace(TraceArgs),
+    /// Measure the engine on this machine's GPU.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Load a checkpoint on the GPU and time the backbone: a prefill, then decode rows; compares
+    /// decode with its floor (bytes per row / measured copy bandwidth).
+    Backbone(BenchBackboneArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BenchBackboneArgs {
+    /// Checkpoint directory.
+    #[arg(long)]
+    pub model: PathBuf,
+    #[arg(long, default_value_t = 200)]
+    pub prompt_rows: usize,
+    #[arg(long, default_value_t = 100)]
+    pub decode_rows: usize,
+    /// Positions the KV caches are sized for.
+    #[arg(long, default_value_t = 16384)]
+    pub context_length: usize,
+    /// Hard cap on GPU memory (bytes, or with a K/M/G/KiB/MiB/GiB suffix); default: free memory
+    /// at start minus 1 GiB.
+    #[arg(long, value_parser = parse_bytes)]
+    pub gpu_memory_budget: Option<u64>,
+    /// Also write every number as JSON.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+/// `123`, `64G`, `64GB`, `64GiB`, `512MiB`, `1.5G` → bytes (K/M/G/T are powers of 1000, KiB/MiB/GiB/TiB of 1024).
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let value: f64 = number.parse().map_err(|_| format!("`{text}` is not a size (e.g. 64GiB)"))?;
+    let scale: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "m" | "mb" => 1e6,
+        "g" | "gb" => 1e9,
+        "t" | "tb" => 1e12,
+        "kib" => 1024.0,
+        "mib" => 1024f64.powi(2),
+        "gib" => 1024f64.powi(3),
+        "tib" => 1024f64.powi(4),
+        other => return Err(format!("`{other}` is not a size unit (use K, M, G, T, KiB, MiB, GiB or TiB)")),
+    };
+    let bytes = value * scale;
+    if !bytes.is_finite() || bytes < 1.0 || bytes > u64::MAX as f64 {
+        return Err(format!("`{text}` is not a usable size"));
+    }
+    Ok(bytes as u64)
 }
 
 #[derive(Debug, Args)]
@@ -159,4 +215,21 @@ pub struct TraceArgs {
     /// Output safetensors file.
     #[arg(long)]
     pub out: PathBuf,
+}
+
+#[cfg(test)]
+mod size_tests {
+    use super::parse_bytes;
+
+    #[test]
+    fn sizes_parse_with_decimal_and_binary_units() {
+        assert_eq!(parse_bytes("123"), Ok(123));
+        assert_eq!(parse_bytes("64G"), Ok(64_000_000_000));
+        assert_eq!(parse_bytes("64GiB"), Ok(64 << 30));
+        assert_eq!(parse_bytes("1.5 GiB"), Ok(3 << 29));
+        assert_eq!(parse_bytes("512mib"), Ok(512 << 20));
+        for bad in ["", "GiB", "-1G", "12 parsecs", "0"] {
+            assert!(parse_bytes(bad).is_err(), "{bad}");
+        }
+    }
 }

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use limelight::cli::{CheckpointCommand, Cli, Command, SynthArgs};
+use limelight::cli::{BenchCommand, CheckpointCommand, Cli, Command, SynthArgs};
 use limelight::commands;
 use limelight::inspect::{human, summary};
 use limelight::model::load::Checkpoint;
@@ -27,6 +27,7 @@ fn main() -> ExitCode {
         Command::Trace(args) => commands::trace_command(&args).map(|n| {
             println!("wrote {}: {n} tensors", args.out.display());
         }),
+        Command::Bench(BenchCommand::Backbone(args)) => commands::bench_backbone(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

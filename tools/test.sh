@@ -24,6 +24,9 @@ tools/python-env.sh
 export PATH="$PWD/.venv/bin:$PATH"
 export LIMELIGHT_REQUIRE_PYTHON=1
 
+echo "== CUDA compiler (pinned nvcc 13.0 wheels; build.rs compiles every kernels/*.cu with it)"
+tools/cuda-toolchain.sh
+
 echo "== format and lints"
 cargo fmt --check
 cargo clippy --all-targets --locked -- -D warnings

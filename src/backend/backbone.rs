@@ -103,6 +103,12 @@ pub trait BackboneOps: BackendTypes {
     /// Residual add `x += y`.
     fn add_in_place(&self, x: &mut Self::Act, y: &Self::Act);
 
+    /// `x += y`, then the zero-centred RMSNorm of the new `x` (a backend may fuse the two).
+    fn add_rms_norm(&self, x: &mut Self::Act, y: &Self::Act, weight: &Self::Weight, eps: f64) -> Self::Act {
+        self.add_in_place(x, y);
+        self.rms_norm(x, weight, eps)
+    }
+
     /// GDN mixer over rows continuing `state`, with the 64-token chunked algorithm
     /// (`backbone.md` §3.7). Returns the `out_proj` output.
     fn gdn_prefill(

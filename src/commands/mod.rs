@@ -1,6 +1,9 @@
 //! The bodies of the CLI subcommands that run the model (`say`, `trace`): load, run, write.
 //! Argument parsing stays in `cli.rs`; this is the only place besides `main.rs` using `anyhow`.
 
+#[cfg(feature = "cuda")]
+pub mod bench;
+
 use std::ops::ControlFlow;
 use std::path::Path;
 
@@ -12,7 +15,7 @@ use crate::backend::cpu::Cpu;
 use crate::checkpoint::Dtype;
 use crate::checkpoint::safetensors::SafetensorsFile;
 use crate::checkpoint::safetensors_writer::{TensorHeader, f32_bytes, write_safetensors};
-use crate::cli::{SayArgs, TraceArgs};
+use crate::cli::{BenchBackboneArgs, SayArgs, TraceArgs};
 use crate::engine::generate::{Engine, Finished, GenerateOptions, ResidentModel};
 use crate::engine::sampling::SamplingParams;
 use crate::engine::trace::trace;
@@ -81,4 +84,23 @@ fn read_rows(path: &Path, codebooks: usize) -> anyhow::Result<Rows> {
         rows.concat()
     };
     Ok(Rows::from_flat(codebooks, flat))
+}
+
+/// `limelight bench backbone`: prints the summary and optionally writes the JSON.
+pub fn bench_backbone(args: &BenchBackboneArgs) -> anyhow::Result<()> {
+    #[cfg(feature = "cuda")]
+    {
+        let result = bench::bench_backbone(args)?;
+        println!("{}", result.summary());
+        if let Some(path) = &args.json {
+            std::fs::write(path, serde_json::to_string_pretty(&result)?)
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
+        Ok(())
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = args;
+        bail!("this binary was built without the `cuda` feature: rebuild with default features to use the GPU")
+    }
 }

@@ -303,8 +303,11 @@ impl<'a, B: BackboneOps> Backbone<'a, B> {
         let c = &self.config;
         let mut x = self.embed(rows)?;
         observe(Stage::Embedding, &x);
-        for (l, (layer, st)) in self.weights.layers.iter().zip(state.layers.iter_mut()).enumerate() {
-            let h = b.rms_norm(&x, &layer.input_norm, c.norm_eps);
+        // Each residual add is fused with the norm that reads its result (the next mixer's or
+        // MoE's input norm, or the final norm), so `h` is always the normed input of the next op.
+        let layers = &self.weights.layers;
+        let mut h = b.rms_norm(&x, &layers[0].input_norm, c.norm_eps);
+        for (l, (layer, st)) in layers.iter().zip(state.layers.iter_mut()).enumerate() {
             let mixed = match (&layer.mixer, st) {
                 (Mixer::GatedDeltaNet(w), LayerState::Gdn(s)) => match pass {
                     Pass::Prefill => b.gdn_prefill(&c.gdn, w, &h, s),
@@ -317,13 +320,13 @@ impl<'a, B: BackboneOps> Backbone<'a, B> {
                 // `new` and `check_state` matched every layer's kind to the config.
                 _ => unreachable!("layer kinds were checked against the config"),
             };
-            b.add_in_place(&mut x, &mixed);
-            let h = b.rms_norm(&x, &layer.post_attention_norm, c.norm_eps);
+            h = b.add_rms_norm(&mut x, &mixed, &layer.post_attention_norm, c.norm_eps);
             let moe = b.moe(&c.moe, &layer.moe, &h);
-            b.add_in_place(&mut x, &moe);
+            let next_norm = layers.get(l + 1).map_or(&self.weights.final_norm, |next| &next.input_norm);
+            h = b.add_rms_norm(&mut x, &moe, next_norm, c.norm_eps);
             observe(Stage::Layer(l), &x);
         }
-        let out = b.rms_norm(&x, &self.weights.final_norm, c.norm_eps);
+        let out = h;
         observe(Stage::FinalNorm, &out);
         state.position += rows.len();
         Ok(out)

@@ -1,5 +1,149 @@
-//! `kernels/gdn.cu` against the CPU backend (being written).
+//! `kernels/linear.cu` and cuBLASLt against the host: dense projections on every path (GEMV,
+//! cuBLASLt, tiled fallback) at the real model's shapes and odd ones, the input-embedding gather
+//! and the restricted `lm_head`, all on identical bf16 inputs.
+
+use half::bf16;
+use limelight::backend::BackendTypes;
+use limelight::backend::backbone::{BackboneOps, EmbedRow};
+use limelight::backend::cpu::{CpuWeight, Matrix};
+use limelight::backend::cuda::linear::{self, GEMV_MAX_ROWS, Path, RestrictedHead};
+use limelight::backend::cuda::tensor::GpuWeight;
+use limelight::checkpoint::{Dtype, TensorView};
+use limelight::model::weights::TensorSpec;
 
 use crate::harness::Ctx;
 
-pub fn run(_ctx: &mut Ctx) {}
+/// Weight shapes `[n, k]`: the real model's dense projections, then odd ones.
+const SHAPES: &[(usize, usize)] =
+    &[(8192, 2048), (4096, 2048), (32, 2048), (2048, 4096), (512, 2048), (1, 2048), (100, 72), (33, 2048)];
+const ROWS: &[usize] = &[1, 2, 3, 8, 9, 64, 200];
+/// bf16 output rounding gives ≈3e-3 relative L2; accumulation-order differences are far below.
+const LINEAR_BOUND: f64 = 1e-2;
+
+pub fn run(ctx: &mut Ctx) {
+    ctx.cuda.pool().set_poison(true);
+    if ctx.cuda.blas.is_none() {
+        ctx.check("cublaslt", "loaded", "yes".into(), "not loaded".into(), false);
+    }
+    for &(n, k) in SHAPES {
+        projections(ctx, n, k);
+    }
+    // k not a multiple of 8: no GEMV; cuBLASLt and the tiled kernel must still be right.
+    projections(ctx, 40, 100);
+    routing(ctx);
+    for hidden in [2048, 100] {
+        embed(ctx, hidden);
+    }
+    for (vocab, hidden) in [(12_000, 2048), (300, 100)] {
+        restricted(ctx, vocab, hidden);
+    }
+}
+
+/// A bf16 matrix uploaded to both backends exactly as a checkpoint tensor would be.
+fn upload_bf16(ctx: &Ctx, name: &str, m: &Matrix) -> (CpuWeight, GpuWeight) {
+    let bytes: Vec<u8> = m.data.iter().flat_map(|&v| bf16::from_f32(v).to_le_bytes()).collect();
+    let shape = [m.rows, m.cols];
+    let spec = TensorSpec::linear(name, m.rows, m.cols);
+    let cpu = ctx.cpu.upload(&spec, TensorView { dtype: Dtype::BF16, shape: &shape, bytes: &bytes });
+    let gpu = ctx.cuda.upload(&spec, TensorView { dtype: Dtype::BF16, shape: &shape, bytes: &bytes });
+    (cpu, gpu)
+}
+
+/// `x · wᵀ` with one f64 dot per output, spread over the host's cores.
+fn reference(x: &Matrix, w: &Matrix) -> Vec<f32> {
+    let n = w.rows;
+    let mut out = vec![0f32; x.rows * n];
+    let threads = std::thread::available_parallelism().map_or(4, |t| t.get());
+    let chunk = out.len().div_ceil(threads).max(1);
+    std::thread::scope(|s| {
+        for (c, slice) in out.chunks_mut(chunk).enumerate() {
+            s.spawn(move || {
+                for (i, slot) in slice.iter_mut().enumerate() {
+                    let idx = c * chunk + i;
+                    let (xr, wr) = (x.row(idx / n), w.row(idx % n));
+                    *slot = xr.iter().zip(wr).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() as f32;
+                }
+            });
+        }
+    });
+    out
+}
+
+fn projections(ctx: &mut Ctx, n: usize, k: usize) {
+    let w = ctx.random_bf16(n, k, 0.05);
+    let (_, gw) = upload_bf16(ctx, "linear check weight", &w);
+    let gemv_ok = k.is_multiple_of(8);
+    for &rows in ROWS {
+        let x = ctx.random_bf16(rows, k, 1.0);
+        let want = reference(&x, &w);
+        let gx = ctx.cuda.upload_matrix(&x);
+        let mut paths = vec![Path::Tiled];
+        if gemv_ok {
+            paths.push(Path::Gemv);
+        }
+        if ctx.cuda.blas.is_some() {
+            paths.push(Path::Blas);
+        }
+        for path in paths {
+            let name = format!("{path:?}").to_lowercase();
+            let stage = format!("linear {name} [{rows}, {k}]·[{n}, {k}]ᵀ");
+            match linear::linear_via(ctx.cuda, &gx, &gw, path) {
+                Ok(y) => {
+                    let got = ctx.cuda.to_host(&y);
+                    ctx.rel_l2(stage, &got.data, &want, LINEAR_BOUND);
+                }
+                Err(e) => ctx.check(stage, "cuBLASLt status", "success".into(), e.to_string(), false),
+            }
+        }
+    }
+}
+
+/// Decode batches take the GEMV, prefill takes cuBLASLt.
+fn routing(ctx: &mut Ctx) {
+    for rows in [1, GEMV_MAX_ROWS, GEMV_MAX_ROWS + 1, 200] {
+        let want = if rows <= GEMV_MAX_ROWS { Path::Gemv } else { Path::Blas };
+        let got = linear::path_for(ctx.cuda, rows, 2048);
+        let pass = got == want;
+        ctx.check(format!("linear path [{rows}, 2048]"), "path", format!("{want:?}"), format!("{got:?}"), pass);
+    }
+}
+
+fn embed(ctx: &mut Ctx, hidden: usize) {
+    let (vocab, codebook_vocab, codebooks) = (1000, 50, 10);
+    let table = ctx.random_bf16(vocab, hidden, 0.5);
+    let cb = ctx.random_bf16(codebooks * codebook_vocab, hidden, 0.5);
+    let (cpu_e, gpu_e) = upload_bf16(ctx, "embed_tokens", &table);
+    let (cpu_cb, gpu_cb) = upload_bf16(ctx, "codebook_embeddings", &cb);
+    // Plain tokens (scale 1) and audio rows mixing k residual codebooks at 1/sqrt(1 + k).
+    let rows: Vec<EmbedRow> = (0..37)
+        .map(|r| {
+            let token = (ctx.rng.next_u64() % vocab as u64) as usize;
+            let k = r % 4;
+            let codebook_rows =
+                (1..=k).map(|c| c * codebook_vocab + (ctx.rng.next_u64() % codebook_vocab as u64) as usize).collect();
+            EmbedRow { token, codebook_rows, scale: 1.0 / ((1 + k) as f64).sqrt() }
+        })
+        .collect();
+    let want = ctx.cpu.embed(&cpu_e, &cpu_cb, &rows);
+    let got = ctx.cuda.to_host(&linear::embed(ctx.cuda, &gpu_e, &gpu_cb, &rows));
+    // Only the final bf16 rounding differs (≈1e-3).
+    ctx.rel_l2(format!("embed_gather [{}, {hidden}]", rows.len()), &got.data, &want.data, 4e-3);
+}
+
+fn restricted(ctx: &mut Ctx, vocab: usize, hidden: usize) {
+    let head = ctx.random_bf16(vocab, hidden, 0.05);
+    let (cpu_w, gpu_w) = upload_bf16(ctx, "lm_head", &head);
+    // A semantic band, then EOS after it (the model's order).
+    let (start, band) = (vocab as u32 / 6, (vocab as u32 / 3).min(4096));
+    let eos = vocab as u32 - 7;
+    let ids: Vec<u32> = (start..start + band).chain([eos]).collect();
+    let hidden_rows = ctx.random_bf16(3, hidden, 2.0);
+    let gpu_head = RestrictedHead::new(ctx.cuda, &ids);
+    let gx = ctx.cuda.upload_matrix(&hidden_rows);
+    for row in [0, 2] {
+        let want = ctx.cpu.restricted_logits(&cpu_w, &ids, &hidden_rows, row);
+        let got = gpu_head.logits_to_host(ctx.cuda, &gpu_w, &gx, row);
+        // f32 against f64 accumulation only.
+        ctx.rel_l2(format!("restricted_logits [{} ids of {vocab}, {hidden}] row {row}", ids.len()), &got, &want, 1e-4);
+    }
+}

@@ -43,14 +43,17 @@ fn main() {
             return;
         }
     };
-    let seed = std::env::var("LIMELIGHT_GPU_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
-    });
+    let seed = std::env::var("LIMELIGHT_GPU_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1));
     let info = cuda.info();
     println!(
         "gpu checks on {} (cc {}.{}, {} SMs), seed {seed}",
         info.name, info.compute_capability.0, info.compute_capability.1, info.multiprocessors
     );
+    // Every pool buffer is handed out NaN-filled: an element a kernel does not write fails.
+    cuda.pool().set_poison(true);
     let only = std::env::var("LIMELIGHT_GPU_ONLY").ok();
     let mut ctx = harness::Ctx { cuda: &cuda, cpu: Cpu, rng: Rng::new(seed), rows: Vec::new() };
     for (name, run) in SECTIONS {

@@ -1,5 +1,285 @@
-//! `kernels/moe.cu` against the CPU backend (being written).
+//! `kernels/moe.cu` against the CPU backend: the activation quantiser (bytes and scales exact), the
+//! router (top-k ids exact where the k-th and (k+1)-th probabilities are clear of a near-tie,
+//! weights and shared gate to fp32 precision), the whole MoE block in both activation modes at
+//! tiny and real dims, the per-pair and grouped expert paths against each other, and a decode
+//! call that allocates nothing after warm-up.
+
+use half::bf16;
+use limelight::backend::BackendTypes;
+use limelight::backend::backbone::{BackboneOps, ExpertActivations, MoeShape};
+use limelight::backend::cpu::CpuWeight;
+use limelight::backend::cpu::backbone::{quantise, route};
+use limelight::backend::cuda::moe::{self, MoePath};
+use limelight::backend::cuda::tensor::GpuWeight;
+use limelight::checkpoint::fp8::f32_to_e4m3;
+use limelight::checkpoint::{Dtype, TensorView};
+use limelight::model::weights::{Accept, Fp8Expert, Fp8Linear, Init, MoeWeights, SwiGlu, TensorSpec};
 
 use crate::harness::Ctx;
 
-pub fn run(_ctx: &mut Ctx) {}
+/// Model sizes of one MoE block.
+#[derive(Clone, Copy)]
+struct Dims {
+    hidden: usize,
+    experts: usize,
+    top_k: usize,
+    intermediate: usize,
+    shared: usize,
+}
+
+const TINY: Dims = Dims { hidden: 256, experts: 8, top_k: 2, intermediate: 384, shared: 128 };
+const REAL: Dims = Dims { hidden: 2048, experts: 256, top_k: 8, intermediate: 512, shared: 512 };
+
+impl Dims {
+    fn shape(&self, activations: ExpertActivations) -> MoeShape {
+        MoeShape {
+            experts: self.experts,
+            top_k: self.top_k,
+            intermediate: self.intermediate,
+            shared_intermediate: self.shared,
+            block: [128, 128],
+            activations,
+        }
+    }
+
+    fn label(&self, rows: usize) -> String {
+        format!("{rows}x{}, {}e top{}, I {}", self.hidden, self.experts, self.top_k, self.intermediate)
+    }
+}
+
+/// The same random MoE weights on both backends.
+struct Layer {
+    cpu: MoeWeights<CpuWeight>,
+    gpu: MoeWeights<GpuWeight>,
+}
+
+pub fn run(ctx: &mut Ctx) {
+    ctx.cuda.pool().set_poison(true);
+    quantiser(ctx);
+
+    let tiny = layer(ctx, TINY);
+    routing(ctx, TINY, &tiny);
+    for activations in [ExpertActivations::Exact, ExpertActivations::Fp8Dynamic] {
+        for rows in [1, 2, 7, 64, 130, 200] {
+            block(ctx, TINY, &tiny, activations, rows);
+        }
+        for rows in [2, 7, 64, 130] {
+            paths_agree(ctx, TINY, &tiny, activations, rows);
+        }
+    }
+    decode_allocates_nothing(ctx, TINY, &tiny);
+
+    let real = layer(ctx, REAL);
+    routing(ctx, REAL, &real);
+    for rows in [1, 7, 130] {
+        block(ctx, REAL, &real, ExpertActivations::Fp8Dynamic, rows);
+    }
+    for rows in [2, 65] {
+        block(ctx, REAL, &real, ExpertActivations::Exact, rows);
+    }
+    paths_agree(ctx, REAL, &real, ExpertActivations::Fp8Dynamic, 7);
+    paths_agree(ctx, REAL, &real, ExpertActivations::Exact, 3);
+}
+
+/// `moe_quantise_rows` vs the CPU `quantise` on identical bf16 rows whose groups span twelve
+/// orders of magnitude (and one all-zero group, which takes the 1e-10 floor).
+fn quantiser(ctx: &mut Ctx) {
+    for (rows, cols) in [(1, 2048), (7, 256), (130, 2048)] {
+        let mut x = ctx.random(rows, cols, 1.0);
+        for (n, group) in x.data.chunks_mut(128).enumerate() {
+            let scale = if n == 1 { 0.0 } else { 10f32.powf(ctx.rng.uniform(-6.0, 6.0)) };
+            group.iter_mut().for_each(|v| *v *= scale);
+        }
+        let x = limelight::backend::cuda::tensor::round_to_bf16(&x);
+        let q = moe::quantise_rows(ctx.cuda, &ctx.cuda.upload_matrix(&x));
+        let got_codes: Vec<u8> = ctx.cuda.copy_to_host(q.codes.ptr(), rows * cols);
+        let got_scales: Vec<f32> = ctx.cuda.copy_to_host(q.scales.ptr(), rows * cols / 128);
+        let (mut want_codes, mut want_scales) = (Vec::new(), Vec::new());
+        for r in 0..rows {
+            let b = quantise(x.row(r), 128);
+            want_codes.extend(b.values.iter().map(|&v| f32_to_e4m3(v)));
+            want_scales.extend(b.scales.iter().map(|&s| (s as f32).to_bits()));
+        }
+        // −0 and +0 are the same value (0x80 and 0x00 decode alike); compare the rest bit for bit.
+        let zero = |c: u8| if c == 0x80 { 0 } else { c };
+        let got_codes: Vec<u8> = got_codes.into_iter().map(zero).collect();
+        let want_codes: Vec<u8> = want_codes.into_iter().map(zero).collect();
+        let got_scales: Vec<u32> = got_scales.iter().map(|s| s.to_bits()).collect();
+        ctx.exact(format!("moe_quantise_rows codes [{rows},{cols}]"), &got_codes, &want_codes);
+        ctx.exact(format!("moe_quantise_rows scales [{rows},{cols}]"), &got_scales, &want_scales);
+    }
+}
+
+/// `moe_router_logits` + `moe_route` vs the CPU `route` on f64 logits of the same inputs.
+fn routing(ctx: &mut Ctx, d: Dims, w: &Layer) {
+    let s = d.shape(ExpertActivations::Fp8Dynamic);
+    for rows in [1, 200] {
+        let x = ctx.random_bf16(rows, d.hidden, 1.0);
+        let r = moe::route(ctx.cuda, &s, &w.gpu, &ctx.cuda.upload_matrix(&x));
+        let k = d.top_k;
+        let ids: Vec<i32> = ctx.cuda.copy_to_host(r.ids.ptr(), rows * k);
+        let weights: Vec<f32> = ctx.cuda.copy_to_host(r.weights.ptr(), rows * k);
+        let gates: Vec<f32> = ctx.cuda.copy_to_host(r.shared_gate.ptr(), rows);
+
+        let (mut got_ids, mut want_ids, mut got_w, mut want_w, mut want_gates) =
+            (vec![], vec![], vec![], vec![], vec![]);
+        let mut clear = 0;
+        for t in 0..rows {
+            let xr = x.row(t);
+            let logits: Vec<f64> = (0..d.experts).map(|e| dot(xr, w.cpu.router.row(e))).collect();
+            want_gates.push(sigmoid(dot(xr, w.cpu.shared_expert_gate.row(0))) as f32);
+            // Only rows whose k-th and (k+1)-th probabilities differ by > 1e-4 (relative) have
+            // one right answer at fp32 logit precision.
+            let mut p: Vec<f64> = logits.iter().map(|l| l.exp()).collect();
+            p.sort_by(|a, b| b.total_cmp(a));
+            if k < d.experts && (p[k - 1] - p[k]) <= 1e-4 * p[k - 1] {
+                continue;
+            }
+            clear += 1;
+            let mut want = route(&s, &logits);
+            want.sort_by_key(|&(e, _)| e);
+            let mut got: Vec<(i32, f32)> = (0..k).map(|j| (ids[t * k + j], weights[t * k + j])).collect();
+            got.sort_by_key(|&(e, _)| e);
+            got_ids.extend(got.iter().map(|g| g.0));
+            want_ids.extend(want.iter().map(|w| w.0 as i32));
+            got_w.extend(got.iter().map(|g| g.1));
+            want_w.extend(want.iter().map(|w| w.1 as f32));
+        }
+        let label = format!("{} ({clear} rows clear of ties)", d.label(rows));
+        ctx.check(
+            format!("moe_route rows clear of ties [{}]", d.label(rows)),
+            "rows",
+            format!(">= {}", rows * 9 / 10),
+            clear.to_string(),
+            clear >= rows * 9 / 10,
+        );
+        ctx.exact(format!("moe_route top-k ids [{label}]"), &got_ids, &want_ids);
+        ctx.rel_l2(format!("moe_route weights [{label}]"), &got_w, &want_w, 1e-4);
+        ctx.rel_l2(format!("moe_route shared gate [{}]", d.label(rows)), &gates, &want_gates, 1e-4);
+    }
+}
+
+/// The whole block (path chosen by row count) vs the CPU `moe` with the same activation mode.
+fn block(ctx: &mut Ctx, d: Dims, w: &Layer, activations: ExpertActivations, rows: usize) {
+    let s = d.shape(activations);
+    let x = ctx.random_bf16(rows, d.hidden, 1.0);
+    let want = ctx.cpu.moe(&s, &w.cpu, &x);
+    let got = ctx.cuda.to_host(&moe::moe(ctx.cuda, &s, &w.gpu, &ctx.cuda.upload_matrix(&x)));
+    let path = if rows <= moe::DECODE_MAX_ROWS { "per-pair" } else { "grouped" };
+    ctx.rel_l2(format!("moe {activations:?} {path} [{}]", d.label(rows)), &got.data, &want.data, 1e-2);
+}
+
+/// The per-pair (decode) and grouped (prefill) expert paths on the same rows. They differ only
+/// in fp32 summation order (and so, rarely, in an e4m3 code of the requantised h).
+fn paths_agree(ctx: &mut Ctx, d: Dims, w: &Layer, activations: ExpertActivations, rows: usize) {
+    let s = d.shape(activations);
+    let x = ctx.cuda.upload_matrix(&ctx.random_bf16(rows, d.hidden, 1.0));
+    let per_pair = ctx.cuda.to_host(&moe::moe_with(ctx.cuda, &s, &w.gpu, &x, MoePath::PerPair));
+    let grouped = ctx.cuda.to_host(&moe::moe_with(ctx.cuda, &s, &w.gpu, &x, MoePath::Grouped));
+    ctx.rel_l2(
+        format!("moe per-pair vs grouped {activations:?} [{}]", d.label(rows)),
+        &per_pair.data,
+        &grouped.data,
+        1e-3,
+    );
+}
+
+/// A decode step after warm-up takes every buffer from the pool (and the expert table from the
+/// cache): no driver allocation.
+fn decode_allocates_nothing(ctx: &mut Ctx, d: Dims, w: &Layer) {
+    let s = d.shape(ExpertActivations::Fp8Dynamic);
+    let x = ctx.cuda.upload_matrix(&ctx.random_bf16(1, d.hidden, 1.0));
+    drop(moe::moe(ctx.cuda, &s, &w.gpu, &x));
+    let before = ctx.cuda.pool().stats().driver_allocations;
+    drop(moe::moe(ctx.cuda, &s, &w.gpu, &x));
+    ctx.cuda.synchronize();
+    let after = ctx.cuda.pool().stats().driver_allocations;
+    ctx.check(
+        format!("moe decode after warm-up [{}]", d.label(1)),
+        "driver allocations",
+        "0".into(),
+        (after - before).to_string(),
+        after == before,
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Random weights, uploaded identically to both backends.
+
+fn layer(ctx: &mut Ctx, d: Dims) -> Layer {
+    let h = d.hidden;
+    // Router and shared gate: logits of standard deviation ~1 for inputs uniform in ±1.
+    let logit_scale = 3.0 / (h as f32).sqrt();
+    let (router_c, router_g) = bf16_matrix(ctx, "mlp.gate.weight", d.experts, h, logit_scale);
+    let (sg_c, sg_g) = bf16_matrix(ctx, "mlp.shared_expert_gate.weight", 1, h, logit_scale);
+    // Shared expert weights large enough that its output is comparable to the routed experts'.
+    let (gate_c, gate_g) = bf16_matrix(ctx, "mlp.shared_expert.gate_proj.weight", d.shared, h, 0.5);
+    let (up_c, up_g) = bf16_matrix(ctx, "mlp.shared_expert.up_proj.weight", d.shared, h, 0.5);
+    let (down_c, down_g) = bf16_matrix(ctx, "mlp.shared_expert.down_proj.weight", h, d.shared, 0.5);
+    let (mut experts_c, mut experts_g) = (Vec::new(), Vec::new());
+    for e in 0..d.experts {
+        let p = format!("mlp.experts.{e}");
+        let (gc, gg) = fp8_linear(ctx, &format!("{p}.gate_proj"), d.intermediate, h);
+        let (uc, ug) = fp8_linear(ctx, &format!("{p}.up_proj"), d.intermediate, h);
+        let (dc, dg) = fp8_linear(ctx, &format!("{p}.down_proj"), h, d.intermediate);
+        experts_c.push(Fp8Expert { gate_proj: gc, up_proj: uc, down_proj: dc });
+        experts_g.push(Fp8Expert { gate_proj: gg, up_proj: ug, down_proj: dg });
+    }
+    Layer {
+        cpu: MoeWeights {
+            router: router_c,
+            experts: experts_c,
+            shared_expert: SwiGlu { gate_proj: gate_c, up_proj: up_c, down_proj: down_c },
+            shared_expert_gate: sg_c,
+        },
+        gpu: MoeWeights {
+            router: router_g,
+            experts: experts_g,
+            shared_expert: SwiGlu { gate_proj: gate_g, up_proj: up_g, down_proj: down_g },
+            shared_expert_gate: sg_g,
+        },
+    }
+}
+
+fn upload_both(ctx: &Ctx, spec: &TensorSpec, dtype: Dtype, bytes: &[u8]) -> (CpuWeight, GpuWeight) {
+    let view = TensorView { dtype, shape: &spec.shape, bytes };
+    (ctx.cpu.upload(spec, view), ctx.cuda.upload(spec, view))
+}
+
+/// A bf16 `[out, inp]` matrix uniform in ±scale.
+fn bf16_matrix(ctx: &mut Ctx, name: &str, out: usize, inp: usize, scale: f32) -> (CpuWeight, GpuWeight) {
+    let bytes: Vec<u8> =
+        (0..out * inp).flat_map(|_| bf16::from_f32(ctx.rng.uniform(-scale, scale)).to_le_bytes()).collect();
+    upload_both(ctx, &TensorSpec::linear(name, out, inp), Dtype::BF16, &bytes)
+}
+
+/// Random finite e4m3 codes (NaN patterns 0x7F / 0xFF moved to ±448) and scales in [1e-3, 4e-3].
+fn fp8_linear(ctx: &mut Ctx, name: &str, out: usize, inp: usize) -> (Fp8Linear<CpuWeight>, Fp8Linear<GpuWeight>) {
+    let mut codes = vec![0u8; out * inp];
+    for chunk in codes.chunks_mut(8) {
+        let r = ctx.rng.next_u64().to_le_bytes();
+        chunk.copy_from_slice(&r[..chunk.len()]);
+    }
+    codes.iter_mut().filter(|c| **c & 0x7F == 0x7F).for_each(|c| *c ^= 1);
+    let grid = [out.div_ceil(128), inp.div_ceil(128)];
+    let scales: Vec<u8> = (0..grid[0] * grid[1]).flat_map(|_| ctx.rng.uniform(1e-3, 4e-3).to_le_bytes()).collect();
+    let wspec = TensorSpec::new(format!("{name}.weight"), &[out, inp], Accept::Fp8E4M3, Dtype::F8E4M3, Init::Fp8Codes);
+    let sspec = TensorSpec::new(
+        format!("{name}.weight_scale_inv"),
+        &grid,
+        Accept::Scale,
+        Dtype::F32,
+        Init::Fp8Scale { fan_in: inp },
+    );
+    let (wc, wg) = upload_both(ctx, &wspec, Dtype::F8E4M3, &codes);
+    let (sc, sg) = upload_both(ctx, &sspec, Dtype::F32, &scales);
+    (Fp8Linear { weight: wc, scale_inv: sc }, Fp8Linear { weight: wg, scale_inv: sg })
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f64 {
+    a.iter().zip(b).map(|(&x, &y)| x as f64 * y as f64).sum()
+}
+
+fn sigmoid(x: f64) -> f64 {
+    1.0 / (1.0 + (-x).exp())
+}

@@ -1,16 +1,340 @@
-//! `kernels/attention.cu` (being written).
+//! `kernels/attention.cu`: the gated full-attention mixer (`backbone.md` §2) on the GPU, with its
+//! KV cache. Same contract as the CPU oracle (`cpu::backbone::attention`): per-head [query | gate]
+//! split of `q_proj`, zero-centred q/k norms, partial NeoX RoPE at positions `cache.len ..`, GQA
+//! causal softmax, output · sigmoid(gate), `o_proj`.
+//!
+//! Numerics: the projections come out of `linear::linear` in bf16; q stays f32 after its norm and
+//! RoPE; K (after norm and RoPE) and V are stored in a bf16 cache; scores, softmax and the weighted
+//! sum are fp32 (online softmax); the gated output is rounded once to bf16 before `o_proj`. RoPE's
+//! angle is the oracle's f32 product `pos · inv_freq`, with `inv_freq` computed here on the host by
+//! the oracle's own expression, so angles agree bit for bit at every position; sin/cos are f64.
 
 use std::sync::Arc;
 
 use cudarc::driver::CudaContext;
+use half::bf16;
 
-use super::launch::{KernelError, Module, embedded};
+use super::Cuda;
+use super::launch::{Dims, Kernel, KernelError, Module, embedded};
+use super::linear::linear;
+use super::memory::PoolBuf;
+use super::tensor::{DType, GpuMatrix, GpuWeight};
+use crate::backend::backbone::AttentionShape;
+use crate::model::weights::AttentionWeights;
 
-pub struct AttentionKernels {}
+/// Threads of the prefill and decode kernels (`NT` in the .cu file).
+const THREADS: u32 = 256;
+/// Query rows per prefill CTA (`BM`).
+const PREFILL_ROWS: usize = 64;
+/// Keys per shared-memory tile (`BK`).
+const TILE_KEYS: usize = 32;
+/// Most q heads per kv head the decode kernel holds (`MAXG`).
+const MAX_GROUP: usize = 16;
+/// Decode splits the keys over at most this many CTAs per (kv head, row) (flash-decoding) ...
+const MAX_SPLITS: usize = 64;
+/// ... and over one more per this many positions of cache capacity (so a full 16k cache is read
+/// by 64 × kv_heads CTAs, each streaming 256 keys).
+const KEYS_PER_SPLIT: usize = 64;
+/// Head dims with a compiled prefill/decode kernel.
+const HEAD_DIMS: [usize; 4] = [32, 64, 128, 256];
+
+/// Dynamic shared memory of `attn_prefill<HD>` (its layout: Qs, Ks, Vs, Ps, three row statistics).
+fn prefill_smem_bytes(hd: usize) -> usize {
+    4 * (PREFILL_ROWS * (hd + 4)
+        + TILE_KEYS * (hd + 4)
+        + TILE_KEYS * hd
+        + PREFILL_ROWS * (TILE_KEYS + 1)
+        + 3 * PREFILL_ROWS)
+}
+
+/// Dynamic shared memory of `attn_decode<HD>` (Qs, Ks, Vs, Ps, three head statistics).
+fn decode_smem_bytes(hd: usize) -> usize {
+    4 * (MAX_GROUP * hd + TILE_KEYS * (hd + 4) + TILE_KEYS * hd + MAX_GROUP * TILE_KEYS + 3 * MAX_GROUP)
+}
+
+/// The kernels of one head dim. The prefill kernel's shared memory (139 KiB at head_dim 256) is
+/// more than some GPUs grant a block; that is reported when prefill is used, not at start-up.
+struct Variant {
+    head_dim: usize,
+    prefill: Kernel,
+    prefill_ready: Result<(), String>,
+    decode: Kernel,
+}
+
+pub struct AttentionKernels {
+    prep: Kernel,
+    combine: Kernel,
+    variants: Vec<Variant>,
+}
 
 impl AttentionKernels {
     pub fn load(ctx: &Arc<CudaContext>) -> Result<AttentionKernels, KernelError> {
-        let _m = Module::load(ctx, "attention", embedded::ATTENTION)?;
-        Ok(AttentionKernels {})
+        let m = Module::load(ctx, "attention", embedded::ATTENTION)?;
+        let names = [
+            ("attn_prefill_hd32", "attn_decode_hd32"),
+            ("attn_prefill_hd64", "attn_decode_hd64"),
+            ("attn_prefill_hd128", "attn_decode_hd128"),
+            ("attn_prefill_hd256", "attn_decode_hd256"),
+        ];
+        let mut variants = Vec::new();
+        for (&head_dim, (prefill_name, decode_name)) in HEAD_DIMS.iter().zip(names) {
+            let prefill = m.kernel(prefill_name)?;
+            let smem = prefill_smem_bytes(head_dim);
+            let prefill_ready = prefill.allow_shared_bytes(smem as u32).map_err(|e| {
+                format!("attention prefill at head_dim {head_dim} needs {smem} bytes of shared memory per block: {e}")
+            });
+            let decode = m.kernel(decode_name)?;
+            decode.allow_shared_bytes(decode_smem_bytes(head_dim) as u32).map_err(|source| KernelError {
+                module: "attention",
+                kernel: Some(decode_name),
+                source,
+            })?;
+            variants.push(Variant { head_dim, prefill, prefill_ready, decode });
+        }
+        Ok(AttentionKernels { prep: m.kernel("attn_prep")?, combine: m.kernel("attn_decode_combine")?, variants })
     }
+
+    fn variant(&self, head_dim: usize) -> &Variant {
+        self.variants
+            .iter()
+            .find(|v| v.head_dim == head_dim)
+            .unwrap_or_else(|| panic!("attention head_dim {head_dim} has no GPU kernel (compiled: {HEAD_DIMS:?})"))
+    }
+}
+
+/// Keys (after k_norm and RoPE) and raw values of every position so far, bf16,
+/// `[capacity, kv_heads, head_dim]` each (the CPU `KvCache` layout; positions `len..` are unset),
+/// plus the RoPE frequency table of its shape.
+pub struct GpuKvCache {
+    pub keys: PoolBuf,
+    pub values: PoolBuf,
+    /// `inv_freq[i]` for `i < rotary_dim / 2`, f32.
+    inv_freq: PoolBuf,
+    shape: AttentionShape,
+    /// Decode splits, fixed per cache so the decode grid does not depend on `len`.
+    splits: usize,
+    pub len: usize,
+    pub capacity: usize,
+}
+
+impl GpuKvCache {
+    /// The first `len` positions' keys as f32, `[len, kv_heads, head_dim]` (for checks: syncs).
+    pub fn keys_to_host(&self, cuda: &Cuda) -> Vec<f32> {
+        self.to_host(cuda, &self.keys)
+    }
+
+    /// The first `len` positions' values as f32, `[len, kv_heads, head_dim]` (for checks: syncs).
+    pub fn values_to_host(&self, cuda: &Cuda) -> Vec<f32> {
+        self.to_host(cuda, &self.values)
+    }
+
+    fn to_host(&self, cuda: &Cuda, buf: &PoolBuf) -> Vec<f32> {
+        let n = self.len * self.shape.kv_heads * self.shape.head_dim;
+        if n == 0 {
+            return Vec::new();
+        }
+        cuda.copy_to_host::<bf16>(buf.ptr(), n).iter().map(|v| v.to_f32()).collect()
+    }
+
+    /// Replaces the contents with given positions (rounded to bf16), in the layout of
+    /// [`GpuKvCache::keys_to_host`]: lets checks start decode deep into a long context. Syncs.
+    pub fn load_from_host(&mut self, cuda: &Cuda, keys: &[f32], values: &[f32]) {
+        let row = self.shape.kv_heads * self.shape.head_dim;
+        assert!(keys.len() == values.len() && keys.len().is_multiple_of(row), "KV cache contents of mismatched sizes");
+        let len = keys.len() / row;
+        assert!(len <= self.capacity, "{len} positions do not fit a KV cache of capacity {}", self.capacity);
+        if len > 0 {
+            cuda.copy_to_device(self.keys.ptr(), &super::tensor::to_bf16_vec(keys));
+            cuda.copy_to_device(self.values.ptr(), &super::tensor::to_bf16_vec(values));
+        }
+        self.len = len;
+    }
+}
+
+/// RoPE's inverse frequency `i`, by the CPU oracle's expression (`cpu::backbone::rope`): f32 powf.
+fn inv_freq(i: usize, rot: usize, theta: f64) -> f32 {
+    1.0f32 / (theta as f32).powf((2 * i) as f32 / rot as f32)
+}
+
+/// An empty cache for `capacity` positions, from the pool (call before decoding: it uploads the
+/// frequency table, which syncs).
+pub fn new_cache(cuda: &Cuda, shape: &AttentionShape, capacity: usize) -> GpuKvCache {
+    check_shape(shape);
+    assert!(capacity > 0, "a KV cache needs room for at least one position");
+    let bytes = capacity * shape.kv_heads * shape.head_dim * 2;
+    let half = shape.rotary_dim / 2;
+    // One dummy entry when nothing rotates: the table is never read then.
+    let table: Vec<f32> = (0..half.max(1)).map(|i| inv_freq(i, shape.rotary_dim.max(2), shape.rope_theta)).collect();
+    GpuKvCache {
+        keys: cuda.scratch(bytes),
+        values: cuda.scratch(bytes),
+        inv_freq: cuda.upload_f32_scratch(&table),
+        shape: *shape,
+        splits: capacity.div_ceil(KEYS_PER_SPLIT).clamp(1, MAX_SPLITS),
+        len: 0,
+        capacity,
+    }
+}
+
+fn check_shape(s: &AttentionShape) {
+    assert!(s.kv_heads > 0 && s.heads.is_multiple_of(s.kv_heads), "{} q heads over {} kv heads", s.heads, s.kv_heads);
+    assert!(
+        s.rotary_dim.is_multiple_of(2) && s.rotary_dim <= s.head_dim,
+        "rotary_dim {} must be even and at most head_dim {}",
+        s.rotary_dim,
+        s.head_dim
+    );
+    assert!(HEAD_DIMS.contains(&s.head_dim), "attention head_dim {} has no GPU kernel ({HEAD_DIMS:?})", s.head_dim);
+    assert!(
+        s.heads / s.kv_heads <= MAX_GROUP,
+        "{} q heads per kv head: the decode kernel takes at most {MAX_GROUP}",
+        s.heads / s.kv_heads
+    );
+}
+
+fn check_weights(s: &AttentionShape, w: &AttentionWeights<GpuWeight>, hidden: usize) {
+    let (h, hkv, hd) = (s.heads, s.kv_heads, s.head_dim);
+    for (name, m, rows, cols) in [
+        ("q_proj", &w.q_proj, 2 * h * hd, hidden),
+        ("k_proj", &w.k_proj, hkv * hd, hidden),
+        ("v_proj", &w.v_proj, hkv * hd, hidden),
+        ("o_proj", &w.o_proj, hidden, h * hd),
+    ] {
+        assert_eq!(m.matrix_dims(), (rows, cols), "attention {name} shape");
+    }
+    for (name, g) in [("q_norm", &w.q_norm), ("k_norm", &w.k_norm)] {
+        assert_eq!(g.dtype, DType::F32, "attention {name} must be resident as f32");
+        assert_eq!(g.numel(), hd, "attention {name} width");
+    }
+}
+
+/// The projections, and the prep kernel: q (normed, rotated, scaled) in f32 scratch, this call's
+/// K/V appended to the cache. Returns (qg, q); `cache.len` has advanced by `x.rows`.
+fn project_and_append(
+    cuda: &Cuda,
+    s: &AttentionShape,
+    w: &AttentionWeights<GpuWeight>,
+    x: &GpuMatrix,
+    cache: &mut GpuKvCache,
+    what: &str,
+) -> (GpuMatrix, PoolBuf) {
+    check_shape(s);
+    assert_eq!(cache.shape, *s, "{what}: the KV cache was made for another attention shape");
+    check_weights(s, w, x.cols);
+    assert!(x.rows > 0, "{what} of no rows");
+    assert!(
+        cache.len + x.rows <= cache.capacity,
+        "{what}: {} positions + {} rows exceed the KV cache capacity {}",
+        cache.len,
+        x.rows,
+        cache.capacity
+    );
+    let (h, hkv, hd) = (s.heads, s.kv_heads, s.head_dim);
+    let qg = linear(cuda, x, &w.q_proj);
+    let k = linear(cuda, x, &w.k_proj);
+    let v = linear(cuda, x, &w.v_proj);
+    let q = cuda.scratch(x.rows * h * hd * 4);
+    // Scores come out in log2 units: the softmax uses exp2.
+    let q_scale = (std::f64::consts::LOG2_E / (hd as f64).sqrt()) as f32;
+    let args = [
+        qg.ptr().into(),
+        k.ptr().into(),
+        v.ptr().into(),
+        w.q_norm.ptr.into(),
+        w.k_norm.ptr.into(),
+        cache.inv_freq.ptr().into(),
+        q.ptr().into(),
+        cache.keys.ptr().into(),
+        cache.values.ptr().into(),
+        h.into(),
+        hkv.into(),
+        s.rotary_dim.into(),
+        cache.len.into(),
+        (s.norm_eps as f32).into(),
+        q_scale.into(),
+    ];
+    let dims = Dims::grid(((h + hkv) as u32, x.rows as u32, 1), hd as u32);
+    cuda.kernels.attention.prep.launch(cuda.stream(), dims, &args);
+    cache.len += x.rows;
+    (qg, q)
+}
+
+/// Gated attention over `x`'s rows at positions `cache.len ..` (causal within the call and over
+/// the cache), appending their keys and values. Returns the `o_proj` output.
+///
+/// # Panics
+/// If the rows would not fit the cache's capacity, or shapes disagree.
+pub fn prefill(
+    cuda: &Cuda,
+    shape: &AttentionShape,
+    w: &AttentionWeights<GpuWeight>,
+    x: &GpuMatrix,
+    cache: &mut GpuKvCache,
+) -> GpuMatrix {
+    let start = cache.len;
+    let (qg, q) = project_and_append(cuda, shape, w, x, cache, "attention prefill");
+    let (h, hkv, hd) = (shape.heads, shape.kv_heads, shape.head_dim);
+    let variant = cuda.kernels.attention.variant(hd);
+    if let Err(why) = &variant.prefill_ready {
+        panic!("{why}");
+    }
+    let gated = cuda.matrix(x.rows, h * hd);
+    let rows_per_kv_head = x.rows * (h / hkv);
+    let dims = Dims::grid((rows_per_kv_head.div_ceil(PREFILL_ROWS) as u32, hkv as u32, 1), THREADS)
+        .with_shared(prefill_smem_bytes(hd) as u32);
+    let args = [
+        q.ptr().into(),
+        qg.ptr().into(),
+        cache.keys.ptr().into(),
+        cache.values.ptr().into(),
+        gated.ptr().into(),
+        x.rows.into(),
+        h.into(),
+        hkv.into(),
+        start.into(),
+    ];
+    variant.prefill.launch(cuda.stream(), dims, &args);
+    linear(cuda, &gated, &w.o_proj)
+}
+
+/// Gated attention for decode rows (one, or a few): the keys are split over `cache.splits` CTAs
+/// per (kv head, row), then merged. Same contract as [`prefill`]. Makes no host sync, and its
+/// pool requests have the same sizes every step (so none reaches the driver after warm-up).
+pub fn decode(
+    cuda: &Cuda,
+    shape: &AttentionShape,
+    w: &AttentionWeights<GpuWeight>,
+    x: &GpuMatrix,
+    cache: &mut GpuKvCache,
+) -> GpuMatrix {
+    let start = cache.len;
+    let (qg, q) = project_and_append(cuda, shape, w, x, cache, "attention decode");
+    let (h, hkv, hd, t, splits) = (shape.heads, shape.kv_heads, shape.head_dim, x.rows, cache.splits);
+    let part_o = cuda.scratch(t * h * splits * hd * 4);
+    let part_ml = cuda.scratch(t * h * splits * 2 * 4);
+    let dims = Dims::grid((splits as u32, hkv as u32, t as u32), THREADS).with_shared(decode_smem_bytes(hd) as u32);
+    let args = [
+        q.ptr().into(),
+        cache.keys.ptr().into(),
+        cache.values.ptr().into(),
+        part_o.ptr().into(),
+        part_ml.ptr().into(),
+        h.into(),
+        hkv.into(),
+        start.into(),
+        splits.into(),
+    ];
+    cuda.kernels.attention.variant(hd).decode.launch(cuda.stream(), dims, &args);
+    let gated = cuda.matrix(t, h * hd);
+    let args = [
+        part_o.ptr().into(),
+        part_ml.ptr().into(),
+        qg.ptr().into(),
+        gated.ptr().into(),
+        h.into(),
+        hd.into(),
+        splits.into(),
+    ];
+    cuda.kernels.attention.combine.launch(cuda.stream(), Dims::grid((h as u32, t as u32, 1), hd as u32), &args);
+    linear(cuda, &gated, &w.o_proj)
 }

@@ -1,16 +1,264 @@
-//! `kernels/gdn.cu` (being written).
+//! `kernels/gdn.cu`: the Gated DeltaNet mixer (`backbone.md` §3) on the GPU, with its per-request
+//! state. Same contract as the CPU oracle (`cpu::backbone::gdn`): projections, causal conv with the
+//! carried conv state, SiLU, L2-normalised q/k, gates β and g, the delta rule (64-token chunks for
+//! prefill, the token recurrence for decode), gated RMSNorm and `out_proj`.
+//!
+//! Numerics: the projections (q|k|v, z, a, b) come out of `linear::linear` in bf16; conv output,
+//! normalised q/k, gates, core output and the recurrent state are fp32; the gated norm rounds once
+//! to bf16 before `out_proj`. The conv state is kept in f32 (its values, pre-conv projection
+//! outputs, are bf16-exact), so both states read back in the CPU `GdnState` layouts unchanged.
 
 use std::sync::Arc;
 
 use cudarc::driver::CudaContext;
 
-use super::launch::{KernelError, Module, embedded};
+use super::Cuda;
+use super::launch::{Dims, Kernel, KernelError, Module, embedded};
+use super::linear::linear;
+use super::memory::PoolBuf;
+use super::tensor::{DType, GpuMatrix, GpuWeight};
+use crate::backend::backbone::GdnShape;
+use crate::model::weights::GdnWeights;
 
-pub struct GdnKernels {}
+/// Threads of every kernel here (`GDN_THREADS`).
+const THREADS: u32 = 256;
+/// Tokens per chunk of the prefill core (`GDN_CHUNK`), as in the reference.
+const CHUNK: usize = 64;
+/// Value columns per CTA of the cores (`GDN_BV`).
+const VALUE_TILE: usize = 32;
+/// Largest key dim the cores hold (`GDN_MAX_DK`).
+const MAX_KEY_DIM: usize = 128;
+/// Value heads normalised per block of `gdn_gated_norm` (one per warp).
+const NORM_PAIRS_PER_BLOCK: usize = THREADS as usize / 32;
+
+pub struct GdnKernels {
+    zero_f32: Kernel,
+    conv_prepare: Kernel,
+    conv_state_update: Kernel,
+    chunk_core: Kernel,
+    recurrent_core: Kernel,
+    gated_norm: Kernel,
+}
 
 impl GdnKernels {
     pub fn load(ctx: &Arc<CudaContext>) -> Result<GdnKernels, KernelError> {
-        let _m = Module::load(ctx, "gdn", embedded::GDN)?;
-        Ok(GdnKernels {})
+        let m = Module::load(ctx, "gdn", embedded::GDN)?;
+        let chunk_core = m.kernel("gdn_chunk_core")?;
+        // 97 KiB at Dk = 128: within the opt-in limit of every target (99 KiB on sm_89/sm_120).
+        chunk_core.allow_shared_bytes(chunk_shared_bytes(MAX_KEY_DIM)).map_err(|source| KernelError {
+            module: "gdn",
+            kernel: Some("gdn_chunk_core"),
+            source,
+        })?;
+        Ok(GdnKernels {
+            zero_f32: m.kernel("gdn_zero_f32")?,
+            conv_prepare: m.kernel("gdn_conv_prepare")?,
+            conv_state_update: m.kernel("gdn_conv_state_update")?,
+            chunk_core,
+            recurrent_core: m.kernel("gdn_recurrent_core")?,
+            gated_norm: m.kernel("gdn_gated_norm")?,
+        })
+    }
+}
+
+/// Dynamic shared memory of `gdn_chunk_core` for key dim `dk` (the layout above the kernel).
+fn chunk_shared_bytes(dk: usize) -> u32 {
+    let ks = dk.next_multiple_of(32);
+    let floats = dk * VALUE_TILE + 2 * CHUNK * ks + CHUNK * VALUE_TILE + CHUNK * (CHUNK + 1) / 2 + 4 * CHUNK;
+    u32::try_from(floats * 4).expect("shared memory size")
+}
+
+/// Per-request state of one GDN layer on the GPU (layouts of the CPU `GdnState`).
+pub struct GpuGdnState {
+    /// f32 `[kernel − 1, qkv_dim]`: the last pre-conv q|k|v inputs, oldest first.
+    conv: PoolBuf,
+    /// f32 `[value_heads, key_dim, value_dim]`, `S[k][v]` per value head.
+    recurrent: PoolBuf,
+    conv_len: usize,
+    recurrent_len: usize,
+}
+
+impl GpuGdnState {
+    /// The conv state as the CPU `GdnState::conv` data (row-major `[kernel − 1, qkv_dim]`).
+    pub fn conv_to_host(&self, cuda: &Cuda) -> Vec<f32> {
+        cuda.copy_to_host(self.conv.ptr(), self.conv_len)
+    }
+
+    /// The recurrent state as the CPU `GdnState::recurrent` (`[value_heads, key_dim, value_dim]`).
+    pub fn recurrent_to_host(&self, cuda: &Cuda) -> Vec<f32> {
+        cuda.copy_to_host(self.recurrent.ptr(), self.recurrent_len)
+    }
+
+    fn check(&self, shape: &GdnShape) {
+        assert_eq!(self.conv_len, (shape.conv_kernel - 1) * shape.qkv_dim(), "GDN conv state of another shape");
+        assert_eq!(
+            self.recurrent_len,
+            shape.value_heads * shape.key_dim * shape.value_dim,
+            "GDN recurrent state of another shape"
+        );
+    }
+}
+
+/// A zeroed state (the start of a request).
+pub fn new_state(cuda: &Cuda, shape: &GdnShape) -> GpuGdnState {
+    check_shape(shape);
+    let conv_len = (shape.conv_kernel - 1) * shape.qkv_dim();
+    let recurrent_len = shape.value_heads * shape.key_dim * shape.value_dim;
+    let state = GpuGdnState {
+        conv: cuda.scratch(conv_len * 4),
+        recurrent: cuda.scratch(recurrent_len * 4),
+        conv_len,
+        recurrent_len,
+    };
+    zero(cuda, &state.conv, conv_len);
+    zero(cuda, &state.recurrent, recurrent_len);
+    state
+}
+
+/// The mixer over `x` `[rows, hidden]` with the chunked algorithm, continuing `state`.
+pub fn prefill(
+    cuda: &Cuda,
+    shape: &GdnShape,
+    w: &GdnWeights<GpuWeight>,
+    x: &GpuMatrix,
+    state: &mut GpuGdnState,
+) -> GpuMatrix {
+    mixer(cuda, shape, w, x, state, Core::Chunked)
+}
+
+/// The mixer with the token recurrence, rows one after another. Queues kernels only: no host
+/// synchronisation, and every buffer comes from the pool (no driver allocation after warm-up).
+pub fn decode(
+    cuda: &Cuda,
+    shape: &GdnShape,
+    w: &GdnWeights<GpuWeight>,
+    x: &GpuMatrix,
+    state: &mut GpuGdnState,
+) -> GpuMatrix {
+    mixer(cuda, shape, w, x, state, Core::Recurrent)
+}
+
+#[derive(Clone, Copy)]
+enum Core {
+    Chunked,
+    Recurrent,
+}
+
+fn mixer(
+    cuda: &Cuda,
+    shape: &GdnShape,
+    w: &GdnWeights<GpuWeight>,
+    x: &GpuMatrix,
+    state: &mut GpuGdnState,
+    core: Core,
+) -> GpuMatrix {
+    check_shape(shape);
+    check_weights(shape, w);
+    state.check(shape);
+    assert!(x.rows > 0, "GDN mixer over zero rows");
+    let rows = x.rows;
+    let (hv, dv) = (shape.value_heads, shape.value_dim);
+    let qkv = linear(cuda, x, &w.in_proj_qkv);
+    let z = linear(cuda, x, &w.in_proj_z);
+    let b = linear(cuda, x, &w.in_proj_b);
+    let a = linear(cuda, x, &w.in_proj_a);
+
+    let channels = shape.qkv_dim();
+    let prep = cuda.scratch(rows * channels * 4);
+    let gates = cuda.scratch(2 * rows * hv * 4);
+    let args = [
+        qkv.ptr().into(),
+        state.conv.ptr().into(),
+        w.conv1d.ptr.into(),
+        b.ptr().into(),
+        a.ptr().into(),
+        w.a_log.ptr.into(),
+        w.dt_bias.ptr.into(),
+        prep.ptr().into(),
+        gates.ptr().into(),
+        rows.into(),
+        channels.into(),
+        shape.conv_kernel.into(),
+        shape.key_heads.into(),
+        shape.key_dim.into(),
+        hv.into(),
+        ((1.0 / (shape.key_dim as f64).sqrt()) as f32).into(),
+    ];
+    cuda.kernels.gdn.conv_prepare.launch(cuda.stream(), Dims::linear(rows, THREADS), &args);
+    let args =
+        [state.conv.ptr().into(), qkv.ptr().into(), rows.into(), channels.into(), (shape.conv_kernel - 1).into()];
+    let blocks = channels.div_ceil(THREADS as usize);
+    cuda.kernels.gdn.conv_state_update.launch(cuda.stream(), Dims::linear(blocks, THREADS), &args);
+
+    let o = cuda.scratch(rows * hv * dv * 4);
+    let args = [
+        prep.ptr().into(),
+        gates.ptr().into(),
+        state.recurrent.ptr().into(),
+        o.ptr().into(),
+        rows.into(),
+        shape.key_heads.into(),
+        hv.into(),
+        shape.key_dim.into(),
+        dv.into(),
+    ];
+    let grid = (u32::try_from(hv).expect("value heads"), dv.div_ceil(VALUE_TILE) as u32, 1);
+    match core {
+        Core::Chunked => {
+            let dims = Dims::grid(grid, THREADS).with_shared(chunk_shared_bytes(shape.key_dim));
+            cuda.kernels.gdn.chunk_core.launch(cuda.stream(), dims, &args);
+        }
+        Core::Recurrent => cuda.kernels.gdn.recurrent_core.launch(cuda.stream(), Dims::grid(grid, THREADS), &args),
+    }
+
+    let gated = cuda.matrix(rows, hv * dv);
+    let pairs = rows * hv;
+    let args = [
+        o.ptr().into(),
+        z.ptr().into(),
+        w.norm.ptr.into(),
+        gated.ptr().into(),
+        pairs.into(),
+        dv.into(),
+        (shape.norm_eps as f32).into(),
+    ];
+    let blocks = pairs.div_ceil(NORM_PAIRS_PER_BLOCK);
+    cuda.kernels.gdn.gated_norm.launch(cuda.stream(), Dims::linear(blocks, THREADS), &args);
+    linear(cuda, &gated, &w.out_proj)
+}
+
+fn zero(cuda: &Cuda, buf: &PoolBuf, n: usize) {
+    if n > 0 {
+        let blocks = n.div_ceil(THREADS as usize);
+        cuda.kernels.gdn.zero_f32.launch(cuda.stream(), Dims::linear(blocks, THREADS), &[buf.ptr().into(), n.into()]);
+    }
+}
+
+fn check_shape(shape: &GdnShape) {
+    assert!(
+        (1..=MAX_KEY_DIM).contains(&shape.key_dim),
+        "GDN key dim {} (the GPU cores hold at most {MAX_KEY_DIM})",
+        shape.key_dim
+    );
+    assert!(shape.value_dim > 0 && shape.conv_kernel > 0, "GDN shape {shape:?}");
+    assert!(
+        shape.key_heads > 0 && shape.value_heads.is_multiple_of(shape.key_heads),
+        "GDN value heads {} not a multiple of key heads {}",
+        shape.value_heads,
+        shape.key_heads
+    );
+}
+
+fn check_weights(shape: &GdnShape, w: &GdnWeights<GpuWeight>) {
+    let (hv, channels) = (shape.value_heads, shape.qkv_dim());
+    assert_eq!(w.in_proj_qkv.matrix_dims().0, channels, "in_proj_qkv rows");
+    assert_eq!(w.in_proj_z.matrix_dims().0, hv * shape.value_dim, "in_proj_z rows");
+    assert_eq!(w.in_proj_b.matrix_dims().0, hv, "in_proj_b rows");
+    assert_eq!(w.in_proj_a.matrix_dims().0, hv, "in_proj_a rows");
+    assert_eq!(w.conv1d.dtype, DType::Bf16, "conv1d must be resident as bf16");
+    assert_eq!(w.conv1d.numel(), channels * shape.conv_kernel, "conv1d shape {:?}", w.conv1d.shape);
+    for (name, t, n) in [("dt_bias", &w.dt_bias, hv), ("A_log", &w.a_log, hv), ("norm", &w.norm, shape.value_dim)] {
+        assert_eq!(t.dtype, DType::F32, "{name} must be resident as f32");
+        assert_eq!(t.numel(), n, "{name} length");
     }
 }

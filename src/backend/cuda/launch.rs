@@ -37,10 +37,11 @@ impl Module {
     }
 
     pub fn kernel(&self, name: &'static str) -> Result<Kernel, KernelError> {
-        let function = self
-            .module
-            .load_function(name)
-            .map_err(|source| KernelError { module: self.name, kernel: Some(name), source })?;
+        let function = self.module.load_function(name).map_err(|source| KernelError {
+            module: self.name,
+            kernel: Some(name),
+            source,
+        })?;
         Ok(Kernel { name, function })
     }
 }

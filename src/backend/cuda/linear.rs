@@ -1,48 +1,260 @@
-//! `kernels/linear.cu`: dense bf16 projections `y = x · Wᵀ` with fp32 accumulation.
+//! `kernels/linear.cu` and cuBLASLt: dense bf16 projections `y = x · Wᵀ` (fp32 accumulation, one
+//! rounding to bf16), the input-embedding gather and the restricted `lm_head`.
+//!
+//! Projections pick a path by row count: up to [`GEMV_MAX_ROWS`] rows (decode) a bandwidth-bound
+//! GEMV that reads each weight byte once; more rows (prefill) go to cuBLASLt, or to a simple
+//! tiled kernel when the library is not loaded.
 
 use std::sync::Arc;
 
+use cudarc::cublaslt::result::CublasError;
 use cudarc::driver::CudaContext;
 
-use super::budget::Budget;
-use super::device::Device;
-use super::launch::{Dims, Kernel, KernelError, Module, embedded};
-use super::tensor::{DType, GpuMatrix, GpuWeight};
 use super::Cuda;
+use super::launch::{Dims, Kernel, KernelError, Module, embedded};
+use super::memory::{DeviceBuffer, PoolBuf};
+use super::tensor::{DType, GpuMatrix, GpuWeight};
+use crate::backend::backbone::EmbedRow;
+
+pub use super::cublaslt::Blas;
+
+/// Rows up to which a projection uses the GEMV (the decode batch); above, cuBLASLt.
+pub const GEMV_MAX_ROWS: usize = 8;
+
+/// Dynamic shared memory the GEMV may use for its input rows (`R·k·2` bytes). 96 KiB fits every
+/// target (sm_86/89/120 allow 99 KiB per block) and holds 8 rows of k = 6144.
+const GEMV_SMEM_CAP: usize = 96 << 10;
+/// Outputs per GEMV block: 8 warps × 2 weight rows (`GEMV_WARPS · GEMV_ROWS_PER_WARP` in the .cu).
+const GEMV_BLOCK_OUTPUTS: usize = 16;
+/// Output tile of `linear_tiled` (`TILE_M`, `TILE_N` in the .cu).
+const TILE: usize = 64;
+const THREADS: u32 = 256;
+/// Ids per `restricted_logits` block (one warp each).
+const HEAD_WARPS: usize = 8;
+/// The hidden row `restricted_logits` stages in shared memory: within the default 48 KiB.
+const HEAD_SMEM_CAP: usize = 48 << 10;
 
 pub struct LinearKernels {
-    linear_bf16_warp: Kernel,
+    /// `linear_gemv_r{1,2,4,8}`: index = log2 of the row-group width.
+    gemv: [Kernel; 4],
+    tiled: Kernel,
+    embed_gather: Kernel,
+    restricted_logits: Kernel,
 }
 
 impl LinearKernels {
     pub fn load(ctx: &Arc<CudaContext>) -> Result<LinearKernels, KernelError> {
         let m = Module::load(ctx, "linear", embedded::LINEAR)?;
-        Ok(LinearKernels { linear_bf16_warp: m.kernel("linear_bf16_warp")? })
+        let gemv = [
+            m.kernel("linear_gemv_r1")?,
+            m.kernel("linear_gemv_r2")?,
+            m.kernel("linear_gemv_r4")?,
+            m.kernel("linear_gemv_r8")?,
+        ];
+        for k in &gemv {
+            k.allow_shared_bytes(GEMV_SMEM_CAP as u32).map_err(|source| KernelError {
+                module: "linear",
+                kernel: Some(k.name),
+                source,
+            })?;
+        }
+        Ok(LinearKernels {
+            gemv,
+            tiled: m.kernel("linear_tiled")?,
+            embed_gather: m.kernel("embed_gather")?,
+            restricted_logits: m.kernel("restricted_logits")?,
+        })
     }
 }
 
-/// cuBLASLt for multi-row projections (not wired yet: every projection uses the warp kernel).
-pub struct Blas;
-
-impl Blas {
-    pub fn open(_device: &Device, _budget: &Arc<Budget>) -> Option<Blas> {
-        None
-    }
+/// How a projection is computed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Path {
+    /// `linear_gemv_r*`: weight streamed once per group of ≤ 8 rows.
+    Gemv,
+    /// cuBLASLt (bf16 in/out, fp32 compute).
+    Blas,
+    /// `linear_tiled`: the fallback without cuBLASLt (any shape).
+    Tiled,
 }
 
-const WARPS_PER_BLOCK: usize = 8;
+/// The GEMV's row-group width for `rows` inputs of width `k`, or `None` when it cannot run
+/// (k not a multiple of 8, or one row does not fit its shared memory).
+fn gemv_group(rows: usize, k: usize) -> Option<usize> {
+    if !k.is_multiple_of(8) {
+        return None;
+    }
+    let mut group = rows.next_power_of_two().min(GEMV_MAX_ROWS);
+    while group * k * 2 > GEMV_SMEM_CAP {
+        if group == 1 {
+            return None;
+        }
+        group /= 2;
+    }
+    Some(group)
+}
+
+/// The path [`linear`] takes for `rows` inputs of width `k`.
+pub fn path_for(cuda: &Cuda, rows: usize, k: usize) -> Path {
+    if rows <= GEMV_MAX_ROWS && gemv_group(rows, k).is_some() {
+        Path::Gemv
+    } else if cuda.blas.is_some() {
+        Path::Blas
+    } else {
+        Path::Tiled
+    }
+}
 
 /// `y = x · Wᵀ` for a bf16 weight `[n, k]`; `x` is `[rows, k]`.
 pub fn linear(cuda: &Cuda, x: &GpuMatrix, w: &GpuWeight) -> GpuMatrix {
+    let path = path_for(cuda, x.rows, w.matrix_dims().1);
+    linear_via(cuda, x, w, path).unwrap_or_else(|e| {
+        let (n, k) = w.matrix_dims();
+        tracing::warn!("cuBLASLt matmul [{}, {k}]·[{n}, {k}]ᵀ failed ({e}); using the tiled kernel", x.rows);
+        linear_via(cuda, x, w, Path::Tiled).expect("the tiled kernel has no failure path")
+    })
+}
+
+/// [`linear`] on a given path (checks compare the paths). Only `Blas` can fail (the library
+/// refused the problem); `linear` then falls back to `Tiled`.
+///
+/// # Panics
+/// If `path` cannot serve the shape: `Gemv` needs `k % 8 == 0` and `k ≤ 49152`; `Blas` needs
+/// cuBLASLt loaded.
+pub fn linear_via(cuda: &Cuda, x: &GpuMatrix, w: &GpuWeight, path: Path) -> Result<GpuMatrix, CublasError> {
     assert_eq!(w.dtype, DType::Bf16, "dense projection weight must be bf16");
     let (n, k) = w.matrix_dims();
     assert_eq!(x.cols, k, "projection input width");
     let y = cuda.matrix(x.rows, n);
-    let dims = Dims::grid(
-        (n.div_ceil(WARPS_PER_BLOCK) as u32, x.rows as u32, 1),
-        (WARPS_PER_BLOCK * 32) as u32,
-    );
-    let args = [x.ptr().into(), w.ptr.into(), y.ptr().into(), n.into(), k.into()];
-    cuda.kernels.linear.linear_bf16_warp.launch(cuda.stream(), dims, &args);
+    if x.rows == 0 || n == 0 {
+        return Ok(y);
+    }
+    match path {
+        Path::Gemv => {
+            let group = gemv_group(x.rows, k).unwrap_or_else(|| panic!("GEMV cannot run k = {k}"));
+            let kernel = &cuda.kernels.linear.gemv[group.trailing_zeros() as usize];
+            let grid = (n.div_ceil(GEMV_BLOCK_OUTPUTS) as u32, x.rows.div_ceil(group) as u32, 1);
+            let dims = Dims::grid(grid, THREADS).with_shared((group * k * 2) as u32);
+            let args = [x.ptr().into(), w.ptr.into(), y.ptr().into(), x.rows.into(), n.into(), k.into()];
+            kernel.launch(cuda.stream(), dims, &args);
+        }
+        Path::Blas => {
+            let blas = cuda.blas.as_ref().expect("cuBLASLt path forced but libcublasLt is not loaded");
+            // SAFETY: x is a live [rows, k] activation, w a live [n, k] arena weight, y the
+            // [rows, n] matrix just taken; all 256-byte aligned, and the pool/arena keep them
+            // allocated until the stream has run the matmul.
+            unsafe { blas.matmul(x.ptr(), w.ptr, y.ptr(), x.rows, n, k) }?;
+        }
+        Path::Tiled => {
+            let grid = (n.div_ceil(TILE) as u32, x.rows.div_ceil(TILE) as u32, 1);
+            let args = [x.ptr().into(), w.ptr.into(), y.ptr().into(), x.rows.into(), n.into(), k.into()];
+            cuda.kernels.linear.tiled.launch(cuda.stream(), Dims::grid(grid, THREADS), &args);
+        }
+    }
+    Ok(y)
+}
+
+/// Input embedding: row `r` = `bf16(scale_r · (E[token_r] + Σ CB[codebook_rows_r]))`, summed in
+/// f32 (`BackboneOps::embed`). The per-call recipe is staged to the device without waiting.
+///
+/// # Panics
+/// If a token or codebook row is out of its table, or the tables are not bf16 of equal width.
+pub fn embed(cuda: &Cuda, embed_tokens: &GpuWeight, codebook_embeddings: &GpuWeight, rows: &[EmbedRow]) -> GpuMatrix {
+    assert_eq!(embed_tokens.dtype, DType::Bf16, "embed_tokens must be bf16");
+    assert_eq!(codebook_embeddings.dtype, DType::Bf16, "codebook_embeddings must be bf16");
+    let (vocab, hidden) = embed_tokens.matrix_dims();
+    let (cb_rows, cb_hidden) = codebook_embeddings.matrix_dims();
+    assert_eq!(hidden, cb_hidden, "embedding tables of different widths");
+    let y = cuda.matrix(rows.len(), hidden);
+    if rows.is_empty() {
+        return y;
+    }
+    let recipe = pack_recipe(rows, vocab, cb_rows);
+    let staged = cuda.scratch(recipe.len() * 4);
+    cuda.stage_to_device(staged.ptr(), &recipe);
+    let args =
+        [embed_tokens.ptr.into(), codebook_embeddings.ptr.into(), staged.ptr().into(), y.ptr().into(), hidden.into()];
+    cuda.kernels.linear.embed_gather.launch(cuda.stream(), Dims::linear(rows.len(), THREADS), &args);
     y
+}
+
+/// The `embed_gather` recipe: 4 header words per row `{token, first, count, scale bits}`, then
+/// every row's codebook indices (`first` indexes this array).
+fn pack_recipe(rows: &[EmbedRow], vocab: usize, cb_rows: usize) -> Vec<u32> {
+    let word = |v: usize| u32::try_from(v).expect("embedding recipe index exceeds u32");
+    let total_cb: usize = rows.iter().map(|r| r.codebook_rows.len()).sum();
+    let mut recipe = vec![0u32; 4 * rows.len()];
+    recipe.reserve(total_cb);
+    for (r, row) in rows.iter().enumerate() {
+        assert!(row.token < vocab, "embed: token {} of a {vocab}-row table", row.token);
+        let first = recipe.len();
+        for &cb in &row.codebook_rows {
+            assert!(cb < cb_rows, "embed: codebook row {cb} of a {cb_rows}-row table");
+            recipe.push(word(cb));
+        }
+        let head = [word(row.token), word(first), word(row.codebook_rows.len()), (row.scale as f32).to_bits()];
+        recipe[4 * r..4 * r + 4].copy_from_slice(&head);
+    }
+    recipe
+}
+
+/// The `lm_head` restricted to the main-token candidates (semantic band, then EOS): the ids
+/// live on the device, uploaded once.
+pub struct RestrictedHead {
+    ids: DeviceBuffer,
+    count: usize,
+    /// Largest id, checked against the head's rows at each call.
+    max_id: u32,
+}
+
+impl RestrictedHead {
+    /// Uploads `ids` (waits for the copy: a start-up step).
+    ///
+    /// # Panics
+    /// If `ids` is empty or the device budget cannot hold it.
+    pub fn new(cuda: &Cuda, ids: &[u32]) -> RestrictedHead {
+        assert!(!ids.is_empty(), "restricted head without ids");
+        let buffer = DeviceBuffer::alloc(cuda.budget(), "restricted head ids", ids.len() * 4)
+            .unwrap_or_else(|e| panic!("restricted head ids: {e}"));
+        cuda.copy_to_device(buffer.ptr(), ids);
+        let max_id = ids.iter().copied().max().expect("ids is not empty");
+        RestrictedHead { ids: buffer, count: ids.len(), max_id }
+    }
+
+    /// Number of candidate ids (length of the logits).
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// f32 logits `[len]` of row `row` of `hidden`, in id order, left on the device (no sync).
+    pub fn logits(&self, cuda: &Cuda, lm_head: &GpuWeight, hidden: &GpuMatrix, row: usize) -> PoolBuf {
+        assert_eq!(lm_head.dtype, DType::Bf16, "lm_head must be bf16");
+        let (vocab, k) = lm_head.matrix_dims();
+        assert_eq!(hidden.cols, k, "lm_head input width");
+        assert!((self.max_id as usize) < vocab, "restricted id {} of a {vocab}-row lm_head", self.max_id);
+        assert!(k * 2 <= HEAD_SMEM_CAP, "lm_head width {k} above the staged hidden row's {HEAD_SMEM_CAP} bytes");
+        let out = cuda.scratch(self.count * 4);
+        let dims =
+            Dims::linear(self.count.div_ceil(HEAD_WARPS), THREADS).with_shared((k * 2).next_multiple_of(16) as u32);
+        let args = [
+            lm_head.ptr.into(),
+            self.ids.ptr().into(),
+            hidden.row_ptr(row).into(),
+            out.ptr().into(),
+            self.count.into(),
+            k.into(),
+        ];
+        cuda.kernels.linear.restricted_logits.launch(cuda.stream(), dims, &args);
+        out
+    }
+
+    /// [`RestrictedHead::logits`] copied to the host (waits for the stream).
+    pub fn logits_to_host(&self, cuda: &Cuda, lm_head: &GpuWeight, hidden: &GpuMatrix, row: usize) -> Vec<f32> {
+        let logits = self.logits(cuda, lm_head, hidden, row);
+        cuda.copy_to_host(logits.ptr(), self.count)
+    }
 }

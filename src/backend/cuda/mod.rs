@@ -7,9 +7,11 @@
 //! reductions and recurrent state are fp32, weights are used exactly as stored (bf16 matrices,
 //! e4m3 experts with their f32 block scales; small tensors widened to f32 exactly).
 
+pub mod admission;
 pub mod attention;
 pub mod backbone;
 pub mod budget;
+pub mod cublaslt;
 pub mod device;
 pub mod gdn;
 pub mod launch;
@@ -17,6 +19,7 @@ pub mod linear;
 pub mod memory;
 pub mod moe;
 pub mod norm;
+pub mod staging;
 pub mod tensor;
 
 use std::sync::{Arc, Mutex};
@@ -43,11 +46,13 @@ pub struct CudaOptions {
     pub reserve: u64,
     /// Cap on pinned host memory (staging for uploads and audio read-back).
     pub pinned_budget: u64,
+    /// Positions each request's KV caches hold.
+    pub context: usize,
 }
 
 impl Default for CudaOptions {
     fn default() -> CudaOptions {
-        CudaOptions { ordinal: 0, memory_budget: None, reserve: 1 << 30, pinned_budget: 1 << 30 }
+        CudaOptions { ordinal: 0, memory_budget: None, reserve: 1 << 30, pinned_budget: 1 << 30, context: 16384 }
     }
 }
 
@@ -58,9 +63,7 @@ pub enum CudaError {
     Device(#[from] DeviceError),
     #[error("a kernel failed to load: {0}")]
     Kernel(#[from] KernelError),
-    #[error(
-        "--gpu-memory-budget {requested} bytes is more than GPU {ordinal} has free ({free} bytes of {total})"
-    )]
+    #[error("--gpu-memory-budget {requested} bytes is more than GPU {ordinal} has free ({free} bytes of {total})")]
     BudgetAboveFree { ordinal: usize, requested: u64, free: u64, total: u64 },
     #[error("GPU memory: {0}")]
     Memory(#[from] MemoryError),
@@ -97,8 +100,12 @@ pub struct Cuda {
     pinned: Arc<Budget>,
     pool: Arc<Pool>,
     arena: Mutex<WeightArena>,
+    stager: Mutex<staging::Stager>,
     pub kernels: Kernels,
     pub blas: Option<linear::Blas>,
+    context: usize,
+    /// The restricted head for the last id list asked for (the model's band + EOS: built once).
+    head: Mutex<Option<(Vec<u32>, linear::RestrictedHead)>>,
 }
 
 impl Cuda {
@@ -117,8 +124,20 @@ impl Cuda {
         let kernels = Kernels::load(&device)?;
         let pool = Pool::new(Arc::clone(&budget), Arc::clone(&device.stream));
         let arena = Mutex::new(WeightArena::new(Arc::clone(&budget)));
+        let stager = Mutex::new(staging::Stager::new(&pinned, &device.stream)?);
         let blas = linear::Blas::open(&device, &budget);
-        Ok(Cuda { device, budget, pinned, pool, arena, kernels, blas })
+        Ok(Cuda {
+            device,
+            budget,
+            pinned,
+            pool,
+            arena,
+            stager,
+            kernels,
+            blas,
+            context: options.context,
+            head: Mutex::new(None),
+        })
     }
 
     pub fn info(&self) -> &DeviceInfo {
@@ -144,6 +163,41 @@ impl Cuda {
 
     pub fn pool(&self) -> &Arc<Pool> {
         &self.pool
+    }
+
+    /// Positions each request's KV caches hold.
+    pub fn context(&self) -> usize {
+        self.context
+    }
+
+    /// Device-to-device copy bandwidth in GB/s (bytes read plus bytes written), over buffers of
+    /// `bytes` each, the best of 5 copies after a warm-up: the ceiling memory-bound kernels are
+    /// measured against.
+    pub fn measure_copy_bandwidth(&self, bytes: usize) -> Result<f64, CudaError> {
+        let src = memory::DeviceBuffer::alloc(&self.budget, "bandwidth probe", bytes)?;
+        let dst = memory::DeviceBuffer::alloc(&self.budget, "bandwidth probe", bytes)?;
+        let mut best = f64::INFINITY;
+        for i in 0..6 {
+            let t = std::time::Instant::now();
+            // SAFETY: two live buffers of `bytes` bytes each, ordered on the stream.
+            unsafe {
+                cudarc::driver::result::memcpy_dtod_async(dst.ptr(), src.ptr(), bytes, self.stream().cu_stream())
+            }?;
+            self.synchronize();
+            if i > 0 {
+                best = best.min(t.elapsed().as_secs_f64());
+            }
+        }
+        Ok(2.0 * bytes as f64 / best / 1e9)
+    }
+
+    /// Runs `f` with the restricted head for `ids`, building it (one upload) if the ids changed.
+    pub fn with_restricted_head<R>(&self, ids: &[u32], f: impl FnOnce(&linear::RestrictedHead) -> R) -> R {
+        let mut slot = self.head.lock().expect("head lock");
+        if slot.as_ref().is_none_or(|(cached, _)| cached != ids) {
+            *slot = Some((ids.to_vec(), linear::RestrictedHead::new(self, ids)));
+        }
+        f(&slot.as_ref().expect("head just built").1)
     }
 
     /// Bytes the weight arena holds.
@@ -182,6 +236,21 @@ impl Cuda {
         self.synchronize();
     }
 
+    /// Queues a copy of host values into device memory at `dst` without synchronising: for small
+    /// per-call data (embedding recipes). Returning early is safe with a pageable, short-lived
+    /// `src`: cuMemcpyHtoDAsync from pageable memory stages the bytes into driver memory before it
+    /// returns (the driver's "API synchronization behavior" rules), so `src` may be freed at once,
+    /// and the transfer to `dst` runs in stream order. The driver is allowed to wait for the
+    /// stream before staging; for small copies it does not in practice. A pageable copy cannot be
+    /// captured into a CUDA graph.
+    pub fn stage_to_device<T: Copy>(&self, dst: u64, src: &[T]) {
+        // SAFETY: callers pass the address of a live buffer of at least `size_of_val(src)` bytes
+        // that stays allocated until the stream runs the copy (pool buffers are reused only in
+        // stream order); `src` is read before the call returns (see above).
+        unsafe { cudarc::driver::result::memcpy_htod_async(dst, src, self.stream().cu_stream()) }
+            .expect("host-to-device copy");
+    }
+
     /// Copies `n` values from device address `src` to the host, after all queued work.
     pub fn copy_to_host<T: Copy + Default>(&self, src: u64, n: usize) -> Vec<T> {
         let mut out = vec![T::default(); n];
@@ -218,13 +287,16 @@ impl Cuda {
     }
 
     fn place_weight(&self, name: &str, shape: &[usize], dtype: DType, bytes: &[u8]) -> GpuWeight {
-        let (ptr, chunk) = self
-            .arena
+        let (ptr, chunk) = self.arena.lock().expect("arena lock").place(name, bytes.len()).unwrap_or_else(|e| {
+            panic!("weight `{name}`: {e} (the model is admitted against the budget before upload)")
+        });
+        // Queued through pinned staging: later launches on the stream see the weight; nothing
+        // waits here, so reading the next tensor from disk overlaps this copy.
+        self.stager
             .lock()
-            .expect("arena lock")
-            .place(name, bytes.len())
-            .unwrap_or_else(|e| panic!("weight `{name}`: {e} (the model is admitted against the budget before upload)"));
-        self.copy_to_device(ptr, bytes);
+            .expect("stager lock")
+            .upload(self.stream(), ptr, bytes)
+            .unwrap_or_else(|e| panic!("uploading weight `{name}`: {e}"));
         GpuWeight { ptr, shape: shape.to_vec(), dtype, _chunk: chunk }
     }
 }

@@ -1,16 +1,435 @@
-//! `kernels/moe.cu` (being written).
+//! `kernels/moe.cu`: the block-FP8 MoE block (`backbone.md` §5–6) on the GPU, matching the CPU
+//! oracle `cpu/backbone/moe.rs`: fp32 router logits → softmax → top-k → renormalise; routed
+//! SwiGLU experts with e4m3 weights and `[128, 128]` f32 block scales (activations quantised to
+//! e4m3 per 1×128 group in `Fp8Dynamic`, used as they are in `Exact`); the bf16 shared expert
+//! scaled by `sigmoid(x · w_sg)`; fp32 sum of the weighted experts and the gated shared expert,
+//! one rounding to bf16.
+//!
+//! Two expert paths with the same math: per-(row, slot) GEMVs for decode (few rows), and for
+//! prefill a device-side grouping of the (row, slot) pairs by expert followed by grouped GEMMs
+//! over each expert's rows. Routing never leaves the device: no host sync in either path. The
+//! experts' weight and scale addresses live in a device table built once per layer (first call,
+//! the warm-up) and cached under the router weight's address.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::CudaContext;
 
-use super::launch::{KernelError, Module, embedded};
+use super::launch::{Arg, Dims, Kernel, KernelError, Module, embedded};
+use super::memory::PoolBuf;
+use super::tensor::{DType, GpuMatrix, GpuWeight};
+use super::{Cuda, linear};
+use crate::backend::backbone::{ExpertActivations, MoeShape};
+use crate::model::weights::{Fp8Linear, MoeWeights};
 
-pub struct MoeKernels {}
+pub struct MoeKernels {
+    router_logits: Kernel,
+    route: Kernel,
+    quantise_rows: Kernel,
+    group_pairs: Kernel,
+    grouped_gate_up: Kernel,
+    grouped_down: Kernel,
+    gemv_gate_up: Kernel,
+    gemv_down: Kernel,
+    swiglu_bf16: Kernel,
+    combine: Kernel,
+    /// Per layer (keyed by the router weight's address): the experts' device address table.
+    tables: Mutex<HashMap<u64, ExpertTable>>,
+}
 
 impl MoeKernels {
     pub fn load(ctx: &Arc<CudaContext>) -> Result<MoeKernels, KernelError> {
-        let _m = Module::load(ctx, "moe", embedded::MOE)?;
-        Ok(MoeKernels {})
+        let m = Module::load(ctx, "moe", embedded::MOE)?;
+        Ok(MoeKernels {
+            router_logits: m.kernel("moe_router_logits")?,
+            route: m.kernel("moe_route")?,
+            quantise_rows: m.kernel("moe_quantise_rows")?,
+            group_pairs: m.kernel("moe_group_pairs")?,
+            grouped_gate_up: m.kernel("moe_grouped_gate_up")?,
+            grouped_down: m.kernel("moe_grouped_down")?,
+            gemv_gate_up: m.kernel("moe_gemv_gate_up")?,
+            gemv_down: m.kernel("moe_gemv_down")?,
+            swiglu_bf16: m.kernel("moe_swiglu_bf16")?,
+            combine: m.kernel("moe_combine")?,
+            tables: Mutex::new(HashMap::new()),
+        })
+    }
+}
+
+/// `kernels/moe.cu`'s activation kinds (`ACT_*`).
+const ACT_E4M3: i32 = 0;
+const ACT_BF16: i32 = 1;
+const ACT_F32: i32 = 2;
+/// Addresses per expert in the table: gate w, gate scale, up w, up scale, down w, down scale.
+const TABLE_STRIDE: usize = 6;
+/// The K group of the activation quantiser and the weight block (both sides of the grid).
+const GROUP: usize = 128;
+/// Rows of one grouped-GEMM tile (`TM` in the kernel).
+const TILE_ROWS: usize = 32;
+/// Output columns of one grouped-GEMM tile (`TN`).
+const TILE_COLS: usize = 128;
+/// Up to this many rows the per-pair GEMV path runs; above it the grouped path.
+pub const DECODE_MAX_ROWS: usize = 4;
+/// Rows per pass of the grouped path: bounds the per-pair scratch (`rows·top_k·hidden` f32).
+const CHUNK_ROWS: usize = 1024;
+const GROUP_THREADS: u32 = 1024;
+const ROUTE_ROWS_PER_BLOCK: usize = 4;
+/// Output columns per block of the GEMV kernels (2 per warp for gate/up, 4 per warp for down).
+const GEMV_GATE_UP_COLS: usize = 16;
+const GEMV_DOWN_COLS: usize = 32;
+
+/// The device table of one layer's expert addresses, with what it was built from (a layer whose
+/// weights were replaced at the same router address gets a fresh table).
+struct ExpertTable {
+    buf: PoolBuf,
+    fingerprint: [u64; 3],
+}
+
+fn fingerprint(w: &MoeWeights<GpuWeight>) -> [u64; 3] {
+    let first = w.experts.first().map_or(0, |e| e.gate_proj.weight.ptr);
+    let last = w.experts.last().map_or(0, |e| e.down_proj.scale_inv.ptr);
+    [w.experts.len() as u64, first, last]
+}
+
+/// Which expert path to take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MoePath {
+    /// Per-pair GEMVs up to [`DECODE_MAX_ROWS`] rows, grouped GEMMs above.
+    Auto,
+    /// One GEMV per (row, slot) pair, any number of rows.
+    PerPair,
+    /// Pairs grouped by expert, tiled GEMMs.
+    Grouped,
+}
+
+/// The router's decision for each row, on the device.
+pub struct Routing {
+    /// `[rows, top_k]` i32 expert ids, most probable first.
+    pub ids: PoolBuf,
+    /// `[rows, top_k]` f32 renormalised probabilities.
+    pub weights: PoolBuf,
+    /// `[rows]` f32 `sigmoid(x · w_sg)`.
+    pub shared_gate: PoolBuf,
+}
+
+/// Rows quantised to e4m3 in 1×128 groups.
+pub struct Fp8Rows {
+    /// `[rows, cols]` e4m3 codes.
+    pub codes: PoolBuf,
+    /// `[rows, cols / 128]` f32 scales.
+    pub scales: PoolBuf,
+}
+
+/// The MoE block for any number of rows (the path picked by row count).
+pub fn moe(cuda: &Cuda, s: &MoeShape, w: &MoeWeights<GpuWeight>, x: &GpuMatrix) -> GpuMatrix {
+    moe_with(cuda, s, w, x, MoePath::Auto)
+}
+
+/// The MoE block with a chosen expert path (both give the same result; checks compare them).
+pub fn moe_with(cuda: &Cuda, s: &MoeShape, w: &MoeWeights<GpuWeight>, x: &GpuMatrix, path: MoePath) -> GpuMatrix {
+    check_shapes(s, w, x);
+    let out = cuda.matrix(x.rows, x.cols);
+    if x.rows == 0 {
+        return out;
+    }
+    let table = expert_table(cuda, s, w);
+    let routing = route(cuda, s, w, x);
+    let shared = shared_expert(cuda, w, x);
+    let quantised = (s.activations == ExpertActivations::Fp8Dynamic).then(|| quantise_rows(cuda, x));
+    let input = match &quantised {
+        Some(q) => Input { ptr: q.codes.ptr(), scales: q.scales.ptr(), kind: ACT_E4M3, elem: 1 },
+        None => Input { ptr: x.ptr(), scales: 0, kind: ACT_BF16, elem: 2 },
+    };
+    let grouped = match path {
+        MoePath::Auto => x.rows > DECODE_MAX_ROWS,
+        MoePath::PerPair => false,
+        MoePath::Grouped => true,
+    };
+    let job =
+        Job { cuda, s, table, routing: &routing, shared: &shared, input, out: &out, rows: x.rows, hidden: x.cols };
+    if grouped {
+        job.grouped()
+    } else {
+        job.per_pair()
+    }
+    out
+}
+
+/// Router logits in fp32, softmax, top-k, renormalise; and the shared expert's sigmoid gate.
+pub fn route(cuda: &Cuda, s: &MoeShape, w: &MoeWeights<GpuWeight>, x: &GpuMatrix) -> Routing {
+    check_shapes(s, w, x);
+    let (rows, h, e, k) = (x.rows, x.cols, s.experts, s.top_k);
+    let kernels = &cuda.kernels.moe;
+    let logits = cuda.scratch(rows * (e + 1) * 4);
+    let routing = Routing {
+        ids: cuda.scratch(rows * k * 4),
+        weights: cuda.scratch(rows * k * 4),
+        shared_gate: cuda.scratch(rows * 4),
+    };
+    if rows == 0 {
+        return routing;
+    }
+    let args =
+        [x.ptr().into(), w.router.ptr.into(), w.shared_expert_gate.ptr.into(), logits.ptr().into(), e.into(), h.into()];
+    kernels.router_logits.launch(cuda.stream(), Dims::grid(((e + 1).div_ceil(8) as u32, rows as u32, 1), 256), &args);
+    let args = [
+        logits.ptr().into(),
+        rows.into(),
+        e.into(),
+        k.into(),
+        routing.ids.ptr().into(),
+        routing.weights.ptr().into(),
+        routing.shared_gate.ptr().into(),
+    ];
+    let dims = Dims::linear(rows.div_ceil(ROUTE_ROWS_PER_BLOCK), (ROUTE_ROWS_PER_BLOCK * 32) as u32)
+        .with_shared((ROUTE_ROWS_PER_BLOCK * e * 4) as u32);
+    kernels.route.launch(cuda.stream(), dims, &args);
+    routing
+}
+
+/// Dynamic e4m3 quantisation of each row in 1×128 groups (`s = max(amax, 1e-10)/448`, RNE).
+pub fn quantise_rows(cuda: &Cuda, x: &GpuMatrix) -> Fp8Rows {
+    assert!(x.cols.is_multiple_of(GROUP), "quantised rows must be whole 128-groups (width {})", x.cols);
+    let groups = x.cols / GROUP;
+    let q = Fp8Rows { codes: cuda.scratch(x.len()), scales: cuda.scratch(x.rows * groups * 4) };
+    if x.rows > 0 {
+        let args = [x.ptr().into(), x.cols.into(), q.codes.ptr().into(), q.scales.ptr().into()];
+        let dims = Dims::grid((groups.div_ceil(8) as u32, x.rows as u32, 1), 256);
+        cuda.kernels.moe.quantise_rows.launch(cuda.stream(), dims, &args);
+    }
+    q
+}
+
+fn check_shapes(s: &MoeShape, w: &MoeWeights<GpuWeight>, x: &GpuMatrix) {
+    let h = x.cols;
+    assert_eq!(s.block, [GROUP, GROUP], "the GPU MoE supports [128, 128] weight blocks only");
+    assert!(h.is_multiple_of(GROUP) && s.intermediate.is_multiple_of(GROUP), "MoE dims must be multiples of 128");
+    assert!(s.top_k >= 1 && s.top_k <= s.experts.min(32), "top_k {} of {} experts", s.top_k, s.experts);
+    assert_eq!(w.experts.len(), s.experts, "expert count");
+    assert_eq!((w.router.dtype, w.router.matrix_dims()), (DType::Bf16, (s.experts, h)), "router weight");
+    assert_eq!(
+        (w.shared_expert_gate.dtype, w.shared_expert_gate.matrix_dims()),
+        (DType::Bf16, (1, h)),
+        "shared expert gate"
+    );
+    // Dynamic shared memory of the GEMV kernels holds one activation row and its scales.
+    let widest = h.max(s.intermediate);
+    assert!((widest + widest / GROUP) * 4 <= 48 << 10, "MoE width {widest} too wide for the GEMV kernels");
+}
+
+fn check_fp8(l: &Fp8Linear<GpuWeight>, out: usize, inp: usize, what: &str) {
+    assert_eq!((l.weight.dtype, l.weight.matrix_dims()), (DType::Fp8E4m3, (out, inp)), "{what} weight");
+    let grid = (out.div_ceil(GROUP), inp.div_ceil(GROUP));
+    assert_eq!((l.scale_inv.dtype, l.scale_inv.matrix_dims()), (DType::F32, grid), "{what} scale grid");
+}
+
+/// The layer's expert table on the device, built on first use (copies once, synchronously).
+fn expert_table(cuda: &Cuda, s: &MoeShape, w: &MoeWeights<GpuWeight>) -> u64 {
+    let mut tables = cuda.kernels.moe.tables.lock().expect("moe table lock");
+    let print = fingerprint(w);
+    if let Some(t) = tables.get(&w.router.ptr)
+        && t.fingerprint == print
+    {
+        return t.buf.ptr();
+    }
+    let (h, i) = (w.router.shape[1], s.intermediate);
+    let mut host = Vec::with_capacity(w.experts.len() * TABLE_STRIDE);
+    for (n, e) in w.experts.iter().enumerate() {
+        check_fp8(&e.gate_proj, i, h, &format!("expert {n} gate_proj"));
+        check_fp8(&e.up_proj, i, h, &format!("expert {n} up_proj"));
+        check_fp8(&e.down_proj, h, i, &format!("expert {n} down_proj"));
+        host.extend([
+            e.gate_proj.weight.ptr,
+            e.gate_proj.scale_inv.ptr,
+            e.up_proj.weight.ptr,
+            e.up_proj.scale_inv.ptr,
+            e.down_proj.weight.ptr,
+            e.down_proj.scale_inv.ptr,
+        ]);
+    }
+    let buf = cuda.scratch(host.len() * 8);
+    cuda.copy_to_device(buf.ptr(), &host);
+    let ptr = buf.ptr();
+    tables.insert(w.router.ptr, ExpertTable { buf, fingerprint: print });
+    ptr
+}
+
+/// `down(SiLU(gate x) ⊙ up x)` of the shared expert, bf16 at each projection output (unscaled).
+fn shared_expert(cuda: &Cuda, w: &MoeWeights<GpuWeight>, x: &GpuMatrix) -> GpuMatrix {
+    let se = &w.shared_expert;
+    let gate = linear::linear(cuda, x, &se.gate_proj);
+    let up = linear::linear(cuda, x, &se.up_proj);
+    let h = cuda.matrix(gate.rows, gate.cols);
+    let n = h.len();
+    let args = [gate.ptr().into(), up.ptr().into(), h.ptr().into(), n.into()];
+    cuda.kernels.moe.swiglu_bf16.launch(cuda.stream(), Dims::linear(n.div_ceil(256), 256), &args);
+    linear::linear(cuda, &h, &se.down_proj)
+}
+
+/// The routed experts' input rows as a kernel reads them.
+#[derive(Clone, Copy)]
+struct Input {
+    ptr: u64,
+    /// Per-row group scales (e4m3 input), else 0.
+    scales: u64,
+    kind: i32,
+    /// Bytes per element.
+    elem: usize,
+}
+
+/// Everything one MoE call's expert path needs.
+struct Job<'a> {
+    cuda: &'a Cuda,
+    s: &'a MoeShape,
+    table: u64,
+    routing: &'a Routing,
+    shared: &'a GpuMatrix,
+    input: Input,
+    out: &'a GpuMatrix,
+    rows: usize,
+    hidden: usize,
+}
+
+impl Job<'_> {
+    /// Decode: gate/up GEMV per pair → h [pairs, I] f32; down GEMV per pair (requantising h
+    /// in-block) → y [pairs, hidden] f32; combine.
+    fn per_pair(&self) {
+        let (cuda, k, h, i) = (self.cuda, self.s.top_k, self.hidden, self.s.intermediate);
+        let kernels = &cuda.kernels.moe;
+        let pairs = self.rows * k;
+        assert!(pairs <= u16::MAX as usize, "{pairs} (row, slot) pairs exceed the per-pair grid");
+        let hbuf = cuda.scratch(pairs * i * 4);
+        let y = cuda.scratch(pairs * h * 4);
+        let ids = self.routing.ids.ptr();
+        let input = self.input;
+        let args = [
+            input.ptr.into(),
+            input.scales.into(),
+            input.kind.into(),
+            ids.into(),
+            self.table.into(),
+            k.into(),
+            self.s.experts.into(),
+            h.into(),
+            i.into(),
+            hbuf.ptr().into(),
+        ];
+        let dims = Dims::grid((i.div_ceil(GEMV_GATE_UP_COLS) as u32, pairs as u32, 1), 256)
+            .with_shared(((h + h / GROUP) * 4) as u32);
+        kernels.gemv_gate_up.launch(cuda.stream(), dims, &args);
+        let args = [
+            hbuf.ptr().into(),
+            i32::from(input.kind == ACT_E4M3).into(),
+            ids.into(),
+            self.table.into(),
+            self.s.experts.into(),
+            i.into(),
+            h.into(),
+            y.ptr().into(),
+        ];
+        let dims = Dims::grid((h.div_ceil(GEMV_DOWN_COLS) as u32, pairs as u32, 1), 256)
+            .with_shared(((i + i / GROUP) * 4) as u32);
+        kernels.gemv_down.launch(cuda.stream(), dims, &args);
+        self.combine(0, self.rows, y.ptr());
+    }
+
+    /// Prefill, in passes of at most `CHUNK_ROWS` rows: group the pass's pairs by expert, gate/up
+    /// tiles (SiLU ⊙ up and the requantisation fused) → h by sorted position; down tiles → y
+    /// [pairs, hidden] f32; combine.
+    fn grouped(&self) {
+        let (cuda, k, e, h, i) = (self.cuda, self.s.top_k, self.s.experts, self.hidden, self.s.intermediate);
+        let kernels = &cuda.kernels.moe;
+        let fp8 = self.input.kind == ACT_E4M3;
+        let max_pairs = self.rows.min(CHUNK_ROWS) * k;
+        let tiles_bound = |pairs: usize| pairs.div_ceil(TILE_ROWS) + e.min(pairs);
+        let offsets = cuda.scratch((e + 1) * 4);
+        let sorted = cuda.scratch(max_pairs * 4);
+        let tiles = cuda.scratch((1 + 2 * tiles_bound(max_pairs)) * 4);
+        // h rows by sorted position: e4m3 codes + scales, or f32.
+        let (hbuf, hscale) = if fp8 {
+            (cuda.scratch(max_pairs * i), Some(cuda.scratch(max_pairs * (i / GROUP) * 4)))
+        } else {
+            (cuda.scratch(max_pairs * i * 4), None)
+        };
+        let hscale_ptr = hscale.as_ref().map_or(0, PoolBuf::ptr);
+        let y = cuda.scratch(max_pairs * h * 4);
+        for r0 in (0..self.rows).step_by(CHUNK_ROWS) {
+            let rows = CHUNK_ROWS.min(self.rows - r0);
+            let pairs = rows * k;
+            let max_tiles = tiles_bound(pairs);
+            let ids = self.routing.ids.ptr() + (r0 * k * 4) as u64;
+            let args = [
+                ids.into(),
+                pairs.into(),
+                e.into(),
+                TILE_ROWS.into(),
+                offsets.ptr().into(),
+                sorted.ptr().into(),
+                tiles.ptr().into(),
+                max_tiles.into(),
+            ];
+            kernels.group_pairs.launch(
+                cuda.stream(),
+                Dims::linear(1, GROUP_THREADS).with_shared((2 * e * 4) as u32),
+                &args,
+            );
+
+            let input = self.input;
+            let act = input.ptr + (r0 * h * input.elem) as u64;
+            let act_scales = if fp8 { input.scales + (r0 * (h / GROUP) * 4) as u64 } else { 0 };
+            let grouped = (sorted.ptr(), tiles.ptr(), offsets.ptr());
+            let (hq, hf) = if fp8 { (hbuf.ptr(), 0) } else { (0, hbuf.ptr()) };
+            let args: [Arg; 14] = [
+                act.into(),
+                act_scales.into(),
+                input.kind.into(),
+                grouped.0.into(),
+                grouped.1.into(),
+                grouped.2.into(),
+                self.table.into(),
+                k.into(),
+                h.into(),
+                i.into(),
+                i32::from(fp8).into(),
+                hq.into(),
+                hscale_ptr.into(),
+                hf.into(),
+            ];
+            let dims = Dims::grid((max_tiles as u32, i.div_ceil(TILE_COLS) as u32, 1), 256);
+            kernels.grouped_gate_up.launch(cuda.stream(), dims, &args);
+
+            let kind = if fp8 { ACT_E4M3 } else { ACT_F32 };
+            let args = [
+                hbuf.ptr().into(),
+                hscale_ptr.into(),
+                kind.into(),
+                grouped.0.into(),
+                grouped.1.into(),
+                grouped.2.into(),
+                self.table.into(),
+                i.into(),
+                h.into(),
+                y.ptr().into(),
+            ];
+            let dims = Dims::grid((max_tiles as u32, h.div_ceil(TILE_COLS) as u32, 1), 256);
+            kernels.grouped_down.launch(cuda.stream(), dims, &args);
+            self.combine(r0, rows, y.ptr());
+        }
+    }
+
+    /// `out[r0..r0+rows] = Σ_slot w · y + shared_gate · shared` (y holds those rows' pairs from 0).
+    fn combine(&self, r0: usize, rows: usize, y: u64) {
+        let (cuda, k) = (self.cuda, self.s.top_k);
+        let args = [
+            y.into(),
+            (self.routing.weights.ptr() + (r0 * k * 4) as u64).into(),
+            (self.routing.shared_gate.ptr() + (r0 * 4) as u64).into(),
+            self.shared.row_ptr(r0).into(),
+            self.out.row_ptr(r0).into(),
+            k.into(),
+            self.hidden.into(),
+        ];
+        cuda.kernels.moe.combine.launch(cuda.stream(), Dims::linear(rows, 256), &args);
     }
 }

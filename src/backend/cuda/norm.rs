@@ -5,9 +5,9 @@ use std::sync::Arc;
 
 use cudarc::driver::CudaContext;
 
+use super::Cuda;
 use super::launch::{Dims, Kernel, KernelError, Module, embedded};
 use super::tensor::{DType, GpuMatrix, GpuWeight};
-use super::Cuda;
 
 pub struct NormKernels {
     rms_norm_zc: Kernel,

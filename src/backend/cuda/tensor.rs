@@ -88,7 +88,8 @@ impl GpuMatrix {
 impl Clone for GpuMatrix {
     fn clone(&self) -> GpuMatrix {
         let pool = self.pool();
-        let copy = GpuMatrix::uninit(pool, self.rows, self.cols).expect("GPU memory budget exhausted cloning an activation");
+        let copy =
+            GpuMatrix::uninit(pool, self.rows, self.cols).expect("GPU memory budget exhausted cloning an activation");
         // SAFETY: both buffers are live pool buffers of at least rows·cols·2 bytes; the copy is
         // ordered on the one stream after the writes of `self`.
         unsafe {

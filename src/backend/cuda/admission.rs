@@ -1,0 +1,202 @@
+//! Admission of a model against the device budget, before anything is uploaded: the weights as
+//! the arena will place them (simulated with the same packing rule), the KV caches for the
+//! configured context, the GDN states, the activation pool for the largest prefill, and the
+//! cuBLASLt workspace. A model that does not fit is refused with every number.
+
+use std::fmt;
+
+use super::memory::{ALIGN, WeightArena};
+use super::resident_dtype;
+use crate::model::config::{Dims, LayerType};
+use crate::model::weights::{SpecRecorder, model_weights};
+
+/// What the engine will hold on the device, in bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemoryPlan {
+    /// Weight arena chunks (backbone and tower, resident dtypes, packed as the arena packs them).
+    pub weights: u64,
+    /// Full-attention KV caches (bf16 K and V) for `context` positions.
+    pub kv_cache: u64,
+    /// GDN conv windows and fp32 recurrent states.
+    pub recurrent_state: u64,
+    /// Activation pool for a prefill of `prefill_rows` rows (size classes round up to powers of two).
+    pub activations: u64,
+    /// cuBLASLt workspace and small fixed tables.
+    pub workspace: u64,
+    pub context: usize,
+    pub prefill_rows: usize,
+}
+
+impl MemoryPlan {
+    pub fn total(&self) -> u64 {
+        self.weights + self.kv_cache + self.recurrent_state + self.activations + self.workspace
+    }
+
+    /// The plan for serving one request at a time with `context` positions and prompts of up to
+    /// `prefill_rows` rows.
+    pub fn for_model(dims: &Dims, context: usize, prefill_rows: usize) -> MemoryPlan {
+        MemoryPlan {
+            weights: arena_bytes(dims),
+            kv_cache: kv_cache_bytes(dims, context),
+            recurrent_state: recurrent_state_bytes(dims),
+            activations: activation_bytes(dims, prefill_rows),
+            workspace: WORKSPACE_BYTES,
+            context,
+            prefill_rows,
+        }
+    }
+}
+
+/// cuBLASLt's workspace (32 MiB on sm_90+) plus expert pointer tables and head ids.
+const WORKSPACE_BYTES: u64 = 48 << 20;
+
+/// Bytes of arena chunks the weights will occupy, simulating `WeightArena::place` over the
+/// name table in upload order.
+pub fn arena_bytes(dims: &Dims) -> u64 {
+    let mut recorder = SpecRecorder { specs: Vec::new() };
+    model_weights(dims, &mut recorder).expect("the spec recorder accepts every tensor");
+    let (mut chunks, mut room) = (0u64, 0usize);
+    for spec in &recorder.specs {
+        let numel: usize = spec.shape.iter().product();
+        let bytes = (numel * resident_dtype(spec.accept).size()).max(1).next_multiple_of(ALIGN);
+        if bytes > room {
+            let chunk = bytes.max(WeightArena::CHUNK);
+            chunks += chunk as u64;
+            room = chunk;
+        }
+        room -= bytes;
+    }
+    chunks
+}
+
+fn full_attention_layers(d: &Dims) -> usize {
+    d.layer_types.iter().filter(|t| **t == LayerType::FullAttention).count()
+}
+
+/// K and V, bf16, `[context, kv_heads, head_dim]` per full-attention layer.
+pub fn kv_cache_bytes(d: &Dims, context: usize) -> u64 {
+    (full_attention_layers(d) * 2 * context * d.kv_heads * d.head_dim * 2) as u64
+}
+
+/// Conv window (`kernel − 1` rows of the qkv channels) and `[Hv, Dk, Dv]` state, fp32, per GDN layer.
+pub fn recurrent_state_bytes(d: &Dims) -> u64 {
+    let gdn_layers = d.layers - full_attention_layers(d);
+    let conv = (d.gdn_conv_kernel - 1) * d.gdn_qkv_dim();
+    let state = d.gdn_value_heads * d.gdn_key_dim * d.gdn_value_dim;
+    (gdn_layers * (conv + state) * 4) as u64
+}
+
+/// Activations live at once during a prefill of `rows` rows, doubled for the pool's
+/// power-of-two size classes: the residual and normed rows, the widest mixer intermediates
+/// (q|gate projection, qkv + z + conv output, the f32 core output), and the MoE's per-slot
+/// rows and expert intermediates in f32.
+pub fn activation_bytes(d: &Dims, rows: usize) -> u64 {
+    let h = d.hidden;
+    let attention = d.heads * d.head_dim * 2 + 2 * d.kv_heads * d.head_dim + d.heads * d.head_dim;
+    let gdn = 2 * d.gdn_qkv_dim() + 2 * d.gdn_value_total() + 2 * d.gdn_value_heads;
+    let mixer_bf16 = attention.max(gdn);
+    let mixer_f32 = d.gdn_value_total().max(d.heads * d.head_dim);
+    let k = d.experts_per_token;
+    let moe_f32 = k * (h + 2 * d.expert_intermediate) + d.experts + 2 * d.shared_expert_intermediate;
+    let moe_fp8 = h + d.expert_intermediate * k;
+    let per_row = 2 * (4 * h + mixer_bf16) + 4 * (mixer_f32 + moe_f32) + moe_fp8;
+    (2 * rows * per_row) as u64 + (64 << 20)
+}
+
+/// The model does not fit in the budget.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("the model does not fit in the GPU memory budget: it needs {plan} = {} in total, the budget is {} ({})",
+    gib(plan.total()), gib(*budget), budget_source)]
+pub struct NotAdmitted {
+    pub plan: MemoryPlan,
+    pub budget: u64,
+    pub budget_source: String,
+}
+
+/// Refuses a plan larger than `budget` (bytes still free under the cap).
+pub fn admit(plan: &MemoryPlan, budget: u64, budget_source: &str) -> Result<(), NotAdmitted> {
+    if plan.total() <= budget {
+        Ok(())
+    } else {
+        Err(NotAdmitted { plan: plan.clone(), budget, budget_source: budget_source.to_owned() })
+    }
+}
+
+pub fn gib(bytes: u64) -> String {
+    format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
+impl fmt::Display for MemoryPlan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "weights {} + KV cache {} ({} positions) + GDN state {} + activations {} ({}-row prefill) + workspace {}",
+            gib(self.weights),
+            gib(self.kv_cache),
+            self.context,
+            gib(self.recurrent_state),
+            gib(self.activations),
+            self.prefill_rows,
+            gib(self.workspace)
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::synth::presets::Preset;
+
+    fn full() -> Dims {
+        let plan = crate::synth::SynthPlan::new(&crate::synth::SynthOptions {
+            preset: Preset::Full,
+            seed: 0,
+            vq_backbone_codebooks: 1,
+        });
+        plan.config.dims()
+    }
+
+    #[test]
+    fn full_model_plan_matches_its_arithmetic() {
+        let d = full();
+        let plan = MemoryPlan::for_model(&d, 16384, 4096);
+        // 10 attention layers × K,V × 16384 × 2 kv heads × 256 × bf16 = 320 MiB.
+        assert_eq!(plan.kv_cache, 320 << 20);
+        // 30 GDN layers × (3 × 8192 conv + 32 × 128 × 128 state) × f32.
+        assert_eq!(plan.recurrent_state, 30 * (3 * 8192 + 32 * 128 * 128) * 4);
+        // Weights: FP8 experts (30 GiB) + bf16 rest; whole 1 GiB chunks.
+        assert_eq!(plan.weights % (1 << 30), 0);
+        let gib = plan.weights >> 30;
+        assert!((36..=40).contains(&gib), "weights {gib} GiB");
+        assert!(admit(&plan, 139 << 30, "free").is_ok());
+    }
+
+    #[test]
+    fn refusal_names_every_number() {
+        let d = full();
+        let plan = MemoryPlan::for_model(&d, 16384, 4096);
+        let err = admit(&plan, 24 << 30, "--gpu-memory-budget").unwrap_err();
+        let text = err.to_string();
+        for part in [
+            "weights",
+            "KV cache",
+            "16384 positions",
+            "GDN state",
+            "4096-row prefill",
+            "24.00 GiB",
+            "--gpu-memory-budget",
+        ] {
+            assert!(text.contains(part), "{part} missing from: {text}");
+        }
+    }
+
+    #[test]
+    fn arena_simulation_packs_small_tensors_into_one_chunk() {
+        let plan = crate::synth::SynthPlan::new(&crate::synth::SynthOptions {
+            preset: Preset::Tiny,
+            seed: 0,
+            vq_backbone_codebooks: 1,
+        });
+        assert_eq!(arena_bytes(&plan.config.dims()), WeightArena::CHUNK as u64);
+    }
+}

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Builds, on this machine, what the GPU machine runs (it has no cargo): the release binary and
+# the GPU check binary, copied into .gpu/bin (git-ignored) for `run`'s carry. Then, on the GPU
+# machine: tools/gpu/check.sh.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+# Its own target directory: release builds do not wait on the debug builds of tests.
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target/gpu}
+tools/cuda-toolchain.sh >/dev/null
+cargo build --release --locked --bin limelight
+# The test binary's path is printed by cargo; take the executable of the `gpu` test target.
+check_bin=$(cargo test --release --locked --test gpu --no-run --message-format=json 2>/dev/null |
+    python3 -c 'import json,sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "gpu" and m.get("executable"):
+        print(m["executable"])')
+mkdir -p .gpu/bin
+cp "$CARGO_TARGET_DIR/release/limelight" .gpu/bin/limelight
+cp "$check_bin" .gpu/bin/gpu-checks
+strip .gpu/bin/limelight .gpu/bin/gpu-checks
+ls -la .gpu/bin
+echo "commit $(git rev-parse --short HEAD)$(git diff --quiet || echo '+dirty')" > .gpu/bin/BUILD

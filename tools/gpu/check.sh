@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The GPU checks, run ON THE GPU MACHINE from the repository root, after tools/gpu/build.sh
+# built .gpu/bin here and the directory travelled (device `run` with carry [".gpu"]):
+#
+#   tools/gpu/check.sh [REPORT_DIR]            # every kernel + the backbone end to end vs the CPU backend
+#   tools/gpu/check.sh --full [REPORT_DIR]     # also: synth the full-size checkpoint and bench the backbone
+#
+# Writes REPORT_DIR/gpu-checks.md (the table) and, with --full, bench-backbone.json/.txt.
+# cuBLASLt comes from the machine's CUDA libraries (the PyTorch venv's nvidia/cu13/lib on the H200 image).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+full=0
+if [[ "${1:-}" == "--full" ]]; then full=1; shift; fi
+report_dir=${1:-${OUT:-.gpu/report}}
+mkdir -p "$report_dir"
+
+if ! ldconfig -p | grep -q 'libcublasLt.so.13'; then
+    lib=$(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13", "lib"))' 2>/dev/null || true)
+    [[ -n "$lib" && -e "$lib/libcublasLt.so.13" ]] && export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+echo "build: $(cat .gpu/bin/BUILD)"
+nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total,clocks.sm --format=csv,noheader || true
+
+status=0
+LIMELIGHT_GPU_REPORT="$report_dir/gpu-checks.md" .gpu/bin/gpu-checks || status=$?
+
+if ((full)); then
+    ckpt=${LIMELIGHT_FULL_CKPT:-/tmp/limelight-full}
+    if [[ ! -f "$ckpt/config.json" ]]; then
+        { time .gpu/bin/limelight checkpoint synth --preset full --out "$ckpt"; } 2>"$report_dir/synth-time.txt"
+    fi
+    .gpu/bin/limelight bench backbone --model "$ckpt" --prompt-rows 200 --decode-rows 100 \
+        --json "$report_dir/bench-backbone.json" | tee "$report_dir/bench-backbone.txt" || status=$?
+fi
+exit $status
