@@ -21,8 +21,19 @@ fi
 echo "build: $(cat .gpu/bin/BUILD)"
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total,clocks.sm --format=csv,noheader || true
 
+# One process per section: a GPU fault poisons its context, and must not hide the other sections.
 status=0
-LIMELIGHT_GPU_REPORT="$report_dir/gpu-checks.md" .gpu/bin/gpu-checks || status=$?
+: > "$report_dir/gpu-checks.md"
+for section in norm linear gdn attention moe backbone; do
+    rc=0
+    LIMELIGHT_GPU_ONLY=$section LIMELIGHT_GPU_REPORT="$report_dir/gpu-checks-$section.md" .gpu/bin/gpu-checks || rc=$?
+    if ((rc > 1)); then
+        echo "section $section crashed (exit $rc); memcheck of it:"
+        LIMELIGHT_GPU_ONLY=$section compute-sanitizer --tool memcheck --print-limit 20 .gpu/bin/gpu-checks 2>&1 | head -60 || true
+    fi
+    ((rc == 0)) || status=1
+    cat "$report_dir/gpu-checks-$section.md" >> "$report_dir/gpu-checks.md" 2>/dev/null || echo "| $section | crashed | | exit $rc | **NO** |" >> "$report_dir/gpu-checks.md"
+done
 
 if ((full)); then
     ckpt=${LIMELIGHT_FULL_CKPT:-/tmp/limelight-full}
