@@ -24,15 +24,16 @@ nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total,clocks.sm --
 # One process per section: a GPU fault poisons its context, and must not hide the other sections.
 status=0
 : > "$report_dir/gpu-checks.md"
+sections_dir=$(mktemp -d)
 for section in norm linear gdn attention moe backbone; do
     rc=0
-    LIMELIGHT_GPU_ONLY=$section LIMELIGHT_GPU_REPORT="$report_dir/gpu-checks-$section.md" .gpu/bin/gpu-checks || rc=$?
+    LIMELIGHT_GPU_ONLY=$section LIMELIGHT_GPU_REPORT="$sections_dir/$section.md" .gpu/bin/gpu-checks || rc=$?
     if ((rc > 1)); then
         echo "section $section crashed (exit $rc); memcheck of it:"
         LIMELIGHT_GPU_ONLY=$section compute-sanitizer --tool memcheck --print-limit 20 .gpu/bin/gpu-checks 2>&1 | head -60 || true
     fi
     ((rc == 0)) || status=1
-    cat "$report_dir/gpu-checks-$section.md" >> "$report_dir/gpu-checks.md" 2>/dev/null || echo "| $section | crashed | | exit $rc | **NO** |" >> "$report_dir/gpu-checks.md"
+    cat "$sections_dir/$section.md" >> "$report_dir/gpu-checks.md" 2>/dev/null || echo "| $section | crashed | | exit $rc | **NO** |" >> "$report_dir/gpu-checks.md"
 done
 
 if ((full)); then
