@@ -82,7 +82,6 @@ pub fn bench_backbone(args: &BenchBackboneArgs) -> anyhow::Result<BackboneBench>
     }
     drop((state, hidden));
     cuda.synchronize();
-    cuda.pool().seal();
 
     let mut state = backbone.new_state();
     cuda.synchronize();
@@ -91,6 +90,9 @@ pub fn bench_backbone(args: &BenchBackboneArgs) -> anyhow::Result<BackboneBench>
     cuda.synchronize();
     let prefill_ms = t.elapsed().as_secs_f64() * 1e3;
     let mut synced_state = prefilled_state(&backbone, &prompt)?;
+    // Every buffer a decode row needs exists now: from here on nothing may come from the driver.
+    cuda.synchronize();
+    cuda.pool().seal();
 
     let t = Instant::now();
     for r in 0..decode_rows.len() {
