@@ -96,6 +96,12 @@ pub fn bench_backbone(args: &BenchBackboneArgs) -> anyhow::Result<()> {
             std::fs::write(path, serde_json::to_string_pretty(&result)?)
                 .with_context(|| format!("writing {}", path.display()))?;
         }
+        if result.pool_allocations_after_seal != 0 {
+            bail!(
+                "the decode path allocated {} buffers from the driver after warm-up",
+                result.pool_allocations_after_seal
+            );
+        }
         Ok(())
     }
     #[cfg(not(feature = "cuda"))]

