@@ -43,12 +43,11 @@ pub fn run(ctx: &mut Ctx) {
     let gpu_w = ckpt.upload_model_weights(ctx.cuda).expect("GPU upload");
     let base = BackboneConfig::from_model_config(&ckpt.config);
     let rows = random_rows(ctx, &base, PROMPT_ROWS + DECODE_ROWS);
-    let prompt = Rows::from_flat(base.codebooks, rows.as_flat()[..PROMPT_ROWS * rows.width()].to_vec());
 
     for mode in [ExpertActivations::Exact, ExpertActivations::Fp8Dynamic] {
         let mut config = base.clone();
         config.moe.activations = mode;
-        per_layer(ctx, &config, &cpu_w, &gpu_w, &prompt);
+        per_layer(ctx, &config, &cpu_w, &gpu_w, &rows);
     }
     let mut config = base;
     config.moe.activations = ExpertActivations::Fp8Dynamic;
@@ -70,13 +69,31 @@ fn random_rows(ctx: &mut Ctx, c: &BackboneConfig, n: usize) -> Rows {
     Rows::from_flat(c.codebooks, flat)
 }
 
-/// One decoder layer through the seam, as `model::backbone` composes it, with fresh state.
-fn layer<B: BackboneOps>(b: &B, c: &BackboneConfig, layer: &BackboneLayer<B::Weight>, x: &B::Act) -> B::Act {
+/// A layer's per-request state on backend `B`.
+fn layer_state<B: BackboneOps>(b: &B, c: &BackboneConfig, layer: &BackboneLayer<B::Weight>) -> LayerState<B> {
+    match layer.mixer {
+        Mixer::GatedDeltaNet(_) => LayerState::Gdn(b.new_gdn_state(&c.gdn)),
+        Mixer::Attention(_) => LayerState::Attention(b.new_kv_cache(&c.attention)),
+    }
+}
+
+/// One decoder layer through the seam, as `model::backbone` composes it, continuing `st`.
+fn layer_step<B: BackboneOps>(
+    b: &B,
+    c: &BackboneConfig,
+    layer: &BackboneLayer<B::Weight>,
+    st: &mut LayerState<B>,
+    x: &B::Act,
+    decode: bool,
+) -> B::Act {
     let mut x = x.clone();
     let h = b.rms_norm(&x, &layer.input_norm, c.norm_eps);
-    let mixed = match &layer.mixer {
-        Mixer::GatedDeltaNet(w) => b.gdn_prefill(&c.gdn, w, &h, &mut b.new_gdn_state(&c.gdn)),
-        Mixer::Attention(w) => b.attention_prefill(&c.attention, w, &h, &mut b.new_kv_cache(&c.attention)),
+    let mixed = match (&layer.mixer, st) {
+        (Mixer::GatedDeltaNet(w), LayerState::Gdn(s)) if decode => b.gdn_decode(&c.gdn, w, &h, s),
+        (Mixer::GatedDeltaNet(w), LayerState::Gdn(s)) => b.gdn_prefill(&c.gdn, w, &h, s),
+        (Mixer::Attention(w), LayerState::Attention(kv)) if decode => b.attention_decode(&c.attention, w, &h, kv),
+        (Mixer::Attention(w), LayerState::Attention(kv)) => b.attention_prefill(&c.attention, w, &h, kv),
+        _ => unreachable!("the state was made for this layer"),
     };
     let h = b.add_rms_norm(&mut x, &mixed, &layer.post_attention_norm, c.norm_eps);
     let moe = b.moe(&c.moe, &layer.moe, &h);
@@ -84,14 +101,17 @@ fn layer<B: BackboneOps>(b: &B, c: &BackboneConfig, layer: &BackboneLayer<B::Wei
     x
 }
 
-/// Each layer teacher-forced on the CPU's input to it, rounded to bf16, against the CPU's output
-/// of that layer: within 1e-2, or within twice what the same rounded input moves the CPU layer.
+/// Each layer teacher-forced through the prompt and then every decode row: the CPU's input to
+/// the layer at each call, rounded to bf16, through the GPU layer carrying its own state (GDN
+/// conv and recurrent state, KV cache), against the CPU's output of that layer. Within 1e-2, or
+/// within twice what the same rounded inputs move the CPU layer (rounding alone can flip a
+/// near-tie expert choice, or e4m3 codes with FP8 activations).
 fn per_layer(
     ctx: &mut Ctx,
     c: &BackboneConfig,
     cpu_w: &ModelWeights<CpuWeight>,
     gpu_w: &ModelWeights<GpuWeight>,
-    prompt: &Rows,
+    rows: &Rows,
 ) {
     let mode = match c.moe.activations {
         ExpertActivations::Exact => "exact",
@@ -101,33 +121,57 @@ fn per_layer(
         Backbone::new(&Cpu, c.clone(), &cpu_w.backbone, &cpu_w.tower.codebook_embeddings).expect("CPU backbone");
     let gpu_bb =
         Backbone::new(ctx.cuda, c.clone(), &gpu_w.backbone, &gpu_w.tower.codebook_embeddings).expect("GPU backbone");
-    let mut stages: Vec<(Stage, Matrix)> = Vec::new();
+    // Every stage of every call: the prompt, then one call per decode row.
+    let mut calls: Vec<Vec<(Stage, Matrix)>> = Vec::new();
     let mut state = cpu_bb.new_state();
-    cpu_bb.prefill_observed(&mut state, prompt, &mut |s, x| stages.push((s, x.clone()))).expect("CPU prefill");
-    let stage = |want: Stage| stages.iter().find(|(s, _)| *s == want).expect("observed stage").1.clone();
+    let prompt = slice(rows, 0..PROMPT_ROWS);
+    let mut stages = Vec::new();
+    cpu_bb.prefill_observed(&mut state, &prompt, &mut |s, x| stages.push((s, x.clone()))).expect("CPU prefill");
+    calls.push(stages);
+    for t in PROMPT_ROWS..rows.len() {
+        let mut stages = Vec::new();
+        cpu_bb.decode_observed(&mut state, rows.row(t), &mut |s, x| stages.push((s, x.clone()))).expect("CPU decode");
+        calls.push(stages);
+    }
+    let stage =
+        |call: usize, want: Stage| calls[call].iter().find(|(s, _)| *s == want).expect("observed stage").1.clone();
     if c.moe.activations == ExpertActivations::Exact {
-        let emb = ctx.cuda.to_host(&gpu_bb.embed(prompt).expect("GPU embed"));
-        ctx.rel_l2(
-            format!("backbone embedding [{PROMPT_ROWS} rows]"),
-            &emb.data,
-            &stage(Stage::Embedding).data,
-            LAYER_BOUND,
-        );
+        let emb = ctx.cuda.to_host(&gpu_bb.embed(&prompt).expect("GPU embed"));
+        let want = stage(0, Stage::Embedding);
+        ctx.rel_l2(format!("backbone embedding [{PROMPT_ROWS} rows]"), &emb.data, &want.data, LAYER_BOUND);
     }
     for (l, (cl, gl)) in cpu_w.backbone.layers.iter().zip(&gpu_w.backbone.layers).enumerate() {
-        let input = if l == 0 { stage(Stage::Embedding) } else { stage(Stage::Layer(l - 1)) };
-        let want = stage(Stage::Layer(l));
-        let rounded = round_to_bf16(&input);
-        let got = ctx.cuda.to_host(&layer(ctx.cuda, c, gl, &ctx.cuda.upload_matrix(&rounded)));
-        let name = format!("backbone layer {l} teacher-forced, {mode} experts [{PROMPT_ROWS} rows]");
-        // Yardstick: the CPU layer on the same bf16-rounded input. Rounding alone can flip a
-        // near-tie expert choice of some row (either mode) or e4m3 codes (FP8 mode).
-        let yard = rel_l2(&layer(&Cpu, c, cl, &rounded).data, &want.data);
-        let value = rel_l2(&got.data, &want.data);
-        let bound = LAYER_BOUND.max(SENSITIVITY_FACTOR * yard + 2e-3);
-        let shown = format!("{bound:.1e} (max(1e-2, 2 × {yard:.1e} + 2e-3))");
-        ctx.check(name, "rel L2", shown, format!("{value:.2e}"), value <= bound);
+        let (mut gpu_state, mut yard_state) = (layer_state(ctx.cuda, c, gl), layer_state(&Cpu, c, cl));
+        let (mut worst, mut worst_yard) = (0f64, 0f64);
+        for call in 0..calls.len() {
+            let input = stage(call, if l == 0 { Stage::Embedding } else { Stage::Layer(l - 1) });
+            let want = stage(call, Stage::Layer(l));
+            let rounded = round_to_bf16(&input);
+            let decode = call > 0;
+            let got = layer_step(ctx.cuda, c, gl, &mut gpu_state, &ctx.cuda.upload_matrix(&rounded), decode);
+            let got = ctx.cuda.to_host(&got);
+            let yard = layer_step(&Cpu, c, cl, &mut yard_state, &rounded, decode);
+            let (value, yard) = (rel_l2(&got.data, &want.data), rel_l2(&yard.data, &want.data));
+            if call == 0 {
+                let bound = LAYER_BOUND.max(SENSITIVITY_FACTOR * yard + 2e-3);
+                let name = format!("backbone layer {l} teacher-forced prefill, {mode} experts [{PROMPT_ROWS} rows]");
+                let shown = format!("{bound:.1e} (max(1e-2, 2 × {yard:.1e} + 2e-3))");
+                ctx.check(name, "rel L2", shown, format!("{value:.2e}"), value <= bound);
+            } else {
+                worst = worst.max(value);
+                worst_yard = worst_yard.max(yard);
+            }
+        }
+        let bound = LAYER_BOUND.max(SENSITIVITY_FACTOR * worst_yard + 2e-3);
+        let name = format!("backbone layer {l} teacher-forced decode rows 1..{DECODE_ROWS}, {mode} experts");
+        let shown = format!("{bound:.1e} (max(1e-2, 2 × {worst_yard:.1e} + 2e-3))");
+        ctx.check(name, "worst rel L2", shown, format!("{worst:.2e}"), worst <= bound);
     }
+}
+
+fn slice(rows: &Rows, range: std::ops::Range<usize>) -> Rows {
+    let w = rows.width();
+    Rows::from_flat(rows.codebooks(), rows.as_flat()[range.start * w..range.end * w].to_vec())
 }
 
 /// The CPU backbone with its residual stream rounded to bf16 at every layer input, carrying
@@ -159,8 +203,9 @@ impl RoundedCpu<'_> {
     }
 }
 
-/// Per-row deviations of one run from the f32 CPU: final hidden rel L2, restricted-logit KL,
-/// top-1 agreement.
+/// Deviations of one run from the f32 CPU over the rows it produced (means: a single row's
+/// divergence in this chaotic model is too noisy to judge): final hidden rel L2,
+/// restricted-logit KL, top-1 agreement.
 #[derive(Default)]
 struct Deviation {
     hidden: f64,
@@ -171,10 +216,18 @@ struct Deviation {
 
 impl Deviation {
     fn add(&mut self, hidden: &[f32], want_hidden: &[f32], logits: &[f32], want_logits: &[f32]) {
-        self.hidden = self.hidden.max(rel_l2(hidden, want_hidden));
-        self.kl = self.kl.max(kl(want_logits, logits));
+        self.hidden += rel_l2(hidden, want_hidden);
+        self.kl += kl(want_logits, logits);
         self.agree += usize::from(argmax(logits) == argmax(want_logits));
         self.rows += 1;
+    }
+
+    fn mean_hidden(&self) -> f64 {
+        self.hidden / self.rows as f64
+    }
+
+    fn mean_kl(&self) -> f64 {
+        self.kl / self.rows as f64
     }
 }
 
@@ -236,8 +289,15 @@ fn sequence(
             gpu <= bound,
         );
     };
-    judged(ctx, "final-norm hidden, last row of each call", "worst rel L2", gpu_dev.hidden, yard_dev.hidden, 1e-2);
-    judged(ctx, "restricted logits", "max KL", gpu_dev.kl, yard_dev.kl, 1e-3);
+    judged(
+        ctx,
+        "final-norm hidden, last row of each call",
+        "mean rel L2",
+        gpu_dev.mean_hidden(),
+        yard_dev.mean_hidden(),
+        1e-2,
+    );
+    judged(ctx, "restricted logits", "mean KL", gpu_dev.mean_kl(), yard_dev.mean_kl(), 1e-3);
     ctx.check(
         format!("backbone prompt→decode main token top-1 ({n} rows, fp8 experts)"),
         "agreement",
