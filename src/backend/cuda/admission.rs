@@ -7,6 +7,7 @@ use std::fmt;
 
 use super::memory::{ALIGN, WeightArena};
 use super::resident_dtype;
+use crate::inspect::recurrent_state_bytes;
 use crate::model::config::{Dims, LayerType};
 use crate::model::weights::{SpecRecorder, model_weights};
 
@@ -38,7 +39,7 @@ impl MemoryPlan {
         MemoryPlan {
             weights: arena_bytes(dims),
             kv_cache: kv_cache_bytes(dims, context),
-            recurrent_state: recurrent_state_bytes(dims),
+            recurrent_state: recurrent_state_bytes(dims) as u64,
             activations: activation_bytes(dims, prefill_rows),
             workspace: WORKSPACE_BYTES,
             context,
@@ -76,14 +77,6 @@ fn full_attention_layers(d: &Dims) -> usize {
 /// K and V, bf16, `[context, kv_heads, head_dim]` per full-attention layer.
 pub fn kv_cache_bytes(d: &Dims, context: usize) -> u64 {
     (full_attention_layers(d) * 2 * context * d.kv_heads * d.head_dim * 2) as u64
-}
-
-/// Conv window (`kernel − 1` rows of the qkv channels) and `[Hv, Dk, Dv]` state, fp32, per GDN layer.
-pub fn recurrent_state_bytes(d: &Dims) -> u64 {
-    let gdn_layers = d.layers - full_attention_layers(d);
-    let conv = (d.gdn_conv_kernel - 1) * d.gdn_qkv_dim();
-    let state = d.gdn_value_heads * d.gdn_key_dim * d.gdn_value_dim;
-    (gdn_layers * (conv + state) * 4) as u64
 }
 
 /// Activations live at once during a prefill of `rows` rows, doubled for the pool's

@@ -52,6 +52,9 @@ pub struct Kernel {
     function: CudaFunction,
 }
 
+/// Most arguments any kernel takes (the widest, `gdn_conv_prepare`, takes 16).
+const MAX_ARGS: usize = 24;
+
 /// A kernel argument: a device address or a scalar.
 #[derive(Clone, Copy, Debug)]
 pub enum Arg {
@@ -122,17 +125,22 @@ impl Kernel {
     /// If the driver refuses the launch (bad dimensions, or a sticky error from an earlier
     /// fault): a broken context cannot serve any request, so this is not recoverable here.
     pub fn launch(&self, stream: &CudaStream, dims: Dims, args: &[Arg]) {
-        let mut values: Vec<Arg> = args.to_vec();
-        let mut pointers: Vec<*mut c_void> = values
-            .iter_mut()
-            .map(|a| match a {
+        // Fixed arrays on the stack: the decode path launches hundreds of kernels per row and
+        // should not allocate for each.
+        let n = args.len();
+        assert!(n <= MAX_ARGS, "kernel `{}` takes {n} arguments, more than {MAX_ARGS}", self.name);
+        let mut values = [Arg::I32(0); MAX_ARGS];
+        values[..n].copy_from_slice(args);
+        let mut pointers = [std::ptr::null_mut::<c_void>(); MAX_ARGS];
+        for (p, a) in pointers.iter_mut().zip(values[..n].iter_mut()) {
+            *p = match a {
                 Arg::Ptr(v) => v as *mut u64 as *mut c_void,
                 Arg::I32(v) => v as *mut i32 as *mut c_void,
                 Arg::U32(v) => v as *mut u32 as *mut c_void,
                 Arg::F32(v) => v as *mut f32 as *mut c_void,
-            })
-            .collect();
-        // SAFETY: `pointers` address `values`, which lives (unmoved) across the call; the driver
+            };
+        }
+        // SAFETY: `pointers[..n]` address `values`, which lives (unmoved) across the call; the driver
         // copies parameter values during cuLaunchKernel. Each wrapper module passes the argument
         // list its kernel's C signature declares, with device addresses of live buffers sized
         // for the launch (checked by the wrapper's asserts).
@@ -143,7 +151,7 @@ impl Kernel {
                 dims.block,
                 dims.shared_bytes,
                 stream.cu_stream(),
-                &mut pointers,
+                &mut pointers[..n],
             )
         };
         if let Err(e) = launched {
