@@ -13,6 +13,7 @@ mod harness;
 mod linear;
 mod moe;
 mod norm;
+mod tower;
 
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -29,6 +30,7 @@ const SECTIONS: &[Section] = &[
     ("attention", attention::run),
     ("moe", moe::run),
     ("backbone", backbone::run),
+    ("tower", tower::run),
 ];
 
 fn main() {

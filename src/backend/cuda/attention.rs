@@ -109,10 +109,10 @@ pub struct GpuKvCache {
     pub keys: PoolBuf,
     pub values: PoolBuf,
     /// `inv_freq[i]` for `i < rotary_dim / 2`, f32.
-    inv_freq: PoolBuf,
+    pub(super) inv_freq: PoolBuf,
     shape: AttentionShape,
     /// Decode splits, fixed per cache so the decode grid does not depend on `len`.
-    splits: usize,
+    pub(super) splits: usize,
     pub len: usize,
     pub capacity: usize,
 }
@@ -159,16 +159,27 @@ fn inv_freq(i: usize, rot: usize, theta: f64) -> f32 {
 /// An empty cache for `capacity` positions, from the pool (call before decoding: it uploads the
 /// frequency table, which syncs).
 pub fn new_cache(cuda: &Cuda, shape: &AttentionShape, capacity: usize) -> GpuKvCache {
-    check_shape(shape);
-    assert!(capacity > 0, "a KV cache needs room for at least one position");
-    let bytes = capacity * shape.kv_heads * shape.head_dim * 2;
     let half = shape.rotary_dim / 2;
     // One dummy entry when nothing rotates: the table is never read then.
     let table: Vec<f32> = (0..half.max(1)).map(|i| inv_freq(i, shape.rotary_dim.max(2), shape.rope_theta)).collect();
+    new_cache_with_rope_table(cuda, shape, capacity, &table)
+}
+
+/// [`new_cache`] with a caller's RoPE frequency table (the tower computes its own, by its oracle's
+/// expression).
+pub(super) fn new_cache_with_rope_table(
+    cuda: &Cuda,
+    shape: &AttentionShape,
+    capacity: usize,
+    table: &[f32],
+) -> GpuKvCache {
+    check_shape(shape);
+    assert!(capacity > 0, "a KV cache needs room for at least one position");
+    let bytes = capacity * shape.kv_heads * shape.head_dim * 2;
     GpuKvCache {
         keys: cuda.scratch(bytes),
         values: cuda.scratch(bytes),
-        inv_freq: cuda.upload_f32_scratch(&table),
+        inv_freq: cuda.upload_f32_scratch(table),
         shape: *shape,
         splits: capacity.div_ceil(KEYS_PER_SPLIT).clamp(1, MAX_SPLITS),
         len: 0,
@@ -176,7 +187,7 @@ pub fn new_cache(cuda: &Cuda, shape: &AttentionShape, capacity: usize) -> GpuKvC
     }
 }
 
-fn check_shape(s: &AttentionShape) {
+pub(super) fn check_shape(s: &AttentionShape) {
     assert!(s.kv_heads > 0 && s.heads.is_multiple_of(s.kv_heads), "{} q heads over {} kv heads", s.heads, s.kv_heads);
     assert!(
         s.rotary_dim.is_multiple_of(2) && s.rotary_dim <= s.head_dim,
@@ -273,13 +284,30 @@ pub fn prefill(
 ) -> GpuMatrix {
     let start = cache.len;
     let (qg, q) = project_and_append(cuda, shape, w, x, cache, "attention prefill");
+    let gated = attend_prefill(cuda, shape, &q, &qg, cache, x.rows, start);
+    linear(cuda, &gated, &w.o_proj)
+}
+
+/// Causal GQA attention of `rows` prepared query rows at positions `start ..` over `cache`
+/// (which already holds their keys), for many rows at once: `q` f32 `[rows, H, HD]` normed,
+/// rotated and scaled by `scale·log2(e)`; `qg` bf16 `[rows, H·2·HD]` of which only each head's
+/// gate half is read. Returns the gated output `[rows, H·HD]` bf16 (what `o_proj` reads).
+pub(super) fn attend_prefill(
+    cuda: &Cuda,
+    shape: &AttentionShape,
+    q: &PoolBuf,
+    qg: &GpuMatrix,
+    cache: &GpuKvCache,
+    rows: usize,
+    start: usize,
+) -> GpuMatrix {
     let (h, hkv, hd) = (shape.heads, shape.kv_heads, shape.head_dim);
     let variant = cuda.kernels.attention.variant(hd);
     if let Err(why) = &variant.prefill_ready {
         panic!("{why}");
     }
-    let gated = cuda.matrix(x.rows, h * hd);
-    let rows_per_kv_head = x.rows * (h / hkv);
+    let gated = cuda.matrix(rows, h * hd);
+    let rows_per_kv_head = rows * (h / hkv);
     let dims = Dims::grid((rows_per_kv_head.div_ceil(PREFILL_ROWS) as u32, hkv as u32, 1), THREADS)
         .with_shared(prefill_smem_bytes(hd) as u32);
     let args = [
@@ -288,13 +316,13 @@ pub fn prefill(
         cache.keys.ptr().into(),
         cache.values.ptr().into(),
         gated.ptr().into(),
-        x.rows.into(),
+        rows.into(),
         h.into(),
         hkv.into(),
         start.into(),
     ];
     variant.prefill.launch(cuda.stream(), dims, &args);
-    linear(cuda, &gated, &w.o_proj)
+    gated
 }
 
 /// Gated attention for decode rows (one, or a few): the keys are split over `cache.splits` CTAs
@@ -309,7 +337,22 @@ pub fn decode(
 ) -> GpuMatrix {
     let start = cache.len;
     let (qg, q) = project_and_append(cuda, shape, w, x, cache, "attention decode");
-    let (h, hkv, hd, t, splits) = (shape.heads, shape.kv_heads, shape.head_dim, x.rows, cache.splits);
+    let gated = attend_decode(cuda, shape, &q, &qg, cache, x.rows, start);
+    linear(cuda, &gated, &w.o_proj)
+}
+
+/// [`attend_prefill`]'s contract for one or a few rows: the keys split over `cache.splits` CTAs
+/// per (kv head, row), then merged. No host sync; pool requests of the same sizes every step.
+pub(super) fn attend_decode(
+    cuda: &Cuda,
+    shape: &AttentionShape,
+    q: &PoolBuf,
+    qg: &GpuMatrix,
+    cache: &GpuKvCache,
+    rows: usize,
+    start: usize,
+) -> GpuMatrix {
+    let (h, hkv, hd, t, splits) = (shape.heads, shape.kv_heads, shape.head_dim, rows, cache.splits);
     let part_o = cuda.scratch(t * h * splits * hd * 4);
     let part_ml = cuda.scratch(t * h * splits * 2 * 4);
     let dims = Dims::grid((splits as u32, hkv as u32, t as u32), THREADS).with_shared(decode_smem_bytes(hd) as u32);
@@ -336,5 +379,5 @@ pub fn decode(
         splits.into(),
     ];
     cuda.kernels.attention.combine.launch(cuda.stream(), Dims::grid((h as u32, t as u32, 1), hd as u32), &args);
-    linear(cuda, &gated, &w.o_proj)
+    gated
 }

@@ -21,6 +21,7 @@ pub mod moe;
 pub mod norm;
 pub mod staging;
 pub mod tensor;
+pub mod tower;
 
 use std::sync::{Arc, Mutex};
 
@@ -78,6 +79,7 @@ pub struct Kernels {
     pub gdn: gdn::GdnKernels,
     pub attention: attention::AttentionKernels,
     pub moe: moe::MoeKernels,
+    pub tower: tower::TowerKernels,
 }
 
 impl Kernels {
@@ -89,6 +91,7 @@ impl Kernels {
             gdn: gdn::GdnKernels::load(ctx)?,
             attention: attention::AttentionKernels::load(ctx)?,
             moe: moe::MoeKernels::load(ctx)?,
+            tower: tower::TowerKernels::load(ctx)?,
         })
     }
 }
@@ -260,6 +263,14 @@ impl Cuda {
             .expect("device-to-host copy");
         self.synchronize();
         out
+    }
+
+    /// Queues a copy of `bytes` between two device buffers (ordered on the stream, no sync).
+    pub fn copy_device_to_device(&self, dst: u64, src: u64, bytes: usize) {
+        // SAFETY: callers pass the addresses of live buffers of at least `bytes` bytes each; pool
+        // buffers are reused only in stream order, so both outlive the copy.
+        unsafe { cudarc::driver::result::memcpy_dtod_async(dst, src, bytes, self.stream().cu_stream()) }
+            .expect("device-to-device copy");
     }
 
     /// A host matrix as a bf16 activation (rounded to nearest even).

@@ -260,11 +260,17 @@ fn shared_expert(cuda: &Cuda, w: &MoeWeights<GpuWeight>, x: &GpuMatrix) -> GpuMa
     let se = &w.shared_expert;
     let gate = linear::linear(cuda, x, &se.gate_proj);
     let up = linear::linear(cuda, x, &se.up_proj);
+    linear::linear(cuda, &swiglu(cuda, &gate, &up), &se.down_proj)
+}
+
+/// `bf16(SiLU(gate) ⊙ up)` elementwise (also the tower's SwiGLU).
+pub(super) fn swiglu(cuda: &Cuda, gate: &GpuMatrix, up: &GpuMatrix) -> GpuMatrix {
+    assert_eq!((gate.rows, gate.cols), (up.rows, up.cols), "SwiGLU of different shapes");
     let h = cuda.matrix(gate.rows, gate.cols);
     let n = h.len();
     let args = [gate.ptr().into(), up.ptr().into(), h.ptr().into(), n.into()];
     cuda.kernels.moe.swiglu_bf16.launch(cuda.stream(), Dims::linear(n.div_ceil(256), 256), &args);
-    linear::linear(cuda, &h, &se.down_proj)
+    h
 }
 
 /// The routed experts' input rows as a kernel reads them.

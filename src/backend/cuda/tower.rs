@@ -1,0 +1,246 @@
+//! `kernels/tower.cu` and `TowerOps` on the GPU: the Codebook-MTP tower layer (`model.md` §6)
+//! from the tower's own kernels (unseen-codes sum, the enorm/hnorm mix, the q/k norm + interleaved
+//! RoPE + cache write), the shared projections, norms and SwiGLU, and the backbone's attention
+//! kernels over each layer's own KV cache.
+//!
+//! Numerics follow the backbone's: bf16 activations between operations, f32 inside them, keys
+//! and values in bf16 caches; q stays f32 after its norm and RoPE; head logits come out in bf16.
+
+use std::sync::Arc;
+
+use cudarc::driver::CudaContext;
+
+use super::attention::{self, GpuKvCache};
+use super::launch::{Dims, Kernel, KernelError, Module, embedded};
+use super::linear::linear;
+use super::memory::PoolBuf;
+use super::tensor::{GpuMatrix, GpuWeight};
+use super::{Cuda, moe, norm};
+use crate::backend::backbone::AttentionShape;
+use crate::backend::cpu::Matrix;
+use crate::backend::tower::{TowerError, TowerLayerInput, TowerOps, TowerShape, UnseenCodes};
+use crate::model::weights::TowerLayer;
+
+pub struct TowerKernels {
+    unseen: Kernel,
+    mix: Kernel,
+    prep: Kernel,
+}
+
+impl TowerKernels {
+    pub fn load(ctx: &Arc<CudaContext>) -> Result<TowerKernels, KernelError> {
+        let m = Module::load(ctx, "tower", embedded::TOWER)?;
+        Ok(TowerKernels {
+            unseen: m.kernel("tower_unseen")?,
+            mix: m.kernel("tower_mix")?,
+            prep: m.kernel("tower_prep")?,
+        })
+    }
+}
+
+const THREADS: u32 = 256;
+/// Rows up to this many take the split-key decode attention; more take the prefill kernel.
+const DECODE_ROWS: usize = 4;
+
+/// One tower layer's K/V cache, indexed by backbone position (capacity: the backend's context).
+pub struct GpuTowerKv {
+    pub cache: GpuKvCache,
+}
+
+/// The attention shape the backbone's attention kernels take, for a tower layer.
+fn attention_shape(s: &TowerShape) -> AttentionShape {
+    AttentionShape {
+        heads: s.heads,
+        kv_heads: s.kv_heads,
+        head_dim: s.head_dim,
+        rotary_dim: s.rotary_dim,
+        rope_theta: s.rope_base,
+        norm_eps: s.norm_eps,
+    }
+}
+
+/// The interleaved RoPE's inverse frequencies, by the CPU oracle's expression
+/// (`cpu::tower::kernels::rope_interleaved`): `base^(−2i/rotary_dim)` in f64, rounded to f32.
+fn inv_freq_table(s: &TowerShape) -> Vec<f32> {
+    let pairs = (s.rotary_dim / 2).max(1);
+    (0..pairs).map(|i| s.rope_base.powf(-((2 * i) as f64) / s.rotary_dim.max(2) as f64) as f32).collect()
+}
+
+/// Host values as u32 in a pool buffer, queued without a sync (small per-call recipes).
+fn stage_u32(cuda: &Cuda, values: &[u32]) -> PoolBuf {
+    let buf = cuda.scratch(values.len().max(1) * 4);
+    if !values.is_empty() {
+        cuda.stage_to_device(buf.ptr(), values);
+    }
+    buf
+}
+
+fn flags(values: &[bool]) -> Vec<u32> {
+    values.iter().map(|&b| u32::from(b)).collect()
+}
+
+fn check_len(what: &'static str, expected: usize, found: usize) -> Result<(), TowerError> {
+    if expected == found { Ok(()) } else { Err(TowerError::Length { what, expected, found }) }
+}
+
+impl TowerOps for Cuda {
+    type TowerKv = GpuTowerKv;
+
+    fn tower_kv(&self, shape: &TowerShape) -> GpuTowerKv {
+        let table = inv_freq_table(shape);
+        GpuTowerKv {
+            cache: attention::new_cache_with_rope_table(self, &attention_shape(shape), self.context(), &table),
+        }
+    }
+
+    fn tower_kv_len(&self, kv: &GpuTowerKv) -> usize {
+        kv.cache.len
+    }
+
+    fn tower_unseen(&self, table: &GpuWeight, s: &TowerShape, u: &UnseenCodes<'_>) -> GpuMatrix {
+        let n = u.row_semantic.len();
+        assert_eq!(u.codes.len(), n * u.codebooks, "unseen codes are [rows, codebooks]");
+        assert_eq!(table.matrix_dims(), (u.codebooks * s.codebook_vocab, s.dim), "codebook embedding table shape");
+        let out = self.matrix(n, s.dim);
+        if n == 0 {
+            return out;
+        }
+        let codes = stage_u32(self, u.codes);
+        let semantic = stage_u32(self, &flags(u.row_semantic));
+        let args = [
+            table.ptr.into(),
+            codes.ptr().into(),
+            semantic.ptr().into(),
+            out.ptr().into(),
+            u.codebooks.into(),
+            u.first.into(),
+            s.codebook_vocab.into(),
+            s.dim.into(),
+        ];
+        self.kernels.tower.unseen.launch(self.stream(), Dims::linear(n, THREADS), &args);
+        out
+    }
+
+    fn tower_layer(
+        &self,
+        s: &TowerShape,
+        w: &TowerLayer<GpuWeight>,
+        kv: &mut GpuTowerKv,
+        input: TowerLayerInput<'_, GpuMatrix>,
+    ) -> Result<GpuMatrix, TowerError> {
+        let (n, dim) = (input.hidden.rows, s.dim);
+        check_len("hidden width", dim, input.hidden.cols)?;
+        check_len("codes", n, input.codes.len())?;
+        check_len("label mask", n, input.label_semantic.len())?;
+        if let Some(u) = input.unseen {
+            check_len("unseen rows", n, u.rows)?;
+        }
+        let cache = &mut kv.cache;
+        if input.start > cache.len {
+            return Err(TowerError::PositionGap { start: input.start, cached: cache.len });
+        }
+        assert!(
+            input.start + n <= cache.capacity,
+            "tower: {} positions + {n} rows exceed the KV cache capacity {}",
+            input.start,
+            cache.capacity
+        );
+
+        // 1–2. eh_proj(concat(enorm(mask ? Emb[code] : 0 (+ U)), hnorm(h))).
+        let codes = stage_u32(self, input.codes);
+        let mask = stage_u32(self, &flags(input.label_semantic));
+        let eh = self.matrix(n, 2 * dim);
+        let args = [
+            input.hidden.ptr().into(),
+            w.code_embedding.ptr.into(),
+            codes.ptr().into(),
+            mask.ptr().into(),
+            input.unseen.map_or(0, |u| u.ptr()).into(),
+            w.enorm.ptr.into(),
+            w.hnorm.ptr.into(),
+            eh.ptr().into(),
+            dim.into(),
+            w.code_embedding.shape[0].into(),
+            (s.norm_eps as f32).into(),
+        ];
+        self.kernels.tower.mix.launch(self.stream(), Dims::linear(n, THREADS), &args);
+        let mut x = linear(self, &eh, &w.eh_proj);
+
+        // 3. Gated attention over this layer's cache, rows written at start.. (replacing any).
+        let a = norm::rms_norm(self, &x, &w.attention_norm, s.norm_eps);
+        let qkv = linear(self, &a, &w.wqkv);
+        let gated = self.attend(s, w, &qkv, cache, input.start);
+        let attn = linear(self, &gated, &w.wo);
+
+        // 4. SwiGLU block (x += attn fused with ffn_norm), 5. final_layernorm (fused with x += down).
+        let f = norm::add_rms_norm(self, &mut x, &attn, &w.ffn_norm, s.norm_eps);
+        let act = moe::swiglu(self, &linear(self, &f, &w.w1), &linear(self, &f, &w.w3));
+        let down = linear(self, &act, &w.w2);
+        Ok(norm::add_rms_norm(self, &mut x, &down, &w.final_norm, s.norm_eps))
+    }
+
+    fn tower_head(&self, head: &GpuWeight, hidden: &GpuMatrix) -> GpuMatrix {
+        linear(self, hidden, head)
+    }
+
+    fn tower_act_shape(&self, a: &GpuMatrix) -> (usize, usize) {
+        (a.rows, a.cols)
+    }
+
+    fn tower_act_rows(&self, a: &GpuMatrix, start: usize, count: usize) -> GpuMatrix {
+        assert!(start + count <= a.rows, "rows {start}..{} of {}", start + count, a.rows);
+        let out = self.matrix(count, a.cols);
+        if count > 0 {
+            self.copy_device_to_device(out.ptr(), a.row_ptr(start), count * a.cols * 2);
+        }
+        out
+    }
+
+    fn tower_act_host(&self, a: &GpuMatrix) -> Vec<f32> {
+        let Matrix { data, .. } = crate::backend::BackendTypes::to_host(self, a);
+        data
+    }
+}
+
+impl Cuda {
+    /// The tower's q/k norm, interleaved RoPE and cache write for `qkv`'s rows at `start..`, then
+    /// causal attention over the cache. Returns the gated output (what `wo` reads).
+    fn attend(
+        &self,
+        s: &TowerShape,
+        w: &TowerLayer<GpuWeight>,
+        qkv: &GpuMatrix,
+        cache: &mut GpuKvCache,
+        start: usize,
+    ) -> GpuMatrix {
+        let shape = attention_shape(s);
+        let (n, h, hkv, hd) = (qkv.rows, s.heads, s.kv_heads, s.head_dim);
+        assert_eq!(qkv.cols, s.qkv_rows(), "tower wqkv output width");
+        let q = self.scratch(n * h * hd * 4);
+        let qg = self.matrix(n, 2 * h * hd);
+        let q_scale = (std::f64::consts::LOG2_E / (hd as f64).sqrt()) as f32;
+        let args = [
+            qkv.ptr().into(),
+            w.q_norm.ptr.into(),
+            w.k_norm.ptr.into(),
+            cache.inv_freq.ptr().into(),
+            q.ptr().into(),
+            qg.ptr().into(),
+            cache.keys.ptr().into(),
+            cache.values.ptr().into(),
+            h.into(),
+            hkv.into(),
+            s.rotary_dim.into(),
+            start.into(),
+            (s.norm_eps as f32).into(),
+            q_scale.into(),
+        ];
+        self.kernels.tower.prep.launch(self.stream(), Dims::grid(((h + hkv) as u32, n as u32, 1), hd as u32), &args);
+        cache.len = start + n;
+        if n <= DECODE_ROWS {
+            attention::attend_decode(self, &shape, &q, &qg, cache, n, start)
+        } else {
+            attention::attend_prefill(self, &shape, &q, &qg, cache, n, start)
+        }
+    }
+}
