@@ -31,7 +31,7 @@ impl Ctx<'_> {
         self.rows.push(Row {
             stage: stage.into(),
             metric: "rel L2",
-            bound: format!("{bound:.0e}"),
+            bound: short_e(bound),
             value: format!("{value:.2e}"),
             pass,
         });
@@ -69,6 +69,12 @@ impl Ctx<'_> {
         let m = self.random(rows, cols, scale);
         limelight::backend::cuda::tensor::round_to_bf16(&m)
     }
+}
+
+/// `1e-2` where one digit says the value exactly, else `1.3e-1`.
+fn short_e(v: f64) -> String {
+    let one = format!("{v:.0e}");
+    if one.parse::<f64>() == Ok(v) { one } else { format!("{v:.1e}") }
 }
 
 pub fn rel_l2(got: &[f32], want: &[f32]) -> f64 {

@@ -8,8 +8,12 @@
 //!   heads' top-1 codes.
 //!
 //! Each layer is fed the same bf16-rounded inputs on both sides, so its bound is the kernel bound
-//! (rel L2 ≤ 1e-2). Through `model::tower` the 13 layers chain their own outputs; the random
-//! tiny tower has no discrete routing, so rounding grows smoothly down the chain: bound 3e-2.
+//! (rel L2 ≤ 1e-2; measured about 4.7e-3, run of 2026-12-02). Through `model::tower` the layers
+//! chain their own outputs, and each adds its own rounding: the random tiny tower has no discrete
+//! routing and neither damps nor amplifies much, so the deviations add up (measured: about 4.5e-3
+//! more per layer over a prompt). Chained layer l is therefore bound by (l + 1) × 1e-2, the heads
+//! by the last layer's bound plus one more, and the heads' top-1 codes must agree on ≥ 95% of
+//! rows (bf16 near-ties of random logits may swap a few).
 
 use half::bf16;
 use limelight::backend::BackendTypes;
@@ -27,8 +31,6 @@ use limelight::synth::{SynthOptions, SynthPlan};
 use crate::harness::{Ctx, rel_l2};
 
 const BOUND: f64 = 1e-2;
-/// Layers chained through `model::tower` (see the module comment).
-const CHAIN_BOUND: f64 = 3e-2;
 /// Prompt rows of the layer checks: crosses the 64-row prefill tile.
 const PROMPT: usize = 70;
 /// Decode rows after it, one call each.
@@ -159,9 +161,12 @@ fn whole_tower(ctx: &mut Ctx, ckpt: &Checkpoint) {
 }
 
 fn compare_traces(ctx: &mut Ctx, what: &str, got: &TowerTrace, want: &TowerTrace) {
+    // Chained layer l: every layer up to it may add its own kernel bound (module comment).
+    let chain_bound = |l: usize| (l + 1) as f64 * BOUND;
     for (l, (g, w)) in got.layers.iter().zip(&want.layers).enumerate() {
-        ctx.rel_l2(format!("tower chained layer {l} [{what}]"), g, w, CHAIN_BOUND);
+        ctx.rel_l2(format!("tower chained layer {l} [{what}]"), g, w, chain_bound(l));
     }
+    let head_bound = chain_bound(got.layers.len());
     let (mut agree, mut total, mut worst) = (0, 0, 0f64);
     for (g, w) in got.heads.iter().zip(&want.heads) {
         worst = worst.max(rel_l2(g, w));
@@ -174,9 +179,9 @@ fn compare_traces(ctx: &mut Ctx, what: &str, got: &TowerTrace, want: &TowerTrace
     ctx.check(
         format!("tower chained heads, worst of {} [{what}]", got.heads.len()),
         "rel L2",
-        format!("{CHAIN_BOUND:.0e}"),
+        format!("{head_bound:.1e}"),
         format!("{worst:.2e}"),
-        worst <= CHAIN_BOUND && got.heads.len() == want.heads.len(),
+        worst <= head_bound && got.heads.len() == want.heads.len(),
     );
     // Ties of bf16 logits can swap an argmax; 95% leaves room for that, not for a wrong head.
     ctx.check(
