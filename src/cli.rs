@@ -92,13 +92,20 @@ pub struct ServeArgs {
     /// Checkpoint directory in the published `fishaudio/drama-3` layout.
     #[arg(long, env = "LIMELIGHT_MODEL", required_unless_present = "demo", conflicts_with = "demo")]
     pub model: Option<PathBuf>,
-    /// Serve a tiny random-weight checkpoint (written once into the cache directory) on the CPU:
+    /// Serve a tiny random-weight checkpoint (written once into the cache directory) on the chosen device:
     /// exercises the whole API in seconds, but the "speech" is noise.
     #[arg(long, env = "LIMELIGHT_DEMO")]
     pub demo: bool,
     /// Where generation runs.
-    #[arg(long, value_enum, env = "LIMELIGHT_DEVICE", default_value = "cpu")]
+    #[arg(long, value_enum, env = "LIMELIGHT_DEVICE", default_value = "auto")]
     pub device: Device,
+    /// Hard cap on GPU memory (bytes, or with a K/M/G/KiB/MiB/GiB suffix); the model is refused
+    /// at start if it does not fit. Default: free memory at start minus 1 GiB.
+    #[arg(long, env = "LIMELIGHT_GPU_MEMORY_BUDGET", value_parser = parse_bytes)]
+    pub gpu_memory_budget: Option<u64>,
+    /// Positions (prompt rows + audio frames) each request's GPU caches hold; default 16384.
+    #[arg(long, env = "LIMELIGHT_CONTEXT_LENGTH")]
+    pub context_length: Option<usize>,
     /// Address to listen on; use 0.0.0.0 to accept connections from other machines.
     #[arg(long, env = "LIMELIGHT_HOST", default_value = "127.0.0.1")]
     pub host: String,

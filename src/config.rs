@@ -7,21 +7,36 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::cli::ServeArgs;
-use crate::scheduler::WorkerConfig;
+use crate::scheduler::{GpuOptions, WorkerConfig};
 use crate::telemetry::LogFormat;
 
 /// How long the worker waits for a client that stopped reading its audio.
 pub const STALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// The smallest `--max-body-bytes` accepted: below it even a short request would be refused.
 pub const MIN_BODY_BYTES: usize = 1024;
+/// Positions each request's caches hold on the GPU unless `--context-length` says otherwise
+/// (the reference's default).
+pub const DEFAULT_CONTEXT: usize = 16384;
+/// Context positions kept for a prompt on top of `--max-frames` (the shortest prompt with its
+/// system block is about this long; longer prompts get fewer frames, as in the reference).
+pub const PROMPT_ROOM: usize = 64;
 
-/// Where generation runs.
+/// Where generation runs, as asked for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Device {
+    /// The CUDA engine when a supported GPU (compute capability 8.0 or newer) is present, else the CPU.
+    Auto,
     /// The CPU reference engine (slow; for development and tests).
     Cpu,
-    /// The CUDA engine (not built yet).
+    /// The CUDA engine; refuses to start without a supported GPU.
     Cuda,
+}
+
+/// Where generation runs, once `auto` is decided.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Engine {
+    Cpu,
+    Cuda(GpuOptions),
 }
 
 /// Which checkpoint to serve.
@@ -46,6 +61,8 @@ impl ModelSource {
 pub struct ServeConfig {
     pub model: ModelSource,
     pub device: Device,
+    /// The GPU engine's options (used when the device is, or resolves to, CUDA).
+    pub gpu: GpuOptions,
     pub listen: SocketAddr,
     pub served_model_name: String,
     /// Other accepted model names; never empty strings, never the served name, no repeats.
@@ -63,8 +80,14 @@ pub struct ServeConfig {
 /// A flag the server cannot start with; says which and why.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("`--device cuda`: the CUDA engine is not built yet; serve with `--device cpu`")]
-    CudaUnavailable,
+    #[error("`--device cuda`: {0}")]
+    CudaUnavailable(String),
+    #[error("`--{flag}` applies to the CUDA engine only; it cannot be used with `--device cpu`")]
+    GpuFlagOnCpu { flag: &'static str },
+    #[error(
+        "`--context-length {context}` leaves no room for `--max-frames {max_frames}` after a prompt: it must be at least max-frames + {PROMPT_ROOM}"
+    )]
+    ContextTooShort { context: usize, max_frames: usize },
     #[error("`--{flag}` must be at least {min}; got {value}")]
     TooSmall { flag: &'static str, min: usize, value: usize },
     #[error("`--served-model-name` must not be empty")]
@@ -84,8 +107,13 @@ pub enum ConfigError {
 impl ServeConfig {
     /// Checks every flag; reads the key file and resolves the listen address.
     pub fn from_args(args: &ServeArgs) -> Result<ServeConfig, ConfigError> {
-        if args.device == Device::Cuda {
-            return Err(ConfigError::CudaUnavailable);
+        if args.device == Device::Cpu {
+            if args.gpu_memory_budget.is_some() {
+                return Err(ConfigError::GpuFlagOnCpu { flag: "gpu-memory-budget" });
+            }
+            if args.context_length.is_some() {
+                return Err(ConfigError::GpuFlagOnCpu { flag: "context-length" });
+            }
         }
         let model = match (&args.model, args.demo) {
             (_, true) => ModelSource::Demo(demo_cache_dir()?),
@@ -100,9 +128,14 @@ impl ServeConfig {
         if served_model_name.is_empty() {
             return Err(ConfigError::EmptyModelName);
         }
+        let context = args.context_length.unwrap_or(DEFAULT_CONTEXT);
+        if args.device != Device::Cpu && context < args.max_frames + PROMPT_ROOM {
+            return Err(ConfigError::ContextTooShort { context, max_frames: args.max_frames });
+        }
         Ok(ServeConfig {
             model,
             device: args.device,
+            gpu: GpuOptions { ordinal: 0, memory_budget: args.gpu_memory_budget, context },
             listen: resolve(&args.host, args.port)?,
             model_aliases: aliases(&served_model_name, &args.model_aliases),
             served_model_name,
@@ -114,6 +147,15 @@ impl ServeConfig {
             drain_timeout: Duration::from_secs(args.drain_timeout),
             log_format: args.log_format,
         })
+    }
+
+    /// Decides `--device auto` (a supported GPU present → CUDA) and checks `--device cuda` has one.
+    pub fn engine(&self) -> Result<Engine, ConfigError> {
+        match (self.device, gpu_present(self.gpu.ordinal)) {
+            (Device::Cpu, _) | (Device::Auto, Err(_)) => Ok(Engine::Cpu),
+            (Device::Auto | Device::Cuda, Ok(())) => Ok(Engine::Cuda(self.gpu.clone())),
+            (Device::Cuda, Err(why)) => Err(ConfigError::CudaUnavailable(why)),
+        }
     }
 
     /// Whether `name` is the served model or one of its aliases.
@@ -139,6 +181,7 @@ impl fmt::Debug for ServeConfig {
         f.debug_struct("ServeConfig")
             .field("model", &self.model)
             .field("device", &self.device)
+            .field("gpu", &self.gpu)
             .field("listen", &self.listen)
             .field("served_model_name", &self.served_model_name)
             .field("model_aliases", &self.model_aliases)
@@ -151,6 +194,17 @@ impl fmt::Debug for ServeConfig {
             .field("log_format", &self.log_format)
             .finish()
     }
+}
+
+/// A supported GPU at `ordinal`, or why not.
+#[cfg(feature = "cuda")]
+fn gpu_present(ordinal: usize) -> Result<(), String> {
+    crate::backend::cuda::device::probe(ordinal).map(|_| ()).map_err(|e| e.to_string())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn gpu_present(_ordinal: usize) -> Result<(), String> {
+    Err(String::from("this binary was built without the `cuda` feature"))
 }
 
 fn at_least(flag: &'static str, min: usize, value: usize) -> Result<(), ConfigError> {
@@ -233,6 +287,8 @@ mod tests {
         assert_eq!(c.model_aliases, ["tts-1", "tts-1-hd", "gpt-4o-mini-tts"]);
         assert_eq!((c.max_input_chars, c.max_frames), (4096, 2048));
         assert!(c.api_keys.is_empty());
+        assert_eq!(c.device, Device::Auto);
+        assert_eq!(c.gpu, GpuOptions { ordinal: 0, memory_budget: None, context: DEFAULT_CONTEXT });
         assert!(c.accepts_model("tts-1") && c.accepts_model("drama-3") && !c.accepts_model("whisper-1"));
     }
 
@@ -246,7 +302,14 @@ mod tests {
     #[test]
     fn bad_flags_are_refused_by_name() {
         let refused = |flags: &[&str]| parse(flags).unwrap_err().to_string();
-        assert!(refused(&["--model", "/m", "--device", "cuda"]).contains("--device cuda"));
+        assert!(
+            refused(&["--model", "/m", "--device", "cpu", "--gpu-memory-budget", "8GiB"])
+                .contains("--gpu-memory-budget")
+        );
+        assert!(
+            refused(&["--model", "/m", "--device", "cpu", "--context-length", "9000"]).contains("--context-length")
+        );
+        assert!(refused(&["--model", "/m", "--context-length", "2000"]).contains("--max-frames 2048"));
         assert!(refused(&["--model", "/m", "--max-queue", "0"]).contains("--max-queue"));
         assert!(refused(&["--model", "/m", "--max-body-bytes", "10"]).contains("--max-body-bytes"));
         assert!(refused(&["--model", "/m", "--served-model-name", " "]).contains("--served-model-name"));
@@ -254,6 +317,31 @@ mod tests {
         assert!(refused(&["--model", "/m", "--api-key-file", "/nonexistent/key"]).contains("--api-key-file"));
         assert!(Cli::try_parse_from(["limelight", "serve"]).is_err(), "--model or --demo is required");
         assert!(Cli::try_parse_from(["limelight", "serve", "--model", "/m", "--demo"]).is_err());
+    }
+
+    #[test]
+    fn the_cpu_device_never_probes_for_a_gpu() {
+        let c = parse(&["--model", "/m", "--device", "cpu"]).unwrap();
+        assert_eq!(c.engine().unwrap(), Engine::Cpu);
+    }
+
+    /// On a machine without a GPU (CI) `auto` falls back to the CPU and `cuda` is refused with
+    /// the reason; with one, both pick CUDA with the given options.
+    #[test]
+    fn auto_and_cuda_follow_the_gpu() {
+        let auto = parse(&["--model", "/m", "--context-length", "4096", "--max-frames", "1000"]).unwrap();
+        let cuda = parse(&["--model", "/m", "--device", "cuda"]).unwrap();
+        match gpu_present(0) {
+            Ok(()) => {
+                assert!(matches!(auto.engine().unwrap(), Engine::Cuda(GpuOptions { context: 4096, .. })));
+                assert!(matches!(cuda.engine().unwrap(), Engine::Cuda(_)));
+            }
+            Err(why) => {
+                assert_eq!(auto.engine().unwrap(), Engine::Cpu);
+                let refused = cuda.engine().unwrap_err().to_string();
+                assert!(refused.contains("--device cuda") && refused.contains(&why), "{refused}");
+            }
+        }
     }
 
     #[test]

@@ -16,10 +16,12 @@ use tokio::time::Instant;
 use tracing::{error, info, warn};
 
 use crate::cli::ServeArgs;
-use crate::config::{ConfigError, ModelSource, ServeConfig};
+use crate::config::{ConfigError, Engine, ModelSource, ServeConfig};
 use crate::http::{self, AppState, HttpConfig};
 use crate::request::validate::SpeechPolicy;
-use crate::scheduler::Scheduler;
+#[cfg(feature = "cuda")]
+use crate::scheduler::cuda_loader;
+use crate::scheduler::{Loader, Scheduler, cpu_loader};
 use crate::service;
 use crate::synth::presets::Preset;
 use crate::synth::{SynthOptions, SynthPlan};
@@ -81,7 +83,7 @@ pub async fn serve(
 ) -> Result<(), ServeError> {
     let addr = listener.local_addr().map_err(|source| ServeError::Bind { addr: config.listen, source })?;
     let http_config = http_config(&config);
-    let scheduler = Scheduler::start(config.worker_config());
+    let scheduler = Scheduler::start_with(config.worker_config(), loader(&config)?);
     let metrics = telemetry::metrics_handle();
     let upkeep = tokio::spawn(async move {
         let mut tick = tokio::time::interval(METRICS_UPKEEP_INTERVAL);
@@ -129,6 +131,27 @@ pub async fn serve(
     finish_http(server, CLOSE_GRACE).await;
     upkeep.abort();
     outcome
+}
+
+/// The engine the worker loads: `--device` decided (`auto` takes a supported GPU if present).
+fn loader(config: &ServeConfig) -> Result<Loader, ConfigError> {
+    let dir = config.model.dir().clone();
+    match config.engine()? {
+        Engine::Cpu => {
+            info!(device = "cpu", "engine: the CPU reference engine");
+            Ok(cpu_loader(dir, config.max_frames))
+        }
+        #[cfg(feature = "cuda")]
+        Engine::Cuda(gpu) => {
+            info!(device = "cuda", ordinal = gpu.ordinal, context = gpu.context, "engine: CUDA");
+            // Prompt rows are tokens of at most `max_input_chars` characters (a few bytes each,
+            // a byte at most one token) plus the prompt's fixed block.
+            let max_prompt_rows = 4 * config.max_input_chars + crate::config::PROMPT_ROOM;
+            Ok(cuda_loader(dir, gpu, max_prompt_rows))
+        }
+        #[cfg(not(feature = "cuda"))]
+        Engine::Cuda(_) => unreachable!("without the `cuda` feature no GPU is ever found"),
+    }
 }
 
 /// The HTTP layer's share of the configuration.

@@ -101,6 +101,13 @@ pub trait CodecOps: BackendTypes {
     /// Post-RoPE keys and values of the last `window − 1` frames of one attention layer.
     type KvWindow;
 
+    /// Makes a host-prepared codec weight resident (every decode-path tensor goes through this,
+    /// after the weight-norm fold and re-layout in f32). By default exactly as `upload_f32`; a
+    /// backend that decodes in lower precision rounds here.
+    fn codec_weight(&self, shape: &[usize], data: Vec<f32>) -> Self::Weight {
+        self.upload_f32(shape, data)
+    }
+
     /// A history of `rows` zero rows of width `channels`.
     fn new_conv_history(&self, rows: usize, channels: usize) -> Self::ConvHistory;
     /// An empty key/value window for frames of width `heads · head_dim`.

@@ -67,6 +67,8 @@ pub enum GenerateError {
     Codec(#[from] CodecError),
     #[error("the prompt has no rows")]
     EmptyPrompt,
+    #[error("the prompt has {prompt_rows} rows; the engine's context holds {context}, leaving no room for audio")]
+    ContextFull { prompt_rows: usize, context: usize },
 }
 
 /// Where generated audio goes, and whether to go on.

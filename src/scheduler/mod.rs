@@ -5,6 +5,7 @@
 //! Jobs run one at a time on the CPU engine today. The queue is a channel of whole jobs, so a
 //! batching worker can later take several at once without changing this interface.
 
+mod engines;
 mod job;
 mod worker;
 
@@ -16,8 +17,10 @@ use std::time::Duration;
 
 use tokio::sync::{Notify, watch};
 
+#[cfg(feature = "cuda")]
+pub use engines::cuda_loader;
+pub use engines::{EngineModel, GpuOptions, cpu_loader};
 pub use job::{Job, JobEvent, JobStream, REPLY_CAPACITY};
-pub use worker::cpu_loader;
 
 use crate::engine::generate::{AudioSink, Finished, GenerateError, GenerateOptions, LoadModelError};
 use crate::model::frame::Rows;
@@ -110,10 +113,12 @@ pub enum ModelLoadError {
     Checkpoint(#[from] LoadError),
     #[error("loading the model: {0}")]
     Model(#[from] LoadModelError),
+    #[error("GPU: {0}")]
+    Gpu(String),
 }
 
-/// A loaded model the worker runs jobs on. The CPU engine implements it (`cpu_loader`); the
-/// CUDA engine will too. Implementations need no locking: only the worker thread calls them.
+/// A loaded model the worker runs jobs on (`EngineModel` over either backend). Implementations
+/// need no locking: only the worker thread calls them.
 pub trait Synthesizer {
     fn sample_rate(&self) -> u32;
     fn samples_per_frame(&self) -> usize;

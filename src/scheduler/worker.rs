@@ -8,7 +8,6 @@
 use std::any::Any;
 use std::ops::ControlFlow;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, SyncSender};
@@ -17,17 +16,9 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use tracing::{debug, error, info, warn};
 
 use super::job::{JobEvent, Queued, Reply};
-use super::{LoadState, Loader, MemoryUse, ModelHost, ModelInfo, Shared, SynthError, Synthesizer, WorkerConfig};
-use crate::backend::cpu::Cpu;
-use crate::engine::generate::{AudioSink, Engine, FinishReason, Finished, GenerateOptions, ResidentModel};
-use crate::inspect::device_budget;
-use crate::model::frame::Rows;
-use crate::model::load::Checkpoint;
-use crate::request::prompt::PromptBuilder;
+use super::{LoadState, Loader, ModelHost, ModelInfo, Shared, SynthError, Synthesizer, WorkerConfig};
+use crate::engine::generate::{AudioSink, FinishReason, GenerateOptions};
 use crate::telemetry;
-
-/// Rows budgeted for a prompt on top of `max_frames` when sizing the memory budget.
-const PROMPT_ROWS_ALLOWANCE: usize = 4096;
 
 /// Starts the worker thread; returns the sending end of its job queue (`max_queue` deep).
 pub(super) fn spawn(config: WorkerConfig, loader: Loader, shared: Arc<Shared>) -> SyncSender<Queued> {
@@ -56,62 +47,6 @@ pub(super) fn spawn(config: WorkerConfig, loader: Loader, shared: Arc<Shared>) -
         })
         .expect("spawning the worker thread");
     tx
-}
-
-/// The CPU engine's loader: checkpoint → resident weights → engine, then serve.
-pub fn cpu_loader(model_dir: PathBuf, max_frames: usize) -> Loader {
-    Box::new(move |host: &mut dyn ModelHost| {
-        host.progress(&format!("opening checkpoint {}", model_dir.display()));
-        let ckpt = Checkpoint::open(&model_dir)?;
-        host.progress("loading weights");
-        let model = ResidentModel::load(&ckpt, &Cpu)?;
-        host.progress("building the engine");
-        let engine = Engine::new(&Cpu, &ckpt, &model)?;
-        let budget = device_budget(&ckpt, max_frames + PROMPT_ROWS_ALLOWANCE);
-        let cpu = CpuModel {
-            engine,
-            prompt: PromptBuilder::for_checkpoint(&ckpt),
-            samples_per_frame: ckpt.codec_dims.samples_per_frame(),
-            memory: MemoryUse { in_use: budget.model_weights + budget.codec_weights, budget: budget.total(1) },
-        };
-        host.serve(&cpu);
-        Ok(())
-    })
-}
-
-/// The CPU reference engine as a [`Synthesizer`].
-struct CpuModel<'w> {
-    engine: Engine<'w, Cpu>,
-    prompt: PromptBuilder<'w>,
-    samples_per_frame: usize,
-    memory: MemoryUse,
-}
-
-impl Synthesizer for CpuModel<'_> {
-    fn sample_rate(&self) -> u32 {
-        crate::audio::CODEC_SAMPLE_RATE
-    }
-
-    fn samples_per_frame(&self) -> usize {
-        self.samples_per_frame
-    }
-
-    fn memory(&self) -> MemoryUse {
-        self.memory
-    }
-
-    fn prompt(&self, text: &str) -> Result<Rows, SynthError> {
-        Ok(self.prompt.build(text, &[])?)
-    }
-
-    fn generate(
-        &self,
-        rows: &Rows,
-        options: &GenerateOptions,
-        sink: &mut dyn AudioSink,
-    ) -> Result<Finished, SynthError> {
-        Ok(self.engine.generate(rows, options, sink)?)
-    }
 }
 
 /// The worker's side of loading and serving.

@@ -54,7 +54,7 @@ pub fn run(ctx: &mut Ctx) {
     }
     let mut config = base;
     config.moe.activations = ExpertActivations::Fp8Dynamic;
-    sequence(ctx, &config, &cpu_w, &gpu_w, &rows);
+    sequence(ctx, "backbone prompt→decode", &config, &cpu_w, &gpu_w, &rows, PROMPT_ROWS);
 }
 
 /// Prompt-like rows: text tokens, then semantic rows with random codes.
@@ -259,14 +259,18 @@ impl Deviation {
     }
 }
 
-/// The prompt, then decode rows one at a time, on the f32 CPU, the bf16 yardstick and the GPU.
-fn sequence(
+/// The first `prompt_rows` of `rows` as one prefill, then the rest as decode rows one at a time,
+/// on the f32 CPU, the bf16 yardstick and the GPU; rows named `what`.
+pub fn sequence(
     ctx: &mut Ctx,
+    what: &str,
     c: &BackboneConfig,
     cpu_w: &ModelWeights<CpuWeight>,
     gpu_w: &ModelWeights<GpuWeight>,
     rows: &Rows,
+    prompt_rows: usize,
 ) {
+    let decode_rows = rows.len() - prompt_rows;
     let cuda: &Cuda = ctx.cuda;
     let cpu_bb =
         Backbone::new(&Cpu, c.clone(), &cpu_w.backbone, &cpu_w.tower.codebook_embeddings).expect("CPU backbone");
@@ -277,11 +281,11 @@ fn sequence(
     let (mut cs, mut gs) = (cpu_bb.new_state(), gpu_bb.new_state());
     let (mut gpu_dev, mut yard_dev) = (Deviation::default(), Deviation::default());
     let mut before = 0;
-    for step in 0..=DECODE_ROWS {
+    for step in 0..=decode_rows {
         let (range, decode) = if step == 0 {
-            (0..PROMPT_ROWS, false)
+            (0..prompt_rows, false)
         } else {
-            let t = PROMPT_ROWS + step - 1;
+            let t = prompt_rows + step - 1;
             (t..t + 1, true)
         };
         let part =
@@ -307,10 +311,10 @@ fn sequence(
         }
     }
     let n = gpu_dev.rows;
-    let judged = |ctx: &mut Ctx, what: &str, metric: &'static str, gpu: f64, yard: f64, floor: f64| {
+    let judged = |ctx: &mut Ctx, quantity: &str, metric: &'static str, gpu: f64, yard: f64, floor: f64| {
         let bound = SENSITIVITY_FACTOR * yard + floor;
         ctx.check(
-            format!("backbone prompt→decode {what} ({n} rows, fp8 experts)"),
+            format!("{what} {quantity} ({n} rows, fp8 experts)"),
             metric,
             format!("{bound:.1e} (2 × bf16 yardstick {yard:.1e} + {floor:.0e})"),
             format!("{gpu:.2e}"),
@@ -327,7 +331,7 @@ fn sequence(
     );
     judged(ctx, "restricted logits", "mean KL", gpu_dev.mean_kl(), yard_dev.mean_kl(), 1e-3);
     ctx.check(
-        format!("backbone prompt→decode main token top-1 ({n} rows, fp8 experts)"),
+        format!("{what} main token top-1 ({n} rows, fp8 experts)"),
         "agreement",
         format!("≥ yardstick {}/{n} − 1", yard_dev.agree),
         format!("{}/{n}", gpu_dev.agree),
@@ -335,7 +339,7 @@ fn sequence(
     );
     let allocations = cuda.pool().stats().driver_allocations - before;
     ctx.check(
-        format!("backbone decode rows 2..{DECODE_ROWS}: driver allocations"),
+        format!("{what}: decode rows 2..{decode_rows}, driver allocations"),
         "count",
         "0".into(),
         allocations.to_string(),

@@ -8,11 +8,14 @@
 
 mod attention;
 mod backbone;
+mod codec;
+mod engine;
 mod gdn;
 mod harness;
 mod linear;
 mod moe;
 mod norm;
+mod sampling;
 mod tower;
 
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -31,6 +34,9 @@ const SECTIONS: &[Section] = &[
     ("moe", moe::run),
     ("backbone", backbone::run),
     ("tower", tower::run),
+    ("codec", codec::run),
+    ("sampling", sampling::run),
+    ("engine", engine::run),
 ];
 
 fn main() {

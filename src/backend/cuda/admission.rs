@@ -7,8 +7,9 @@ use std::fmt;
 
 use super::memory::{ALIGN, WeightArena};
 use super::resident_dtype;
-use crate::inspect::recurrent_state_bytes;
+use crate::inspect::{device_budget, recurrent_state_bytes};
 use crate::model::config::{Dims, LayerType};
+use crate::model::load::Checkpoint;
 use crate::model::weights::{SpecRecorder, model_weights};
 
 /// What the engine will hold on the device, in bytes.
@@ -18,10 +19,14 @@ pub struct MemoryPlan {
     pub weights: u64,
     /// Full-attention KV caches (bf16 K and V) for `context` positions.
     pub kv_cache: u64,
+    /// The tower's per-layer KV caches (bf16 K and V) for `context` positions.
+    pub tower_kv_cache: u64,
     /// GDN conv windows and fp32 recurrent states.
     pub recurrent_state: u64,
     /// Activation pool for a prefill of `prefill_rows` rows (size classes round up to powers of two).
     pub activations: u64,
+    /// The codec: its FP16 decode-path weights and its streaming scratch (0 for the backbone alone).
+    pub codec: u64,
     /// cuBLASLt workspace and small fixed tables.
     pub workspace: u64,
     pub context: usize,
@@ -30,23 +35,44 @@ pub struct MemoryPlan {
 
 impl MemoryPlan {
     pub fn total(&self) -> u64 {
-        self.weights + self.kv_cache + self.recurrent_state + self.activations + self.workspace
+        self.weights
+            + self.kv_cache
+            + self.tower_kv_cache
+            + self.recurrent_state
+            + self.activations
+            + self.codec
+            + self.workspace
     }
 
-    /// The plan for serving one request at a time with `context` positions and prompts of up to
-    /// `prefill_rows` rows.
+    /// Backbone and tower for one request at a time with `context` positions and prompts of up
+    /// to `prefill_rows` rows.
     pub fn for_model(dims: &Dims, context: usize, prefill_rows: usize) -> MemoryPlan {
         MemoryPlan {
             weights: arena_bytes(dims),
             kv_cache: kv_cache_bytes(dims, context),
+            tower_kv_cache: tower_kv_cache_bytes(dims, context),
             recurrent_state: recurrent_state_bytes(dims) as u64,
             activations: activation_bytes(dims, prefill_rows),
+            codec: 0,
             workspace: WORKSPACE_BYTES,
             context,
             prefill_rows,
         }
     }
+
+    /// [`MemoryPlan::for_model`] plus the codec: the whole engine `serve` runs.
+    pub fn for_engine(ckpt: &Checkpoint, context: usize, prefill_rows: usize) -> MemoryPlan {
+        let codec_weights = device_budget(ckpt, context).codec_weights as u64;
+        MemoryPlan {
+            codec: codec_weights + CODEC_SCRATCH_BYTES,
+            ..MemoryPlan::for_model(&ckpt.dims, context, prefill_rows)
+        }
+    }
 }
+
+/// The codec's streaming state and the activations of its largest frame group (a generous
+/// round figure: at full size a group of 8 frames peaks near 40 MiB of FP16 activations).
+const CODEC_SCRATCH_BYTES: u64 = 256 << 20;
 
 /// cuBLASLt's workspace (32 MiB on sm_90+) plus expert pointer tables and head ids.
 const WORKSPACE_BYTES: u64 = 48 << 20;
@@ -77,6 +103,12 @@ fn full_attention_layers(d: &Dims) -> usize {
 /// K and V, bf16, `[context, kv_heads, head_dim]` per full-attention layer.
 pub fn kv_cache_bytes(d: &Dims, context: usize) -> u64 {
     (full_attention_layers(d) * 2 * context * d.kv_heads * d.head_dim * 2) as u64
+}
+
+/// K and V, bf16, `[context, kv_heads, head_dim]` per tower layer (the config requires the tower's
+/// heads to match the backbone's).
+pub fn tower_kv_cache_bytes(d: &Dims, context: usize) -> u64 {
+    (d.tower_layers() * 2 * context * d.kv_heads * d.head_dim * 2) as u64
 }
 
 /// Activations live at once during a prefill of `rows` rows, doubled for the pool's
@@ -123,13 +155,16 @@ impl fmt::Display for MemoryPlan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "weights {} + KV cache {} ({} positions) + GDN state {} + activations {} ({}-row prefill) + workspace {}",
+            "weights {} + KV cache {} ({} positions) + tower KV cache {} + GDN state {} + activations {} \
+             ({}-row prefill) + codec {} + workspace {}",
             gib(self.weights),
             gib(self.kv_cache),
             self.context,
+            gib(self.tower_kv_cache),
             gib(self.recurrent_state),
             gib(self.activations),
             self.prefill_rows,
+            gib(self.codec),
             gib(self.workspace)
         )
     }
@@ -153,8 +188,9 @@ mod tests {
     fn full_model_plan_matches_its_arithmetic() {
         let d = full();
         let plan = MemoryPlan::for_model(&d, 16384, 4096);
-        // 10 attention layers × K,V × 16384 × 2 kv heads × 256 × bf16 = 320 MiB.
+        // 10 attention layers × K,V × 16384 × 2 kv heads × 256 × bf16 = 320 MiB; 13 tower layers: 416 MiB.
         assert_eq!(plan.kv_cache, 320 << 20);
+        assert_eq!(plan.tower_kv_cache, 416 << 20);
         // 30 GDN layers × (3 × 8192 conv + 32 × 128 × 128 state) × f32.
         assert_eq!(plan.recurrent_state, 30 * (3 * 8192 + 32 * 128 * 128) * 4);
         // Weights: FP8 experts (30 GiB) + bf16 rest; whole 1 GiB chunks.
@@ -174,6 +210,8 @@ mod tests {
             "weights",
             "KV cache",
             "16384 positions",
+            "tower KV cache",
+            "codec",
             "GDN state",
             "4096-row prefill",
             "24.00 GiB",

@@ -32,6 +32,41 @@ pub fn driver_present() -> bool {
     unsafe { sys::is_culib_present() }
 }
 
+/// GPU `ordinal`'s name, if the driver is there and the GPU is one the kernels support; opens no
+/// context (so `serve --device auto` can decide on its main thread, and the engine thread opens
+/// the context it uses).
+pub fn probe(ordinal: usize) -> Result<String, DeviceError> {
+    use cudarc::driver::result;
+    if !driver_present() {
+        return Err(DeviceError::NoDriver);
+    }
+    let driver = |during| move |source| DeviceError::Driver { during, source };
+    result::init().map_err(driver("initialising the driver"))?;
+    let count = result::device::get_count().map_err(driver("counting GPUs"))?;
+    if count == 0 {
+        return Err(DeviceError::NoDevice);
+    }
+    if ordinal >= count as usize {
+        return Err(DeviceError::NoSuchOrdinal { ordinal, count });
+    }
+    let dev = result::device::get(ordinal as i32).map_err(driver("finding the GPU"))?;
+    let name = result::device::get_name(dev).map_err(driver("reading the GPU name"))?;
+    use sys::CUdevice_attribute::{
+        CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR as MAJOR, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR as MINOR,
+    };
+    // SAFETY: `dev` is a device handle the driver just returned; attributes are plain queries.
+    let (major, minor) =
+        unsafe { (result::device::get_attribute(dev, MAJOR), result::device::get_attribute(dev, MINOR)) };
+    let (major, minor) = (
+        major.map_err(driver("reading the compute capability"))?,
+        minor.map_err(driver("reading the compute capability"))?,
+    );
+    if (major, minor) < MIN_COMPUTE_CAPABILITY {
+        return Err(DeviceError::TooOld { ordinal, name, major, minor });
+    }
+    Ok(name)
+}
+
 /// What the engine needs to know about its GPU.
 #[derive(Clone, Debug)]
 pub struct DeviceInfo {

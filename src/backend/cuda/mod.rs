@@ -11,6 +11,7 @@ pub mod admission;
 pub mod attention;
 pub mod backbone;
 pub mod budget;
+pub mod codec;
 pub mod cublaslt;
 pub mod device;
 pub mod gdn;
@@ -19,19 +20,20 @@ pub mod linear;
 pub mod memory;
 pub mod moe;
 pub mod norm;
+pub mod sampling;
 pub mod staging;
 pub mod tensor;
 pub mod tower;
 
 use std::sync::{Arc, Mutex};
 
-use half::bf16;
+use half::{bf16, f16};
 
 use self::budget::Budget;
 use self::device::{Device, DeviceError, DeviceInfo};
 use self::launch::KernelError;
 use self::memory::{MemoryError, Pool, PoolBuf, WeightArena};
-use self::tensor::{DType, GpuMatrix, GpuWeight};
+use self::tensor::{DType, Elem, GpuMatrix, GpuWeight};
 use super::BackendTypes;
 use super::cpu::Matrix;
 use crate::checkpoint::TensorView;
@@ -80,6 +82,8 @@ pub struct Kernels {
     pub attention: attention::AttentionKernels,
     pub moe: moe::MoeKernels,
     pub tower: tower::TowerKernels,
+    pub codec: codec::CodecKernels,
+    pub sampling: sampling::SamplingKernels,
 }
 
 impl Kernels {
@@ -92,6 +96,8 @@ impl Kernels {
             attention: attention::AttentionKernels::load(ctx)?,
             moe: moe::MoeKernels::load(ctx)?,
             tower: tower::TowerKernels::load(ctx)?,
+            codec: codec::CodecKernels::load(ctx)?,
+            sampling: sampling::SamplingKernels::load(ctx)?,
         })
     }
 }
@@ -224,6 +230,12 @@ impl Cuda {
         GpuMatrix::uninit(&self.pool, rows, cols).unwrap_or_else(|e| panic!("activation [{rows}, {cols}]: {e}"))
     }
 
+    /// An uninitialised f16 matrix from the pool (the codec's activations; same panics).
+    pub fn matrix_f16(&self, rows: usize, cols: usize) -> GpuMatrix {
+        GpuMatrix::uninit_of(&self.pool, rows, cols, Elem::F16)
+            .unwrap_or_else(|e| panic!("f16 activation [{rows}, {cols}]: {e}"))
+    }
+
     /// Uninitialised scratch of `bytes` from the pool (same panics as [`Cuda::matrix`]).
     pub fn scratch(&self, bytes: usize) -> PoolBuf {
         self.pool.take(bytes).unwrap_or_else(|e| panic!("scratch of {bytes} bytes: {e}"))
@@ -280,6 +292,13 @@ impl Cuda {
         g
     }
 
+    /// A host matrix as an f16 activation (rounded to nearest even).
+    pub fn upload_matrix_f16(&self, m: &Matrix) -> GpuMatrix {
+        let g = self.matrix_f16(m.rows, m.cols);
+        self.copy_to_device(g.ptr(), &tensor::to_f16_vec(&m.data));
+        g
+    }
+
     /// Host f32 values in a pool buffer.
     pub fn upload_f32_scratch(&self, data: &[f32]) -> PoolBuf {
         let b = self.scratch(data.len() * 4);
@@ -328,6 +347,9 @@ impl BackendTypes for Cuda {
     fn upload(&self, spec: &TensorSpec, view: TensorView<'_>) -> GpuWeight {
         match resident_dtype(spec.accept) {
             dtype @ (DType::Bf16 | DType::Fp8E4m3) => self.place_weight(&spec.name, view.shape, dtype, view.bytes),
+            DType::F16 => {
+                unreachable!("no checkpoint tensor is resident as f16 (codec weights go through codec_weight)")
+            }
             DType::F32 => {
                 let data = view.to_f32_vec().unwrap_or_else(|| panic!("tensor `{}` is not a float tensor", spec.name));
                 self.place_weight(&spec.name, view.shape, DType::F32, bytemuck::cast_slice(&data))
@@ -341,7 +363,10 @@ impl BackendTypes for Cuda {
     }
 
     fn to_host(&self, a: &GpuMatrix) -> Matrix {
-        let values: Vec<bf16> = self.copy_to_host(a.ptr(), a.len());
-        Matrix::from_vec(a.rows, a.cols, values.iter().map(|v| v.to_f32()).collect())
+        let data = match a.elem {
+            Elem::Bf16 => self.copy_to_host::<bf16>(a.ptr(), a.len()).iter().map(|v| v.to_f32()).collect(),
+            Elem::F16 => self.copy_to_host::<f16>(a.ptr(), a.len()).iter().map(|v| v.to_f32()).collect(),
+        };
+        Matrix::from_vec(a.rows, a.cols, data)
     }
 }

@@ -1,9 +1,9 @@
 //! What the CUDA backend computes with: weights resident in the arena in their stored format,
-//! and bf16 activation matrices in pool buffers.
+//! and activation matrices in pool buffers (bf16, or f16 for the codec).
 
 use std::sync::Arc;
 
-use half::bf16;
+use half::{bf16, f16};
 
 use super::memory::{DeviceBuffer, MemoryError, Pool, PoolBuf};
 use crate::backend::cpu::Matrix;
@@ -17,12 +17,14 @@ pub enum DType {
     F32,
     /// Routed-expert weights (e4m3 codes; their `weight_scale_inv` grid is a separate F32 weight).
     Fp8E4m3,
+    /// Codec weights: folded in f32 on the host, then rounded to nearest even (`codec_weight`).
+    F16,
 }
 
 impl DType {
     pub fn size(self) -> usize {
         match self {
-            DType::Bf16 => 2,
+            DType::Bf16 | DType::F16 => 2,
             DType::F32 => 4,
             DType::Fp8E4m3 => 1,
         }
@@ -49,17 +51,32 @@ impl GpuWeight {
     }
 }
 
-/// A row-major `[rows, cols]` bf16 activation matrix.
+/// Element type of an activation matrix (both 2 bytes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Elem {
+    /// The backbone's and tower's activations.
+    Bf16,
+    /// The codec's activations (the reference decodes in FP16).
+    F16,
+}
+
+/// A row-major `[rows, cols]` activation matrix of 2-byte elements.
 pub struct GpuMatrix {
     pub(crate) buf: PoolBuf,
     pub rows: usize,
     pub cols: usize,
+    pub elem: Elem,
 }
 
 impl GpuMatrix {
-    /// An uninitialised matrix from the pool.
+    /// An uninitialised bf16 matrix from the pool.
     pub fn uninit(pool: &Arc<Pool>, rows: usize, cols: usize) -> Result<GpuMatrix, MemoryError> {
-        Ok(GpuMatrix { buf: pool.take(rows * cols * 2)?, rows, cols })
+        GpuMatrix::uninit_of(pool, rows, cols, Elem::Bf16)
+    }
+
+    /// An uninitialised matrix of `elem` from the pool.
+    pub fn uninit_of(pool: &Arc<Pool>, rows: usize, cols: usize, elem: Elem) -> Result<GpuMatrix, MemoryError> {
+        Ok(GpuMatrix { buf: pool.take(rows * cols * 2)?, rows, cols, elem })
     }
 
     pub fn ptr(&self) -> u64 {
@@ -88,8 +105,8 @@ impl GpuMatrix {
 impl Clone for GpuMatrix {
     fn clone(&self) -> GpuMatrix {
         let pool = self.pool();
-        let copy =
-            GpuMatrix::uninit(pool, self.rows, self.cols).expect("GPU memory budget exhausted cloning an activation");
+        let copy = GpuMatrix::uninit_of(pool, self.rows, self.cols, self.elem)
+            .expect("GPU memory budget exhausted cloning an activation");
         // SAFETY: both buffers are live pool buffers of at least rows·cols·2 bytes; the copy is
         // ordered on the one stream after the writes of `self`.
         unsafe {
@@ -108,4 +125,33 @@ pub fn to_bf16_vec(data: &[f32]) -> Vec<bf16> {
 /// A host matrix rounded to bf16 (what a GPU activation holds), back in f32.
 pub fn round_to_bf16(m: &Matrix) -> Matrix {
     Matrix::from_vec(m.rows, m.cols, m.data.iter().map(|&v| bf16::from_f32(v).to_f32()).collect())
+}
+
+/// f32 → f16 with round-to-nearest-even (as torch's `.to(torch.float16)`).
+pub fn to_f16_vec(data: &[f32]) -> Vec<f16> {
+    data.iter().map(|&v| f16::from_f32(v)).collect()
+}
+
+/// f32 values rounded to f16 (what an f16 weight or activation holds), back in f32.
+pub fn round_to_f16_vec(data: &[f32]) -> Vec<f32> {
+    data.iter().map(|&v| f16::from_f32(v).to_f32()).collect()
+}
+
+/// A host matrix rounded to f16, back in f32.
+pub fn round_to_f16(m: &Matrix) -> Matrix {
+    Matrix::from_vec(m.rows, m.cols, round_to_f16_vec(&m.data))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn f16_rounding_is_nearest_even_and_saturates_to_infinity() {
+        // 1 + 2⁻¹¹ is halfway between 1 and the next f16 (1 + 2⁻¹⁰): ties go to the even 1.
+        assert_eq!(round_to_f16_vec(&[1.0 + 2f32.powi(-11)]), vec![1.0]);
+        assert_eq!(round_to_f16_vec(&[1.0 + 3.0 * 2f32.powi(-11)]), vec![1.0 + 2.0 * 2f32.powi(-10)]);
+        assert_eq!(round_to_f16_vec(&[65504.0, 70000.0]), vec![65504.0, f32::INFINITY]);
+        assert_eq!(to_f16_vec(&[0.5, -2.0]).iter().map(|v| v.to_bits()).collect::<Vec<_>>(), vec![0x3800, 0xC000]);
+    }
 }

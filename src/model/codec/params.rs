@@ -1,12 +1,12 @@
 //! Codec decode weights as the backend computes with them (`codec.md` §1.2–1.6): weight norm
 //! folded in f32 at load (`w = g · v / ‖v‖`, the norm over all dims but 0 — for a transposed conv
-//! dim 0 is the INPUT channel), convs re-laid tap-major, Snake α flattened. Tensor names come only
-//! from `model::weights::codec` through `Checkpoint::codec_weights`.
+//! dim 0 is the INPUT channel), convs re-laid tap-major, Snake α flattened; each tensor is then
+//! made resident through `CodecOps::codec_weight` (the CUDA backend rounds it to f16 there).
+//! Tensor names come only from `model::weights::codec` through `Checkpoint::codec_weights`.
 
 use super::CodecError;
-use crate::backend::BackendTypes;
 use crate::backend::codec::{
-    CausalConv, CausalConvTranspose, DecoderUpsample, ResidualUnitParams, RvqCodebook, UpsampleStage,
+    CausalConv, CausalConvTranspose, CodecOps, DecoderUpsample, ResidualUnitParams, RvqCodebook, UpsampleStage,
 };
 use crate::checkpoint::pth::PthArchive;
 use crate::model::load::{Checkpoint, CodecTensor};
@@ -66,20 +66,20 @@ struct Reader<'a, B> {
     backend: &'a B,
 }
 
-impl<B: BackendTypes> Reader<'_, B> {
+impl<B: CodecOps> Reader<'_, B> {
     fn values(&self, t: &CodecTensor<'_>) -> Result<(Vec<f32>, Vec<usize>), CodecError> {
         Ok((self.archive.to_f32_vec(&t.name)?, t.tensor.shape.clone()))
     }
 
     fn plain(&self, t: &CodecTensor<'_>) -> Result<B::Weight, CodecError> {
         let (data, shape) = self.values(t)?;
-        Ok(self.backend.upload_f32(&shape, data))
+        Ok(self.backend.codec_weight(&shape, data))
     }
 
     /// A per-channel vector stored `[1, C, 1]` (Snake α) or `[C]`, as `[C]`.
     fn vector(&self, t: &CodecTensor<'_>) -> Result<B::Weight, CodecError> {
         let (data, _) = self.values(t)?;
-        Ok(self.backend.upload_f32(&[data.len()], data))
+        Ok(self.backend.codec_weight(&[data.len()], data))
     }
 
     fn folded(&self, wn: &WnConv<CodecTensor<'_>>) -> Result<(Vec<f32>, [usize; 3]), CodecError> {
@@ -93,7 +93,7 @@ impl<B: BackendTypes> Reader<'_, B> {
         let (w, shape) = self.folded(wn)?;
         let (w, tap_major) = permute3(&w, shape, [0, 2, 1]);
         Ok(CausalConv {
-            weight: self.backend.upload_f32(&tap_major, w),
+            weight: self.backend.codec_weight(&tap_major, w),
             bias: self.plain(&wn.bias)?,
             kernel: shape[2],
             dilation,
@@ -108,14 +108,18 @@ impl<B: BackendTypes> Reader<'_, B> {
     ) -> Result<CausalConvTranspose<B::Weight>, CodecError> {
         let (w, shape) = self.folded(wn)?;
         let (w, tap_major) = permute3(&w, shape, [2, 1, 0]);
-        Ok(CausalConvTranspose { weight: self.backend.upload_f32(&tap_major, w), bias: self.plain(&wn.bias)?, stride })
+        Ok(CausalConvTranspose {
+            weight: self.backend.codec_weight(&tap_major, w),
+            bias: self.plain(&wn.bias)?,
+            stride,
+        })
     }
 
     fn codebook(&self, vq: &Vq<CodecTensor<'_>>) -> Result<RvqCodebook<B::Weight>, CodecError> {
         let (w, shape) = self.folded(&vq.out_proj)?;
         Ok(RvqCodebook {
             codebook: self.plain(&vq.codebook)?,
-            proj: self.backend.upload_f32(&shape[..2], w),
+            proj: self.backend.codec_weight(&shape[..2], w),
             bias: self.plain(&vq.out_proj.bias)?,
         })
     }
@@ -141,9 +145,9 @@ impl<B: BackendTypes> Reader<'_, B> {
         let (dw, dw_shape) = self.values(&c.dwconv_weight)?;
         let (dw, dw_tap_major) = permute3(&dw, [dw_shape[0], dw_shape[1], dw_shape[2]], [2, 0, 1]);
         Ok(UpsampleStage {
-            conv_weight: self.backend.upload_f32(&tap_major, w),
+            conv_weight: self.backend.codec_weight(&tap_major, w),
             conv_bias: self.plain(&s.conv_bias)?,
-            dw_weight: self.backend.upload_f32(&dw_tap_major[..2], dw),
+            dw_weight: self.backend.codec_weight(&dw_tap_major[..2], dw),
             dw_bias: self.plain(&c.dwconv_bias)?,
             norm_weight: self.plain(&c.norm_weight)?,
             norm_bias: self.plain(&c.norm_bias)?,
@@ -170,7 +174,7 @@ impl<B: BackendTypes> Reader<'_, B> {
 }
 
 /// Reads, folds and uploads every decode-path weight of the checkpoint's codec.
-pub fn load_params<B: BackendTypes>(ckpt: &Checkpoint, backend: &B) -> Result<CodecParams<B::Weight>, CodecError> {
+pub fn load_params<B: CodecOps>(ckpt: &Checkpoint, backend: &B) -> Result<CodecParams<B::Weight>, CodecError> {
     let w = ckpt.codec_weights()?;
     let r = Reader { archive: &ckpt.codec, backend };
     let books =

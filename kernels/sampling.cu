@@ -1,0 +1,432 @@
+// Token sampling on the GPU (`model.md` §8.1 steps 2 and 4, §8.2): the same decisions as the CPU
+// sampler (src/engine/sampling.rs, the oracle) on the same logits, with the same Philox draws
+// (src/engine/rng.rs). Built for CUDA-graph capture: every input and output is device memory at a
+// fixed address, and the per-request knobs, the RAS window and the frame counter live in a device
+// `SamplerState`, written once per request and advanced on the device, so a captured frame
+// replays correctly frame after frame.
+//
+//   sample_main_draws   2 blocks: the first draw (block 0, request knobs) and the RAS draw
+//                       (block 1, T 1.0, top-k 30, top-p 0.95), both keeping the crossing token;
+//   sample_main_finish  the window check, the push into the RAS window, and the frame row's
+//                       main token, c0 and "is semantic";
+//   sample_head         codebook head r's draw (crossing token dropped), code c_{r+1};
+//   sampler_end_frame   the frame counter + 1.
+//
+// One draw = one block of THREADS threads over one row of n ≤ SORT_CAP logits:
+//   1. scores s_i = x_i / max(T, 1e-5) in f32 (IEEE division, as Rust's `/`);
+//   2. a bitonic sort of 64-bit keys (score descending, then index ascending) in shared memory;
+//   3. weights w_r = exp(s_r − s_0) in f64 and their total over the FULL row (a block sum);
+//   4. the kept prefix: warp 0 runs the CPU's loop — p_r = w_r / total added in rank order, the
+//      same f64 operations in the same order — until top-k or top-p stops it;
+//   5. the exponential race argmax_r w_r / E(candidate_r) over the kept ranks, ties to the better
+//      rank, by a block argmax.
+//
+// Where this can differ from the CPU (and why it practically never changes a pick):
+//   - exp and log in f64: CUDA's `exp`/`log` are within 1 ulp (CUDA Programming Guide, double
+//     precision functions), Rust's `f64::exp`/`ln` call the platform libm (glibc: < 1 ulp). A
+//     weight or an Exp(1) variate can therefore differ in the last bit (relative 1.1e-16).
+//   - the total Σw: the CPU adds the weights in rank order, the block sum by a tree, so it can
+//     differ by a few ulps (and every p_r with it).
+//   A pick then changes only if top_p lies within that rounding (~1e-15) of a cumulative
+//   probability at the kept prefix's edge, or if the two best race values w/E lie within ~2 ulps
+//   of each other: for logits that are not exactly tied, each has a probability of order 1e-12
+//   per draw. Exactly tied logits (bf16 heads, greedy draws, flat rows) are decided as on the
+//   CPU: equal scores give bit-equal weights; weights of 1 and 0 sum to the same integer in any
+//   order; the cumulative sums, where a tie can put one exactly on top_p (m ties, top_p = k/m),
+//   are the CPU's own sequence; and an equal uniform gives a bit-equal E, so an exact race tie is
+//   broken by rank on both.
+//   Every f32/f64 operation that the CPU rounds separately is written with an explicit _rn
+//   intrinsic, so nvcc cannot contract it into an FMA.
+#include "common.cuh"
+
+constexpr int THREADS = 1024;
+constexpr int WARPS = THREADS / 32;
+// Ranks per thread at the largest sort; SORT_CAP = THREADS · ITEMS candidates at most.
+constexpr int ITEMS = 8;
+constexpr int SORT_CAP = THREADS * ITEMS;
+static_assert(SORT_CAP == 8192, "SORT_CAP in src/backend/cuda/sampling.rs");
+constexpr unsigned FULL = 0xffffffffu;
+
+// Sampling constants of src/engine/sampling.rs and src/engine/rng.rs.
+constexpr float MIN_TEMPERATURE = 1e-5f;
+constexpr float RAS_TEMPERATURE = 1.0f;
+constexpr uint32_t RAS_TOP_K = 30;
+constexpr float RAS_TOP_P = 0.95f;
+constexpr int RAS_WINDOW = 16;
+constexpr uint32_t MAIN_STREAM = 0, RAS_STREAM = 1, FIRST_HEAD_STREAM = 2;
+
+// Why a draw failed (SamplingError on the CPU).
+constexpr uint32_t FAULT_NONE = 0, FAULT_NON_FINITE = 1, FAULT_NO_CANDIDATES = 2;
+
+// Frame rows hold up to this many words: [main, c0, c1, ...].
+constexpr int ROW_CAPACITY = 16;
+
+// Per-request state; src/backend/cuda/sampling.rs `DeviceState` mirrors it word for word.
+struct SamplerState {
+    uint32_t seed_lo, seed_hi;
+    uint32_t frame_lo, frame_hi;  // index of the frame being sampled; sampler_end_frame advances it
+    float temperature, top_p;
+    uint32_t main_top_k;          // UINT32_MAX = no cap
+    uint32_t head_top_k;          // min(request top_k, 30)
+    uint32_t window_len;          // valid window slots: the last window_len of them
+    uint32_t window[RAS_WINDOW];  // main tokens of the last frames (prompt rows first), oldest first
+};
+static_assert(sizeof(SamplerState) == 25 * 4, "SamplerState layout (DeviceState in sampling.rs)");
+
+struct DrawFault {
+    uint32_t kind, index, score_bits;
+};
+
+// Outputs; src/backend/cuda/sampling.rs `DeviceOutputs` mirrors it word for word.
+struct SamplerOut {
+    uint32_t row[ROW_CAPACITY];   // the frame row [main, c0, c1..c_heads], what the next step embeds
+    uint32_t semantic;            // main is a semantic token (the tower's label mask)
+    uint32_t first, ras, ras_used;
+    uint32_t pick[2];             // candidate index of the first and the RAS draw
+    DrawFault draw_fault[2];      // this frame's faults of the first and the RAS draw
+    uint32_t fault_stream;        // the first fault since the request began (sticky) ...
+    DrawFault fault;              // ... kind FAULT_NONE while there was none
+    uint32_t fault_frame_lo, fault_frame_hi;
+};
+static_assert(sizeof(SamplerOut) == 34 * 4, "SamplerOut layout (DeviceOutputs in sampling.rs)");
+
+// ---------------------------------------------------------------------------------------------
+// Philox4x32-10 and the uniform → Exp(1) mapping, exactly as src/engine/rng.rs:
+//   key = [seed_lo, seed_hi ^ frame_hi], counter = [candidate, 0, stream, frame_lo],
+//   u = ((bits >> 9) + 0.5) · 2^-23 (exact in f32), E = −ln(u) in f64.
+struct DrawKey {
+    uint32_t k0, k1, stream, frame_lo;
+};
+
+__device__ __forceinline__ DrawKey draw_key(const SamplerState* st, uint32_t stream) {
+    return DrawKey{st->seed_lo, st->seed_hi ^ st->frame_hi, stream, st->frame_lo};
+}
+
+__device__ __forceinline__ uint32_t philox_bits(const DrawKey& key, uint32_t candidate) {
+    constexpr uint32_t M0 = 0xD2511F53u, M1 = 0xCD9E8D57u, W0 = 0x9E3779B9u, W1 = 0xBB67AE85u;
+    uint32_t c0 = candidate, c1 = 0, c2 = key.stream, c3 = key.frame_lo;
+    uint32_t k0 = key.k0, k1 = key.k1;
+#pragma unroll
+    for (int round = 0; round < 10; ++round) {
+        if (round > 0) {
+            k0 += W0;
+            k1 += W1;
+        }
+        const uint32_t hi0 = __umulhi(M0, c0), lo0 = M0 * c0;
+        const uint32_t hi1 = __umulhi(M1, c2), lo1 = M1 * c2;
+        c0 = hi1 ^ c1 ^ k0;
+        c1 = lo1;
+        c2 = hi0 ^ c3 ^ k1;
+        c3 = lo0;
+    }
+    return c0;
+}
+
+__device__ __forceinline__ double exponential(const DrawKey& key, uint32_t candidate) {
+    const float k = (float)(philox_bits(key, candidate) >> 9);  // < 2^23: exact
+    const float u = __fmul_rn(__fadd_rn(k, 0.5f), 1.0f / 8388608.0f);
+    return -log((double)u);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sort keys: ascending key = score descending, then index ascending (the CPU's tie rule). −0.0
+// is folded into +0.0 first, since the CPU compares them equal. NaN and +inf never get here.
+__device__ __forceinline__ unsigned long long rank_key(float score, uint32_t index) {
+    const uint32_t bits = __float_as_uint(score == 0.f ? 0.f : score);
+    const uint32_t ordered = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+    return ((unsigned long long)(~ordered) << 32) | index;
+}
+
+__device__ __forceinline__ float key_score(unsigned long long key) {
+    const uint32_t ordered = ~(uint32_t)(key >> 32);
+    return __uint_as_float((ordered & 0x80000000u) ? (ordered & 0x7fffffffu) : ~ordered);
+}
+
+__device__ __forceinline__ uint32_t key_index(unsigned long long key) { return (uint32_t)key; }
+
+// w_r = exp(s_r − s_0) in f64, as the CPU computes it (every caller gets the same bits).
+__device__ __forceinline__ double rank_weight(unsigned long long key, float best) {
+    return exp(__dsub_rn((double)key_score(key), (double)best));
+}
+
+// Pads sort after every real key (whose top word is at most ~(+inf order) < 0xffffffff).
+constexpr unsigned long long PAD_KEY = ~0ull;
+
+// Bitonic sort (Batcher) of n keys in shared memory, ascending; n a power of two. Each pass
+// compares n/2 disjoint pairs (i, i | j) with bit j of i clear.
+__device__ void bitonic_sort(unsigned long long* keys, int n) {
+    for (int k = 2; k <= n; k <<= 1) {
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            __syncthreads();
+            for (int p = threadIdx.x; p < (n >> 1); p += blockDim.x) {
+                const int i = ((p & ~(j - 1)) << 1) | (p & (j - 1));
+                const int partner = i | j;
+                const bool ascending = (i & k) == 0;
+                const unsigned long long a = keys[i], b = keys[partner];
+                if ((a > b) == ascending) {
+                    keys[i] = b;
+                    keys[partner] = a;
+                }
+            }
+        }
+    }
+    __syncthreads();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Block reductions (blockDim.x == THREADS). Each starts with a barrier, so its scratch may be the
+// previous call's; every thread gets the result.
+struct Scratch {
+    double d[WARPS];
+    uint32_t u[WARPS];
+    uint32_t end;  // the kept prefix's length, from warp 0 to the block
+};
+
+__device__ uint32_t block_min_u32(uint32_t v, Scratch& s) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(FULL, v, o));
+    __syncthreads();
+    if (lane == 0) s.u[warp] = v;
+    __syncthreads();
+    v = s.u[lane];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(FULL, v, o));
+    return v;
+}
+
+// Sum over the block (a tree; the order is not the CPU's, see the header).
+__device__ double block_sum(double v, Scratch& s) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = __dadd_rn(v, __shfl_xor_sync(FULL, v, o));
+    __syncthreads();
+    if (lane == 0) s.d[warp] = v;
+    __syncthreads();
+    v = s.d[lane];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = __dadd_rn(v, __shfl_xor_sync(FULL, v, o));
+    return v;
+}
+
+// The largest race value, ties to the lower rank (the CPU's strict `>` in rank order).
+__device__ __forceinline__ void better(double& v, uint32_t& r, double ov, uint32_t orank) {
+    if (ov > v || (ov == v && orank < r)) {
+        v = ov;
+        r = orank;
+    }
+}
+
+__device__ uint32_t block_argmax_rank(double v, uint32_t r, Scratch& s) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) better(v, r, __shfl_xor_sync(FULL, v, o), __shfl_xor_sync(FULL, r, o));
+    __syncthreads();
+    if (lane == 0) {
+        s.d[warp] = v;
+        s.u[warp] = r;
+    }
+    __syncthreads();
+    v = s.d[lane];
+    r = s.u[lane];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) better(v, r, __shfl_xor_sync(FULL, v, o), __shfl_xor_sync(FULL, r, o));
+    return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// One draw (steps 1–5 above) over row(i), i < n; n_pad = the sort length, a power of two with
+// THREADS ≤ n_pad ≤ SORT_CAP; `keys` holds n_pad keys of dynamic shared memory.
+struct Filter {
+    float temperature;
+    uint32_t top_k;
+    float top_p;
+    bool keep_crossing;  // main draws keep the token that crosses top_p; heads drop it
+};
+
+struct Draw {
+    uint32_t pick;  // index in the row (0 after a fault)
+    DrawFault fault;
+};
+
+template <class Row>
+__device__ Draw draw(const Row& row, int n, int n_pad, const Filter& f, const DrawKey& key) {
+    extern __shared__ unsigned long long keys[];
+    __shared__ Scratch scratch;
+    const float divisor = fmaxf(f.temperature, MIN_TEMPERATURE);
+
+    // 1. Scores and sort keys; the first non-finite score (NaN or +inf) is a fault, as on the CPU.
+    uint32_t bad = UINT32_MAX;
+    for (int i = threadIdx.x; i < n_pad; i += blockDim.x) {
+        unsigned long long k = PAD_KEY;
+        if (i < n) {
+            const float s = __fdiv_rn(row(i), divisor);
+            if (isnan(s) || s == INFINITY) bad = min(bad, (uint32_t)i);
+            k = rank_key(s, (uint32_t)i);
+        }
+        keys[i] = k;
+    }
+    bad = block_min_u32(bad, scratch);
+    if (bad != UINT32_MAX) {
+        return Draw{0, {FAULT_NON_FINITE, bad, __float_as_uint(__fdiv_rn(row(bad), divisor))}};
+    }
+
+    // 2. Rank.
+    bitonic_sort(keys, n_pad);
+    const float best = key_score(keys[0]);
+    if (best == -INFINITY) return Draw{0, {FAULT_NO_CANDIDATES, 0, 0}};
+
+    // 3. Weights w_r = exp(s_r − s_0) of this thread's contiguous ranks, and their total over
+    //    the full row.
+    const int per = n_pad / THREADS;
+    const int first_rank = threadIdx.x * per;
+    double w[ITEMS];
+    double run = 0.0;
+#pragma unroll
+    for (int j = 0; j < ITEMS; ++j) {
+        const int r = first_rank + j;
+        w[j] = 0.0;
+        if (j < per && r < n) {
+            w[j] = rank_weight(keys[r], best);
+            run = __dadd_rn(run, w[j]);
+        }
+    }
+    const double total = block_sum(run, scratch);
+
+    // 4. The kept prefix. Warp 0 runs the CPU's loop: cumulative += p_r in rank order, stopping
+    //    at the first rank r ≥ 1 that top-k or top-p rejects. 32 ranks at a time, each lane
+    //    computes one p_r; then every lane adds all 32 in order (the same adds on every lane, so
+    //    the loop and its exits stay warp-uniform).
+    if (threadIdx.x < 32) {
+        const int lane = threadIdx.x;
+        const double top_p = (double)f.top_p;
+        const uint32_t limit = min((uint32_t)n, f.top_k);
+        uint32_t end = limit;
+        double cumulative = 0.0;
+        bool stopped = false;
+        for (uint32_t base = 0; base < limit && !stopped; base += 32) {
+            const uint32_t mine = base + lane;
+            const double p = mine < limit ? __ddiv_rn(rank_weight(keys[mine], best), total) : 0.0;
+            for (int j = 0; j < 32; ++j) {
+                const double pj = __shfl_sync(FULL, p, j);
+                const uint32_t r = base + j;
+                if (r >= limit) break;
+                const double before = cumulative;
+                cumulative = __dadd_rn(cumulative, pj);
+                if (r >= 1 && (f.keep_crossing ? before : cumulative) > top_p) {
+                    end = r;
+                    stopped = true;
+                    break;
+                }
+            }
+        }
+        if (lane == 0) scratch.end = end;
+    }
+    __syncthreads();
+    const uint32_t end = scratch.end;
+
+    // 5. The exponential race over ranks < end.
+    double best_value = -INFINITY;
+    uint32_t best_rank = UINT32_MAX;
+#pragma unroll
+    for (int j = 0; j < ITEMS; ++j) {
+        const int r = first_rank + j;
+        if (j < per && (uint32_t)r < end) {
+            const double value = __ddiv_rn(w[j], exponential(key, key_index(keys[r])));
+            if (value > best_value) {
+                best_value = value;
+                best_rank = (uint32_t)r;
+            }
+        }
+    }
+    const uint32_t rank = block_argmax_rank(best_value, best_rank, scratch);
+    return Draw{key_index(keys[rank]), {FAULT_NONE, 0, 0}};
+}
+
+// Restricted logits (f32, the restricted head's order) read in candidate order.
+struct MainRow {
+    const float* logits;
+    const uint32_t* logit_index;
+    __device__ float operator()(int i) const { return logits[logit_index[i]]; }
+};
+
+// A codebook head's logits: bf16 (what the head GEMV writes), widened exactly.
+struct HeadRow {
+    const bf16* logits;
+    __device__ float operator()(int i) const { return to_f32(logits[i]); }
+};
+
+// The first fault since the request began stays; later ones are dropped.
+__device__ void record_fault(SamplerOut* out, const SamplerState* st, uint32_t stream, const DrawFault& fault) {
+    if (fault.kind == FAULT_NONE || out->fault.kind != FAULT_NONE) return;
+    out->fault_stream = stream;
+    out->fault = fault;
+    out->fault_frame_lo = st->frame_lo;
+    out->fault_frame_hi = st->frame_hi;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Grid 2 blocks × THREADS, dynamic shared memory n_pad · 8 bytes. logits: the restricted logits
+// [n] f32 in the head's order; logit_index[i]: the head row of candidate i (candidates ascend by
+// token id; i is also the draw's Philox counter).
+extern "C" __global__ void __launch_bounds__(THREADS)
+    sample_main_draws(const float* __restrict__ logits, const uint32_t* __restrict__ logit_index, int n, int n_pad,
+                      const SamplerState* __restrict__ st, SamplerOut* __restrict__ out) {
+    const uint32_t stream = blockIdx.x == 0 ? MAIN_STREAM : RAS_STREAM;
+    const Filter filter = stream == MAIN_STREAM ? Filter{st->temperature, st->main_top_k, st->top_p, true}
+                                                : Filter{RAS_TEMPERATURE, RAS_TOP_K, RAS_TOP_P, true};
+    const Draw d = draw(MainRow{logits, logit_index}, n, n_pad, filter, draw_key(st, stream));
+    if (threadIdx.x == 0) {
+        out->pick[blockIdx.x] = d.pick;
+        out->draw_fault[blockIdx.x] = d.fault;
+    }
+}
+
+// One thread, after sample_main_draws. ids[i]: token of candidate i; the semantic band is
+// [semantic_start, semantic_end]. The RAS draw replaces the first when the first is semantic and
+// among the window's tokens; the chosen token is then pushed into the window (oldest dropped).
+extern "C" __global__ void sample_main_finish(const uint32_t* __restrict__ ids, uint32_t semantic_start,
+                                              uint32_t semantic_end, SamplerState* __restrict__ st,
+                                              SamplerOut* __restrict__ out) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    const uint32_t first = ids[out->pick[0]], ras = ids[out->pick[1]];
+    bool seen = false;
+    for (int i = RAS_WINDOW - (int)st->window_len; i < RAS_WINDOW; ++i) seen |= st->window[i] == first;
+    const bool first_semantic = first >= semantic_start && first <= semantic_end;
+    const bool ras_used = first_semantic && seen;
+    const uint32_t token = ras_used ? ras : first;
+    out->row[0] = token;
+    // c0 = clamp(main − semantic_start, 0, V − 1): an EOS frame carries a valid (masked) code.
+    out->row[1] = min(token > semantic_start ? token - semantic_start : 0u, semantic_end - semantic_start);
+    out->semantic = token >= semantic_start && token <= semantic_end;
+    out->first = first;
+    out->ras = ras;
+    out->ras_used = ras_used;
+    for (int i = 0; i + 1 < RAS_WINDOW; ++i) st->window[i] = st->window[i + 1];
+    st->window[RAS_WINDOW - 1] = token;
+    st->window_len = min(st->window_len + 1, (uint32_t)RAS_WINDOW);
+    record_fault(out, st, MAIN_STREAM, out->draw_fault[0]);
+    record_fault(out, st, RAS_STREAM, out->draw_fault[1]);
+}
+
+// Grid 1 block × THREADS, dynamic shared memory n_pad · 8 bytes. logits: head r's [n] bf16 row.
+// Writes c_{r+1} into row[2 + r].
+extern "C" __global__ void __launch_bounds__(THREADS)
+    sample_head(const bf16* __restrict__ logits, int n, int n_pad, int r, const SamplerState* __restrict__ st,
+                SamplerOut* __restrict__ out) {
+    const Filter filter{st->temperature, st->head_top_k, st->top_p, false};
+    const uint32_t stream = FIRST_HEAD_STREAM + (uint32_t)r;
+    const Draw d = draw(HeadRow{logits}, n, n_pad, filter, draw_key(st, stream));
+    if (threadIdx.x == 0) {
+        out->row[2 + r] = d.pick;
+        record_fault(out, st, stream, d.fault);
+    }
+}
+
+// One thread, at the end of a frame: the next frame's draws use the next counter.
+extern "C" __global__ void sampler_end_frame(SamplerState* __restrict__ st) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    const unsigned long long frame = (((unsigned long long)st->frame_hi << 32) | st->frame_lo) + 1;
+    st->frame_lo = (uint32_t)frame;
+    st->frame_hi = (uint32_t)(frame >> 32);
+}

@@ -1,0 +1,81 @@
+//! The whole engine on the tiny checkpoint, GPU against CPU and against itself:
+//! - the same request with the same seed twice on the GPU gives the same frames and the same PCM
+//!   bit for bit (the `verification.md` row "same request, same seed, same backend");
+//! - the PCM the GPU engine streamed (first frame alone, then growing groups) equals one whole
+//!   GPU codec decode of its frames, bit for bit;
+//! - teacher-forced over the frames the CPU engine generated from a real prompt: the backbone's
+//!   main-token top-1 and restricted-logit KL, judged against the bf16 yardstick as in the
+//!   backbone section (`backbone::sequence`; the random tiny model is too chaotic for absolute
+//!   bounds, see there).
+
+use std::ops::ControlFlow;
+
+use limelight::backend::backbone::ExpertActivations;
+use limelight::backend::cpu::Cpu;
+use limelight::engine::generate::{Engine, Finished, GenerateOptions, ResidentModel};
+use limelight::engine::sampling::SamplingParams;
+use limelight::model::backbone::BackboneConfig;
+use limelight::model::frame::Rows;
+use limelight::model::load::Checkpoint;
+use limelight::request::prompt::PromptBuilder;
+use limelight::synth::presets::Preset;
+use limelight::synth::{SynthOptions, SynthPlan};
+
+use crate::backbone;
+use crate::harness::Ctx;
+
+const TEXT: &str = "The quick brown fox jumps over the lazy dog, twice.";
+/// Frames per run: crosses the codec's groups of 1, 2, 4 and 8 frames.
+const FRAMES: usize = 24;
+
+pub fn run(ctx: &mut Ctx) {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let seed = ctx.rng.next_u64();
+    let plan = SynthPlan::new(&SynthOptions { preset: Preset::Tiny, seed, vq_backbone_codebooks: 1 });
+    plan.write(dir.path()).expect("write the tiny checkpoint");
+    let ckpt = Checkpoint::open(dir.path()).expect("open the tiny checkpoint");
+    let cuda = ctx.cuda;
+    let gpu_model = ResidentModel::load(&ckpt, cuda).expect("GPU upload");
+    let gpu = Engine::new(cuda, &ckpt, &gpu_model).expect("GPU engine");
+    let prompt = PromptBuilder::for_checkpoint(&ckpt).build(TEXT, &[]).expect("prompt");
+    // No EOS stop in the first frames is likely but not certain; min() below handles either.
+    let opts = GenerateOptions { params: SamplingParams::default(), seed: ctx.rng.next_u64(), max_frames: FRAMES };
+
+    let (first, first_pcm) = generate(&gpu, &prompt, &opts);
+    let (second, second_pcm) = generate(&gpu, &prompt, &opts);
+    ctx.exact("engine on the GPU, same seed twice: frames", second.rows.as_flat(), first.rows.as_flat());
+    ctx.exact("engine on the GPU, same seed twice: PCM bits", &bits(&second_pcm), &bits(&first_pcm));
+    // The codec decodes each frame's codes c0..c9, the row without its main token.
+    let codes: Vec<u32> = (0..first.rows.len()).flat_map(|t| first.rows.row(t)[1..].to_vec()).collect();
+    let whole = gpu.codec.decode(cuda, &codes).expect("whole decode");
+    ctx.exact("engine on the GPU: streamed PCM vs one whole decode, bits", &bits(&first_pcm), &bits(&whole));
+
+    let cpu_model = ResidentModel::load(&ckpt, &Cpu).expect("CPU upload");
+    let cpu = Engine::new(&Cpu, &ckpt, &cpu_model).expect("CPU engine");
+    let (cpu_run, _) = generate(&cpu, &prompt, &opts);
+    let mut rows = prompt.clone();
+    rows.extend(&cpu_run.rows);
+    let mut config = BackboneConfig::from_model_config(&ckpt.config);
+    config.moe.activations = ExpertActivations::Fp8Dynamic;
+    let what = format!("engine teacher-forced over the CPU's {} frames", cpu_run.frames);
+    backbone::sequence(ctx, &what, &config, &cpu_model.weights, &gpu_model.weights, &rows, prompt.len());
+}
+
+/// One generation, collecting its PCM.
+fn generate<B: limelight::backend::Backend>(
+    engine: &Engine<'_, B>,
+    prompt: &Rows,
+    opts: &GenerateOptions,
+) -> (Finished, Vec<f32>) {
+    let mut pcm = Vec::new();
+    let mut sink = |chunk: &[f32]| {
+        pcm.extend_from_slice(chunk);
+        ControlFlow::Continue(())
+    };
+    let finished = engine.generate(prompt, opts, &mut sink).expect("generate");
+    (finished, pcm)
+}
+
+fn bits(pcm: &[f32]) -> Vec<u32> {
+    pcm.iter().map(|v| v.to_bits()).collect()
+}

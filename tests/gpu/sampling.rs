@@ -1,0 +1,488 @@
+//! `kernels/sampling.cu` against the CPU sampler (`engine::sampling`, the oracle) on the same
+//! values: main-token draws with RAS (first draw, RAS draw, window check and push, c0, the
+//! semantic flag) and codebook-head draws on fresh random logits rows (several scales, exact
+//! ties, -inf entries, a flat row) under every combination of temperature {0, 0.3, 1, 1.7},
+//! top-p {0.1, 0.5, 0.9, 0.95, 1} and top-k {none, 1, 5, 50, 100000}, at random (seed, frame)
+//! keys, with RAS windows that do and do not hold the first draw; faults (NaN, +inf, overflow,
+//! no finite logit) reported as the CPU reports them; 40 consecutive frames (counter, window,
+//! frame rows), replayed after a reset, also across the 2³² frame boundary; and one captured CUDA
+//! graph replayed frame after frame. Every comparison counts mismatching decisions, bound 0.
+
+use half::bf16;
+use limelight::backend::cpu::Matrix;
+use limelight::backend::cuda::sampling::{GpuSampler, candidate_rows};
+use limelight::engine::rng::{DrawKey, MAIN_STREAM, RAS_STREAM};
+use limelight::engine::sampling::{
+    MainCandidates, RAS_WINDOW, RasWindow, SamplingError, SamplingParams, sample_head, sample_main, sample_top_k_top_p,
+};
+
+use crate::harness::Ctx;
+
+const HEADS: usize = 9;
+const TEMPERATURES: [f32; 4] = [0.0, 0.3, 1.0, 1.7];
+const TOP_PS: [f32; 5] = [0.1, 0.5, 0.9, 0.95, 1.0];
+const TOP_KS: [Option<u32>; 5] = [None, Some(1), Some(5), Some(50), Some(100_000)];
+/// Consecutive frames of the frame and graph checks (more than the RAS window).
+const FRAMES: usize = 40;
+/// Output words the draw kernels must write every frame (row, flags, picks, per-draw faults);
+/// the sticky fault record after them stays as `begin_request` cleared it.
+const WRITTEN_WORDS: usize = 28;
+
+/// A main-token vocabulary: the band, EOS, and the restricted head's order (band, then EOS).
+struct Band {
+    name: &'static str,
+    candidates: MainCandidates,
+    restricted: Vec<u32>,
+    head_vocab: usize,
+}
+
+impl Band {
+    fn new(name: &'static str, start: u32, codes: u32, eos: u32, head_vocab: usize) -> Band {
+        let restricted = (start..start + codes).chain([eos]).collect();
+        Band { name, candidates: MainCandidates::new(start, codes, eos), restricted, head_vocab }
+    }
+
+    /// Restricted logits in the head's order from logits in candidate order.
+    fn head_order(&self, logits: &[f32]) -> Vec<f32> {
+        let mut out = vec![f32::NAN; logits.len()];
+        for (i, row) in candidate_rows(self.candidates.ids(), &self.restricted).into_iter().enumerate() {
+            out[row as usize] = logits[i];
+        }
+        out
+    }
+
+    fn semantic(&self) -> Vec<u32> {
+        self.candidates.ids().iter().copied().filter(|&t| self.candidates.is_semantic(t)).collect()
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Shape {
+    Uniform(f32),
+    /// Values on a 0.5 grid: many exact ties.
+    Ties,
+    /// A few large logits over noise (trained-model-like).
+    Peaked,
+    /// Most logits -inf.
+    NegInf,
+    /// Every logit equal.
+    Flat,
+}
+
+const SHAPES: [Shape; 7] = [
+    Shape::Uniform(0.05),
+    Shape::Uniform(2.0),
+    Shape::Uniform(30.0),
+    Shape::Ties,
+    Shape::Peaked,
+    Shape::NegInf,
+    Shape::Flat,
+];
+
+fn logits(ctx: &mut Ctx, n: usize, shape: Shape) -> Vec<f32> {
+    let mut x: Vec<f32> = match shape {
+        Shape::Uniform(s) => (0..n).map(|_| ctx.rng.uniform(-s, s)).collect(),
+        Shape::Ties => (0..n).map(|_| (ctx.rng.uniform(-3.0, 3.0) * 2.0).round() / 2.0).collect(),
+        Shape::Peaked => (0..n).map(|_| ctx.rng.uniform(-1.0, 1.0)).collect(),
+        Shape::NegInf => {
+            (0..n).map(|_| if ctx.rng.unit() < 0.9 { f32::NEG_INFINITY } else { ctx.rng.uniform(-2.0, 2.0) }).collect()
+        }
+        Shape::Flat => vec![0.5; n],
+    };
+    if matches!(shape, Shape::Peaked) {
+        for _ in 0..5 {
+            let i = index(ctx, n);
+            x[i] = ctx.rng.uniform(6.0, 10.0);
+        }
+    }
+    if matches!(shape, Shape::NegInf) {
+        let i = index(ctx, n);
+        x[i] = 1.0;
+    }
+    x
+}
+
+fn index(ctx: &mut Ctx, n: usize) -> usize {
+    (ctx.rng.next_u64() % n as u64) as usize
+}
+
+/// Values rounded to bf16 (what a head GEMV writes), widened back.
+fn bf16_values(x: &[f32]) -> Vec<f32> {
+    x.iter().map(|&v| bf16::from_f32(v).to_f32()).collect()
+}
+
+fn params_grid() -> Vec<SamplingParams> {
+    let mut grid = Vec::new();
+    for temperature in TEMPERATURES {
+        for top_p in TOP_PS {
+            for top_k in TOP_KS {
+                grid.push(SamplingParams { temperature, top_p, top_k });
+            }
+        }
+    }
+    grid
+}
+
+/// Random keys: small frames, and frames above 2³² (their high word enters the Philox key).
+fn key(ctx: &mut Ctx, case: usize) -> (u64, u64) {
+    let seed = ctx.rng.next_u64();
+    let frame = if case.is_multiple_of(2) { ctx.rng.next_u64() % 5000 } else { ctx.rng.next_u64() };
+    (seed, frame)
+}
+
+/// Fills what the draw kernels must write with 0xFFFFFFFF, so a word they skip cannot match.
+fn poison_outputs(ctx: &Ctx, sampler: &GpuSampler) {
+    ctx.cuda.copy_to_device(sampler.row_ptr(), &[u32::MAX; WRITTEN_WORDS]);
+}
+
+pub fn run(ctx: &mut Ctx) {
+    ctx.cuda.pool().set_poison(true);
+    let bands = [
+        // The published layout: EOS (151645) below the band, so candidate order is a rotation
+        // of the head's order.
+        Band::new("band 4096, EOS below", 151_678, 4096, 151_645, 4096),
+        Band::new("band 4096, EOS above", 1000, 4096, 9000, 4096),
+        // Fewer logits than threads: the padded sort.
+        Band::new("band 37, EOS below", 500, 37, 3, 100),
+    ];
+    let mut ras_used = (0, 0);
+    for band in &bands {
+        let sampler = GpuSampler::new(ctx.cuda, &band.candidates, &band.restricted, HEADS, band.head_vocab)
+            .expect("sampler buffers");
+        let used = main_draws(ctx, band, &sampler);
+        ras_used = (ras_used.0 + used.0, ras_used.1 + used.1);
+        head_draws(ctx, band, &sampler);
+    }
+    // The window checks must exercise both outcomes.
+    let pass = ras_used.0 > 0 && ras_used.0 < ras_used.1;
+    let value = format!("{} of {}", ras_used.0, ras_used.1);
+    ctx.check("main: RAS replaced the first draw", "cases", "some, not all".into(), value, pass);
+
+    let band = &bands[0];
+    let sampler =
+        GpuSampler::new(ctx.cuda, &band.candidates, &band.restricted, HEADS, band.head_vocab).expect("sampler buffers");
+    faults(ctx, band, &sampler);
+    for start in [0, (1u64 << 32) - 20] {
+        let run = FrameRun::new(ctx, band, start);
+        frames(ctx, &sampler, &run);
+        graph(ctx, &sampler, &run);
+    }
+}
+
+/// One main-draw case's decisions: first, RAS, chosen token, RAS used, c0, semantic, window after.
+type MainDecisions = (u32, u32, u32, bool, u32, bool, Vec<u32>);
+
+/// Main draws on every shape × parameter combination; returns (RAS used, cases).
+fn main_draws(ctx: &mut Ctx, band: &Band, sampler: &GpuSampler) -> (usize, usize) {
+    let n = band.candidates.len();
+    let semantic = band.semantic();
+    let mut used = (0, 0);
+    for shape in SHAPES {
+        let (mut got, mut want) = (Vec::new(), Vec::new());
+        for (case, params) in params_grid().into_iter().enumerate() {
+            let x = logits(ctx, n, shape);
+            let (seed, frame) = key(ctx, case);
+            let first = sample_top_k_top_p(&x, &params.main_filter(), &DrawKey::new(seed, frame, MAIN_STREAM))
+                .map(|i| band.candidates.token(i))
+                .expect("finite logits");
+            let tokens = window_tokens(ctx, &semantic, first, case);
+            let pick = sample_main(
+                &x,
+                &band.candidates,
+                &RasWindow::from_tokens(tokens.iter().copied()),
+                &params,
+                seed,
+                frame,
+            )
+            .expect("finite logits");
+            let mut after = tokens.clone();
+            after.push(pick.token);
+            let after = after[after.len().saturating_sub(RAS_WINDOW)..].to_vec();
+            let c0 = band.candidates.code0(pick.token);
+            want.push((
+                pick.first,
+                pick.ras,
+                pick.token,
+                pick.ras_used,
+                c0,
+                band.candidates.is_semantic(pick.token),
+                after,
+            ));
+            used = (used.0 + usize::from(pick.ras_used), used.1 + 1);
+
+            sampler.begin_request_at(ctx.cuda, &params, seed, &tokens, frame);
+            poison_outputs(ctx, sampler);
+            let buf = ctx.cuda.upload_f32_scratch(&band.head_order(&x));
+            sampler.sample_main(ctx.cuda, &buf);
+            let out = sampler.read_outputs(ctx.cuda);
+            let state = sampler.read_state(ctx.cuda);
+            let decisions: MainDecisions = (
+                out.first,
+                out.ras,
+                out.row[0],
+                out.ras_used != 0,
+                out.row[1],
+                out.semantic != 0,
+                state.window().to_vec(),
+            );
+            got.push(decisions);
+        }
+        let stage = format!("main {}, {shape:?}: first + RAS draw + window per case", band.name);
+        ctx.exact(stage, &got, &want);
+    }
+    used
+}
+
+/// Prompt-like window tokens, by case: text only; the first draw among the last 16; the first
+/// draw just evicted (17 frames ago); a short window holding it; an empty window.
+fn window_tokens(ctx: &mut Ctx, semantic: &[u32], first: u32, case: usize) -> Vec<u32> {
+    let other = |ctx: &mut Ctx| loop {
+        let t = semantic[index(ctx, semantic.len())];
+        if t != first {
+            return t;
+        }
+    };
+    match case % 5 {
+        0 => (0..20).map(|i| 200_000 + i).collect(),
+        1 => {
+            let mut t: Vec<u32> = (0..RAS_WINDOW).map(|_| other(ctx)).collect();
+            let slot = index(ctx, RAS_WINDOW);
+            t[slot] = first;
+            t
+        }
+        2 => std::iter::once(first).chain((0..RAS_WINDOW).map(|_| other(ctx))).collect(),
+        3 => {
+            let mut t: Vec<u32> = (0..5).map(|_| other(ctx)).collect();
+            t[index(ctx, 5)] = first;
+            t
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// Head draws on every shape × parameter combination, heads in turn, on bf16 logits.
+fn head_draws(ctx: &mut Ctx, band: &Band, sampler: &GpuSampler) {
+    let v = band.head_vocab;
+    for shape in SHAPES {
+        let (mut got, mut want) = (Vec::new(), Vec::new());
+        for (case, params) in params_grid().into_iter().enumerate() {
+            let r = case % HEADS;
+            let x = bf16_values(&logits(ctx, v, shape));
+            let (seed, frame) = key(ctx, case);
+            want.push(sample_head(&x, r, &params, seed, frame).expect("finite logits"));
+
+            sampler.begin_request_at(ctx.cuda, &params, seed, &[], frame);
+            poison_outputs(ctx, sampler);
+            let m = ctx.cuda.upload_matrix(&Matrix::from_vec(1, v, x));
+            sampler.sample_head(ctx.cuda, r, &m, 0);
+            let out = sampler.read_outputs(ctx.cuda);
+            got.push(if out.failure().is_some() { u32::MAX } else { out.row[2 + r] });
+        }
+        ctx.exact(format!("head [{v}], {shape:?}: one draw per case, heads 0..8 in turn"), &got, &want);
+    }
+}
+
+/// Same error: kind, index, and score (bits, or both NaN).
+fn same_error(got: Option<SamplingError>, want: Option<SamplingError>) -> bool {
+    match (got, want) {
+        (
+            Some(SamplingError::NonFinite { index: a, score: sa }),
+            Some(SamplingError::NonFinite { index: b, score: sb }),
+        ) => a == b && (sa.to_bits() == sb.to_bits() || (sa.is_nan() && sb.is_nan())),
+        (a, b) => a == b,
+    }
+}
+
+/// Logits the CPU refuses are reported with the CPU's error, the draw stream and the frame.
+fn faults(ctx: &mut Ctx, band: &Band, sampler: &GpuSampler) {
+    let n = band.candidates.len();
+    let greedy = SamplingParams { temperature: 0.0, ..SamplingParams::default() };
+    let cases: [(&str, f32, SamplingParams); 4] = [
+        ("NaN", f32::NAN, SamplingParams::default()),
+        ("+inf", f32::INFINITY, SamplingParams::default()),
+        ("3e38 at T = 0 (overflows to +inf)", 3e38, greedy),
+        ("all -inf", f32::NEG_INFINITY, SamplingParams::default()),
+    ];
+    for (name, value, params) in cases {
+        let (seed, frame) = (ctx.rng.next_u64(), 7);
+        // Main: the first draw fails first, as in `sample_main`.
+        let mut x = logits(ctx, n, Shape::Uniform(2.0));
+        if value == f32::NEG_INFINITY {
+            x.fill(value);
+        } else {
+            let i = index(ctx, n);
+            x[i] = value;
+            x[index(ctx, n)] = value;
+        }
+        let want = sample_top_k_top_p(&x, &params.main_filter(), &DrawKey::new(seed, frame, MAIN_STREAM)).err();
+        sampler.begin_request_at(ctx.cuda, &params, seed, &[], frame);
+        sampler.sample_main(ctx.cuda, &ctx.cuda.upload_f32_scratch(&band.head_order(&x)));
+        let out = sampler.read_outputs(ctx.cuda);
+        let failure = out.failure();
+        let pass = same_error(out.main_draw_error(MAIN_STREAM), want)
+            && failure.is_some_and(|f| f.stream == MAIN_STREAM && f.frame == frame && same_error(Some(f.error), want));
+        ctx.check(format!("fault main, {name}"), "error", format!("{want:?}"), format!("{failure:?}"), pass);
+        let ras_want =
+            sample_top_k_top_p(&x, &limelight::engine::sampling::RAS_FILTER, &DrawKey::new(seed, frame, RAS_STREAM))
+                .err();
+        let pass = same_error(out.main_draw_error(RAS_STREAM), ras_want);
+        let got = out.main_draw_error(RAS_STREAM);
+        ctx.check(format!("fault main RAS draw, {name}"), "error", format!("{ras_want:?}"), format!("{got:?}"), pass);
+
+        // Head 4 (stream 6).
+        let mut x = bf16_values(&logits(ctx, band.head_vocab, Shape::Uniform(2.0)));
+        if value == f32::NEG_INFINITY {
+            x.fill(value);
+        } else {
+            let i = index(ctx, x.len());
+            x[i] = bf16::from_f32(value).to_f32();
+        }
+        let want = sample_head(&x, 4, &params, seed, frame).err();
+        sampler.begin_request_at(ctx.cuda, &params, seed, &[], frame);
+        sampler.sample_head(ctx.cuda, 4, &ctx.cuda.upload_matrix(&Matrix::from_vec(1, x.len(), x)), 0);
+        let failure = sampler.read_outputs(ctx.cuda).failure();
+        let pass = failure.is_some_and(|f| f.stream == 6 && f.frame == frame && same_error(Some(f.error), want));
+        ctx.check(format!("fault head 4, {name}"), "error", format!("{want:?}"), format!("{failure:?}"), pass);
+    }
+}
+
+/// The logits of consecutive frames and the CPU's frame rows for them.
+struct FrameRun {
+    start: u64,
+    params: SamplingParams,
+    seed: u64,
+    prompt: Vec<u32>,
+    /// Per frame, the restricted logits in the head's order.
+    main: Vec<Vec<f32>>,
+    /// Per frame, the heads' bf16 logits `[HEADS, V]`.
+    heads: Vec<Matrix>,
+    /// The CPU's rows `[main, c0, c1..c9]`.
+    rows: Vec<Vec<u32>>,
+    ras_used: usize,
+    /// The CPU's window after the last frame, oldest first.
+    window: Vec<u32>,
+}
+
+impl FrameRun {
+    /// Main logits peaked on a few semantic tokens, so the first draw repeats and RAS acts.
+    fn new(ctx: &mut Ctx, band: &Band, start: u64) -> FrameRun {
+        let n = band.candidates.len();
+        let semantic: Vec<usize> = (0..n).filter(|&i| band.candidates.is_semantic(band.candidates.token(i))).collect();
+        let favourites: Vec<usize> = (0..6).map(|_| semantic[index(ctx, semantic.len())]).collect();
+        let params = SamplingParams { temperature: 1.0, top_p: 0.95, top_k: None };
+        let seed = ctx.rng.next_u64();
+        let prompt: Vec<u32> = (0..20).map(|i| 100 + i).collect();
+        let mut window = RasWindow::from_tokens(prompt.iter().copied());
+        let mut tokens = prompt.clone();
+        let mut run = FrameRun {
+            start,
+            params,
+            seed,
+            prompt,
+            main: Vec::new(),
+            heads: Vec::new(),
+            rows: Vec::new(),
+            ras_used: 0,
+            window: Vec::new(),
+        };
+        for f in 0..FRAMES as u64 {
+            let frame = start + f;
+            let mut x = logits(ctx, n, Shape::Uniform(1.0));
+            for &i in &favourites {
+                x[i] = ctx.rng.uniform(7.0, 8.0);
+            }
+            let pick = sample_main(&x, &band.candidates, &window, &params, seed, frame).expect("finite logits");
+            window.push(pick.token);
+            tokens.push(pick.token);
+            run.ras_used += usize::from(pick.ras_used);
+            let h = Matrix::from_vec(
+                HEADS,
+                band.head_vocab,
+                bf16_values(&logits(ctx, HEADS * band.head_vocab, Shape::Uniform(3.0))),
+            );
+            let mut row = vec![pick.token, band.candidates.code0(pick.token)];
+            for r in 0..HEADS {
+                row.push(sample_head(h.row(r), r, &params, seed, frame).expect("finite logits"));
+            }
+            run.main.push(band.head_order(&x));
+            run.heads.push(h);
+            run.rows.push(row);
+        }
+        run.window = tokens[tokens.len() - RAS_WINDOW..].to_vec();
+        run
+    }
+
+    fn begin(&self, ctx: &Ctx, sampler: &GpuSampler) {
+        sampler.begin_request_at(ctx.cuda, &self.params, self.seed, &self.prompt, self.start);
+    }
+}
+
+/// Consecutive frames through the sampler's own counter and window; then the same launches
+/// again after `begin_request` must give the same rows.
+fn frames(ctx: &mut Ctx, sampler: &GpuSampler, run: &FrameRun) {
+    let name = format!("frames {}..{}", run.start, run.start + FRAMES as u64);
+    let mains: Vec<_> = run.main.iter().map(|m| ctx.cuda.upload_f32_scratch(m)).collect();
+    let heads: Vec<_> = run.heads.iter().map(|h| ctx.cuda.upload_matrix(h)).collect();
+    let mut passes = Vec::new();
+    for _ in 0..2 {
+        run.begin(ctx, sampler);
+        let mut rows = Vec::new();
+        for (main, head) in mains.iter().zip(&heads) {
+            sampler.sample_main(ctx.cuda, main);
+            for r in 0..HEADS {
+                sampler.sample_head(ctx.cuda, r, head, r);
+            }
+            sampler.end_frame(ctx.cuda);
+            rows.push(sampler.read_frame(ctx.cuda).map(|f| f.row).unwrap_or_default());
+        }
+        passes.push((rows, sampler.read_state(ctx.cuda)));
+    }
+    let (rows, state) = &passes[0];
+    ctx.exact(format!("{name}: rows [main, c0..c9] vs CPU"), rows, &run.rows);
+    let value = format!("{} of {FRAMES}", run.ras_used);
+    ctx.check(format!("{name}: RAS replaced the first draw"), "frames", "at least 1".into(), value, run.ras_used > 0);
+    ctx.exact(format!("{name}: frame counter after"), &[state.frame()], &[run.start + FRAMES as u64]);
+    ctx.exact(format!("{name}: RAS window after"), state.window(), &run.window);
+    ctx.exact(format!("{name}: replay after begin_request vs first run"), &passes[1].0, rows);
+}
+
+/// One frame (main, 9 heads, end_frame) captured into a CUDA graph on fixed buffers, replayed
+/// once per frame with that frame's logits copied in between.
+fn graph(ctx: &mut Ctx, sampler: &GpuSampler, run: &FrameRun) {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    let name = format!("graph, frames {}..{}", run.start, run.start + FRAMES as u64);
+    let main = ctx.cuda.upload_f32_scratch(&run.main[0]);
+    let heads = ctx.cuda.upload_matrix(&run.heads[0]);
+    run.begin(ctx, sampler);
+    ctx.cuda.synchronize();
+    let stream = ctx.cuda.stream();
+    if let Err(e) = stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) {
+        ctx.check(format!("{name}: capture"), "driver", "success".into(), e.to_string(), false);
+        return;
+    }
+    sampler.sample_main(ctx.cuda, &main);
+    for r in 0..HEADS {
+        sampler.sample_head(ctx.cuda, r, &heads, r);
+    }
+    sampler.end_frame(ctx.cuda);
+    let graph = match stream.end_capture(CUgraphInstantiate_flags(0)) {
+        Ok(Some(g)) => g,
+        other => {
+            let value = format!("{:?}", other.map(|g| g.is_some()));
+            ctx.check(format!("{name}: capture"), "driver", "a graph".into(), value, false);
+            return;
+        }
+    };
+    let mut rows = Vec::new();
+    for (f, (m, h)) in run.main.iter().zip(&run.heads).enumerate() {
+        if f > 0 {
+            ctx.cuda.copy_to_device(main.ptr(), m);
+            ctx.cuda.copy_to_device(heads.ptr(), &limelight::backend::cuda::tensor::to_bf16_vec(&h.data));
+        }
+        graph.launch().expect("graph launch");
+        rows.push(sampler.read_frame(ctx.cuda).map(|f| f.row).unwrap_or_default());
+    }
+    ctx.exact(format!("{name}: rows vs CPU"), &rows, &run.rows);
+    let frame = sampler.read_state(ctx.cuda).frame();
+    ctx.exact(format!("{name}: frame counter after"), &[frame], &[run.start + FRAMES as u64]);
+}

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# A full-size serving run, ON THE GPU MACHINE from the repository root (after tools/gpu/build.sh
+# here and the .gpu directory travelled):
+#
+#   tools/gpu/serve-run.sh [REPORT_DIR]
+#
+# Writes the full random-weight checkpoint if it is not there yet ($LIMELIGHT_FULL_CKPT, default
+# /tmp/limelight-full), starts `limelight serve --device cuda` on it with JSON logs, waits for
+# /ready, then streams requests with curl (chunked PCM, and SSE) and records, per request, curl's
+# time to the first byte and the server's own request line (time to first audio, frames, real-time
+# factor). REPORT_DIR gets serve.log (the server's JSON lines), requests.tsv, metrics.txt,
+# audio files, and load-time.txt.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+report_dir=${1:-${OUT:-.gpu/report}}
+mkdir -p "$report_dir"
+ckpt=${LIMELIGHT_FULL_CKPT:-/tmp/limelight-full}
+port=${LIMELIGHT_PORT:-18080}
+if ! ldconfig -p | grep -q 'libcublasLt.so.13'; then
+    lib=$(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13", "lib"))' 2>/dev/null || true)
+    [[ -n "$lib" && -e "$lib/libcublasLt.so.13" ]] && export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+if [[ ! -f "$ckpt/config.json" ]]; then
+    { time .gpu/bin/limelight checkpoint synth --preset full --out "$ckpt"; } 2>"$report_dir/synth-time.txt"
+fi
+
+start=$(date +%s%N)
+.gpu/bin/limelight serve --model "$ckpt" --device cuda --port "$port" --log-format json \
+    >"$report_dir/serve.log" 2>&1 &
+server=$!
+trap 'kill $server 2>/dev/null || true' EXIT
+until curl -sf "http://127.0.0.1:$port/ready" >/dev/null; do
+    if ! kill -0 $server 2>/dev/null; then
+        echo "the server exited while loading:"; tail -20 "$report_dir/serve.log"; exit 1
+    fi
+    sleep 0.2
+done
+echo "ready after $(( ($(date +%s%N) - start) / 1000000 )) ms" | tee "$report_dir/load-time.txt"
+
+url="http://127.0.0.1:$port/v1/audio/speech"
+printf 'request\tformat\tstatus\tbytes\tcurl_first_byte_s\tcurl_total_s\n' >"$report_dir/requests.tsv"
+speak() {  # name format stream_format text max_frames
+    local body
+    body=$(printf '{"model":"drama-3","input":"%s","voice":"default","response_format":"%s","seed":7,"max_frames":%s%s}' \
+        "$4" "$2" "$5" "${3:+,\"stream_format\":\"$3\"}")
+    curl -sS -o "$report_dir/$1.$2" -w "$1\t$2\t%{http_code}\t%{size_download}\t%{time_starttransfer}\t%{time_total}\n" \
+        -H 'Content-Type: application/json' -d "$body" "$url" >>"$report_dir/requests.tsv"
+}
+text="Hello from limelight, streaming a random-weight Drama three from the GPU, frame by frame."
+speak warmup pcm "" "$text" 32
+speak stream-pcm pcm "" "$text" 256
+speak stream-pcm-again pcm "" "$text" 256
+speak stream-sse pcm sse "$text" 128
+speak whole-wav wav "" "$text" 128
+cmp -s "$report_dir/stream-pcm.pcm" "$report_dir/stream-pcm-again.pcm" &&
+    echo "same seed twice: identical bytes" | tee "$report_dir/determinism.txt" ||
+    echo "same seed twice: BYTES DIFFER" | tee "$report_dir/determinism.txt"
+curl -sf "http://127.0.0.1:$port/metrics" >"$report_dir/metrics.txt" || true
+cat "$report_dir/requests.tsv"
+grep '"request"' "$report_dir/serve.log" | tail -5 || true
+kill -TERM $server
+wait $server || true
+rm -f "$report_dir"/*.pcm "$report_dir"/*.wav  # audio of random weights is noise; keep the numbers
