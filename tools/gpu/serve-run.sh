@@ -52,6 +52,27 @@ speak stream-pcm pcm "" "$text" 256
 speak stream-pcm-again pcm "" "$text" 256
 speak stream-sse pcm sse "$text" 128
 speak whole-wav wav "" "$text" 128
+# The official OpenAI SDK, where the machine has it: a streamed PCM request, timed to its first chunk.
+if python3 -c 'import openai' 2>/dev/null; then
+    python3 - "$port" "$text" >"$report_dir/openai-sdk.txt" 2>&1 <<'PY' || true
+import sys, time
+from openai import OpenAI
+client = OpenAI(base_url=f"http://127.0.0.1:{sys.argv[1]}/v1", api_key="unused")
+start = time.perf_counter(); first = None; size = 0
+with client.audio.speech.with_streaming_response.create(
+        model="tts-1", voice="alloy", input=sys.argv[2], response_format="pcm",
+        extra_body={"max_frames": 256, "seed": 7}) as response:
+    for chunk in response.iter_bytes():
+        first = first or time.perf_counter() - start
+        size += len(chunk)
+total = time.perf_counter() - start
+print(f"openai {__import__('openai').__version__}: {size} bytes of 24 kHz s16 PCM "
+      f"({size / 48000:.2f} s of audio), first chunk after {first * 1e3:.1f} ms, done in {total:.2f} s")
+PY
+else
+    echo "the openai package is not installed on this machine; curl only" >"$report_dir/openai-sdk.txt"
+fi
+cat "$report_dir/openai-sdk.txt"
 cmp -s "$report_dir/stream-pcm.pcm" "$report_dir/stream-pcm-again.pcm" &&
     echo "same seed twice: identical bytes" | tee "$report_dir/determinism.txt" ||
     echo "same seed twice: BYTES DIFFER" | tee "$report_dir/determinism.txt"
