@@ -296,7 +296,8 @@ __device__ Draw draw(const Row& row, int n, int n_pad, const Filter& f, const Dr
     // 4. The kept prefix. Warp 0 runs the CPU's loop: cumulative += p_r in rank order, stopping
     //    at the first rank r ≥ 1 that top-k or top-p rejects. 32 ranks at a time, each lane
     //    computes one p_r; then every lane adds all 32 in order (the same adds on every lane, so
-    //    the loop and its exits stay warp-uniform).
+    //    the loop and its exits stay warp-uniform). Serial by design: as many adds as kept ranks
+    //    (≤ 30 for RAS and heads; up to n for a flat row under a wide top-p).
     if (threadIdx.x < 32) {
         const int lane = threadIdx.x;
         const double top_p = (double)f.top_p;
