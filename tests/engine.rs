@@ -190,3 +190,25 @@ fn a_cancel_between_frames_stops_within_one_frame_and_keeps_its_audio() {
     assert_eq!(finished.frames, 5, "stopped right after the frame it was asked about");
     assert_eq!(sink.samples, 5 * 2048, "the frames still in the codec group were flushed");
 }
+
+/// A fixed context (as the GPU engine has) ends generation with `length` where the prompt plus
+/// frames fill it, and refuses a prompt that leaves no room, naming both numbers.
+#[test]
+fn a_fixed_context_caps_frames_and_refuses_a_prompt_that_fills_it() {
+    use limelight::scheduler::{EngineModel, MemoryUse, Synthesizer};
+    let dir = common::tiny_checkpoint();
+    let ckpt = Checkpoint::open(dir.path()).unwrap();
+    let model = ResidentModel::load(&ckpt, &Cpu).unwrap();
+    let memory = || MemoryUse { in_use: 0, budget: 0 };
+    let rows = PromptBuilder::for_checkpoint(&ckpt).build("Hello there, how are you today?", &[]).unwrap();
+    let room = 5;
+    let capped = EngineModel::new(&Cpu, &ckpt, &model, Some(rows.len() + room), Box::new(memory)).unwrap();
+    let mut sink = |_: &[f32]| ControlFlow::Continue(());
+    let finished = capped.generate(&rows, &options(3, 12), &mut sink).unwrap();
+    assert_eq!((finished.reason, finished.frames), (FinishReason::Length, room));
+
+    let full = EngineModel::new(&Cpu, &ckpt, &model, Some(rows.len()), Box::new(memory)).unwrap();
+    let refused = full.generate(&rows, &options(3, 12), &mut sink).unwrap_err().to_string();
+    let expected = format!("the prompt has {} rows; the engine's context holds {}", rows.len(), rows.len());
+    assert!(refused.contains(&expected), "{refused}");
+}

@@ -222,6 +222,23 @@ mod tests {
     }
 
     #[test]
+    fn the_engine_plan_adds_the_codec_to_the_model_plan() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = crate::synth::SynthOptions { preset: Preset::Tiny, seed: 1, vq_backbone_codebooks: 1 };
+        crate::synth::SynthPlan::new(&options).write(dir.path()).unwrap();
+        let ckpt = Checkpoint::open(dir.path()).unwrap();
+        let model = MemoryPlan::for_model(&ckpt.dims, 4096, 256);
+        let engine = MemoryPlan::for_engine(&ckpt, 4096, 256);
+        let codec_weights = device_budget(&ckpt, 4096).codec_weights as u64;
+        assert!(codec_weights > 0);
+        assert_eq!(engine.codec, codec_weights + CODEC_SCRATCH_BYTES);
+        assert_eq!(engine.total(), model.total() + engine.codec);
+        // 13 tower layers (4 shared + 9 residual) hold K and V for every position.
+        let d = &ckpt.dims;
+        assert_eq!(model.tower_kv_cache, (d.tower_layers() * 2 * 4096 * d.kv_heads * d.head_dim * 2) as u64);
+    }
+
+    #[test]
     fn arena_simulation_packs_small_tensors_into_one_chunk() {
         let plan = crate::synth::SynthPlan::new(&crate::synth::SynthOptions {
             preset: Preset::Tiny,
