@@ -53,6 +53,8 @@ pub enum ServeError {
     Signals(io::Error),
     #[error("the model failed to load: {0}")]
     Load(String),
+    #[error("{0}")]
+    EngineLost(String),
 }
 
 /// Requests to shut down: the first drains, a second stops at once.
@@ -112,9 +114,18 @@ pub async fn serve(
             Ok(()) => {
                 service::ready(&format!("serving {} on {addr}", config.served_model_name));
                 info!(%addr, model = %config.served_model_name, "ready");
-                let _ = shutdown.recv().await;
-                drain(&scheduler, config.drain_timeout, &mut shutdown).await;
-                Ok(())
+                tokio::select! {
+                    _ = shutdown.recv() => {
+                        drain(&scheduler, config.drain_timeout, &mut shutdown).await;
+                        Ok(())
+                    }
+                    why = scheduler.engine_lost() => {
+                        // Exiting non-zero lets the supervisor (systemd: Restart=on-failure) start
+                        // a fresh process with a fresh GPU context.
+                        service::status(&format!("failed: {why}"));
+                        Err(ServeError::EngineLost(why))
+                    }
+                }
             }
             Err(message) => {
                 error!(reason = %message, "the model failed to load");

@@ -62,9 +62,12 @@ async fn ready(scheduler: &Scheduler) {
 }
 
 /// The CPU engine behind a wrapper that fails on cue and records how each generation ended.
+/// Seed 666 fails the job; seed 13 fails it and breaks the engine (its health check fails from
+/// then on, as a GPU context does after a fault).
 struct Faulty<'m> {
     inner: &'m dyn Synthesizer,
     ends: Arc<Mutex<Vec<(FinishReason, usize)>>>,
+    broken: std::cell::Cell<bool>,
 }
 
 impl Synthesizer for Faulty<'_> {
@@ -77,6 +80,9 @@ impl Synthesizer for Faulty<'_> {
     fn memory(&self) -> MemoryUse {
         self.inner.memory()
     }
+    fn health(&self) -> Result<(), String> {
+        if self.broken.get() { Err(String::from("injected fault")) } else { Ok(()) }
+    }
     fn prompt(&self, text: &str) -> Result<Rows, SynthError> {
         assert!(text != "panic", "injected panic");
         self.inner.prompt(text)
@@ -88,6 +94,12 @@ impl Synthesizer for Faulty<'_> {
         on_audio: &mut dyn AudioSink,
     ) -> Result<Finished, SynthError> {
         if options.seed == 666 {
+            return Err(GenerateError::EmptyPrompt.into());
+        }
+        if options.seed == 13 {
+            // Long enough for the test to queue a job behind this one (submitting takes µs).
+            std::thread::sleep(Duration::from_millis(200));
+            self.broken.set(true);
             return Err(GenerateError::EmptyPrompt.into());
         }
         let finished = self.inner.generate(rows, options, on_audio)?;
@@ -107,7 +119,7 @@ impl ModelHost for Wrap<'_> {
         self.host.progress(stage);
     }
     fn serve(&mut self, model: &dyn Synthesizer) {
-        self.host.serve(&Faulty { inner: model, ends: self.ends.clone() });
+        self.host.serve(&Faulty { inner: model, ends: self.ends.clone(), broken: std::cell::Cell::new(false) });
     }
 }
 
@@ -199,6 +211,39 @@ async fn a_failing_or_panicking_job_fails_alone() {
         assert!(matches!(events[..], [JobEvent::Started { .. }, JobEvent::Finished { frames: 6, .. }]), "{events:?}");
         assert_eq!(samples, 6 * 2048);
         assert_eq!(scheduler.readiness(), Readiness::Ready, "the worker lives on");
+    })
+    .await
+    .expect("bounded");
+}
+
+/// A failure that leaves the engine unhealthy (a GPU fault) stops the worker: readiness turns
+/// failed with the reason, queued jobs fail with it, new jobs are refused, and `engine_lost`
+/// tells `serve` to exit so the supervisor restarts it.
+#[tokio::test]
+async fn a_job_that_breaks_the_engine_fails_the_queue_and_reports_the_engine_lost() {
+    let dir = common::tiny_checkpoint();
+    let ends = Arc::new(Mutex::new(Vec::new()));
+    let scheduler = Scheduler::start_with(config(dir.path().to_owned(), 4), faulty_loader(dir.path().into(), ends));
+    tokio::time::timeout(LIMIT, async {
+        ready(&scheduler).await;
+        let mut fine = scheduler.submit(job(TEXT, 2)).unwrap();
+        let (events, _, _) = collect(&mut fine).await;
+        assert!(matches!(events[..], [JobEvent::Started { .. }, JobEvent::Finished { .. }]), "{events:?}");
+        let breaking = Job { options: GenerateOptions { seed: 13, ..job(TEXT, 2).options }, ..job(TEXT, 2) };
+        let mut breaking = scheduler.submit(breaking).unwrap();
+        let mut queued = scheduler.submit(job(TEXT, 2)).unwrap();
+        let (events, _, _) = collect(&mut breaking).await;
+        assert!(matches!(&events[..], [JobEvent::Started { .. }, JobEvent::Failed { .. }]), "{events:?}");
+        let why = scheduler.engine_lost().await;
+        assert!(why.contains("unusable") && why.contains("injected fault"), "{why}");
+        let (events, samples, _) = collect(&mut queued).await;
+        assert_eq!(samples, 0);
+        assert!(
+            matches!(&events[..], [JobEvent::Failed { message }] if message.contains("injected fault")),
+            "{events:?}"
+        );
+        assert!(matches!(scheduler.readiness(), Readiness::Failed(m) if m.contains("injected fault")));
+        assert!(scheduler.submit(job(TEXT, 2)).is_err(), "a lost engine takes no new jobs");
     })
     .await
     .expect("bounded");

@@ -51,6 +51,7 @@ pub struct EngineModel<'w, B: Backend> {
     /// Positions a request's caches hold, where they are fixed (the GPU's); `None`: unbounded.
     context: Option<usize>,
     memory: Box<dyn Fn() -> MemoryUse + 'w>,
+    health: Option<Box<dyn Fn() -> Result<(), String> + 'w>>,
 }
 
 impl<'w, B: Backend> EngineModel<'w, B> {
@@ -67,7 +68,15 @@ impl<'w, B: Backend> EngineModel<'w, B> {
             samples_per_frame: ckpt.codec_dims.samples_per_frame(),
             context,
             memory,
+            health: None,
         })
+    }
+
+    /// Asks `check` whether the engine still works after a failed job (see
+    /// [`Synthesizer::health`]).
+    pub fn with_health_check(mut self, check: Box<dyn Fn() -> Result<(), String> + 'w>) -> Self {
+        self.health = Some(check);
+        self
     }
 }
 
@@ -86,6 +95,10 @@ impl<B: Backend> Synthesizer for EngineModel<'_, B> {
 
     fn prompt(&self, text: &str) -> Result<Rows, SynthError> {
         Ok(self.prompt.build(text, &[])?)
+    }
+
+    fn health(&self) -> Result<(), String> {
+        self.health.as_ref().map_or(Ok(()), |check| check())
     }
 
     fn generate(
@@ -146,7 +159,9 @@ mod gpu {
             host.progress("building the engine");
             let budget = cuda.budget();
             let memory = Box::new(move || MemoryUse { in_use: budget.used() as usize, budget: budget.cap() as usize });
-            let engine = EngineModel::new(&cuda, &ckpt, &model, Some(gpu.context), memory)?;
+            // A fault sticks to the context: every later call fails, the first sync reports it.
+            let health = Box::new(|| cuda.device().synchronize().map_err(|e| format!("the GPU reports {e}")));
+            let engine = EngineModel::new(&cuda, &ckpt, &model, Some(gpu.context), memory)?.with_health_check(health);
             host.serve(&engine);
             Ok(())
         })

@@ -125,6 +125,11 @@ pub trait Synthesizer {
     fn memory(&self) -> MemoryUse;
     /// Prompt rows for already validated caller text.
     fn prompt(&self, text: &str) -> Result<Rows, SynthError>;
+    /// Whether the engine can still run jobs, asked after a job failed: a GPU fault leaves the
+    /// context unusable for every later job. `Err` says why.
+    fn health(&self) -> Result<(), String> {
+        Ok(())
+    }
     /// Generates speech for `rows`, handing PCM to `sink` as it is produced; `Break` from the
     /// sink stops it between frames with reason `Cancelled`.
     fn generate(
@@ -268,6 +273,16 @@ impl Scheduler {
             Ok(LoadState::Ready) => Ok(()),
             Ok(LoadState::Failed(message)) => Err(message),
             _ => Err(String::from("the worker thread ended while loading")),
+        }
+    }
+
+    /// Waits until a loaded engine is lost (it failed a job and then its health check); returns why.
+    pub async fn engine_lost(&self) -> String {
+        let mut rx = self.inner.shared.load.subscribe();
+        let lost = rx.wait_for(|s| matches!(s, LoadState::Failed(_))).await.map(|s| s.clone());
+        match lost {
+            Ok(LoadState::Failed(message)) => message,
+            _ => String::from("the worker thread ended"),
         }
     }
 

@@ -94,50 +94,73 @@ impl ModelHost for Host {
             let started = Instant::now();
             // `run_job` contains the job's own failures; this catches one in reporting them, so
             // even then only this job is lost and the worker goes on.
-            if catch_unwind(AssertUnwindSafe(|| self.run_job(model, queued))).is_err() {
+            let failed = catch_unwind(AssertUnwindSafe(|| self.run_job(model, queued))).unwrap_or_else(|_| {
                 error!("a job's failure could not be reported");
-            }
+                true
+            });
             self.shared.record_job_secs(started.elapsed().as_secs_f64());
             self.shared.active.fetch_sub(1, Ordering::SeqCst);
             self.shared.publish_gauges();
             self.shared.job_left();
+            // A failure that broke the engine itself (a GPU fault poisons its context) would fail
+            // every later job: stop serving instead, so the service is restarted.
+            if failed && let Err(why) = model.health() {
+                self.engine_lost(&why);
+                return;
+            }
         }
     }
 }
 
 impl Host {
+    /// The engine cannot run jobs any more: readiness turns to failed (new requests get 503) and
+    /// the queued jobs fail with the reason; `serve` sees the state and exits non-zero.
+    fn engine_lost(&self, why: &str) {
+        let message = format!("the engine is unusable after a failed request: {why}");
+        error!(reason = %message, "engine lost");
+        self.shared.load.send_replace(LoadState::Failed(message.clone()));
+        while let Ok(queued) = self.jobs.try_recv() {
+            self.shared.queued.fetch_sub(1, Ordering::SeqCst);
+            let _ = self.send(&queued.reply, JobEvent::Failed { message: message.clone() });
+            self.shared.job_left();
+        }
+        self.shared.publish_gauges();
+    }
+
     /// Runs one job to its end and tells the client how it ended; contains every failure.
-    fn run_job(&self, model: &dyn Synthesizer, queued: Queued) {
+    /// Returns whether the job failed inside the engine.
+    fn run_job(&self, model: &dyn Synthesizer, queued: Queued) -> bool {
         let Queued { job, reply, admitted } = queued;
         let _span = job.span.enter();
         if reply.cancelled() {
             debug!("client left before the job started");
-            return;
+            return false;
         }
         if self.shared.aborting.load(Ordering::SeqCst) {
             let _ =
                 self.send(&reply, JobEvent::Finished { reason: FinishReason::Cancelled, frames: 0, prompt_rows: 0 });
-            return;
+            return false;
         }
         debug!(waited_ms = admitted.elapsed().as_millis() as u64, "job started");
         let outcome = catch_unwind(AssertUnwindSafe(|| self.generate(model, &job.text, &job.options, &reply)));
-        let last = match outcome {
-            Ok(Ok(finished)) => finished,
+        let (last, failed) = match outcome {
+            Ok(Ok(finished)) => (finished, false),
             Ok(Err(JobError::Gone)) => {
                 debug!("client gone; job stopped");
-                return;
+                return false;
             }
             Ok(Err(JobError::Synth(e))) => {
                 error!(error = %e, "job failed");
-                JobEvent::Failed { message: e.to_string() }
+                (JobEvent::Failed { message: e.to_string() }, true)
             }
             Err(panic) => {
                 let message = format!("the engine panicked: {}", panic_message(&*panic));
                 error!(reason = %message, "job failed");
-                JobEvent::Failed { message }
+                (JobEvent::Failed { message }, true)
             }
         };
         let _ = self.send(&reply, last);
+        failed
     }
 
     fn generate(
