@@ -96,11 +96,15 @@ fn judged(ctx: &mut Ctx, stage: &str, gpu: f64, yard: f64) {
 fn streamed(ctx: &mut Ctx, name: &str, model: &CodecModel<Cuda>, codes: &[u32], whole: &[f32]) {
     let width = model.codes_per_frame();
     let frames = codes.len() / width;
-    let mut engine = vec![1];
-    engine.extend(groups(frames - 1, &[3, 6, 12, 24]));
+    // The generation loop's grouping: the first frame alone, then groups doubling up to 8.
+    let mut engine = Vec::new();
+    while engine.iter().sum::<usize>() < frames {
+        let left = frames - engine.iter().sum::<usize>();
+        engine.push(limelight::engine::generate::codec_group(engine.len()).min(left));
+    }
     let cases = [
         ("one frame per call", groups(frames, &[1])),
-        ("the engine's groups 1, 3, 6, 12, 24, …", engine),
+        ("the engine's groups 1, 2, 4, 8, 8, …", engine),
         ("irregular groups 1, 3, 2, 7, 5, 11, 4, 64, 9", groups(frames, &[1, 3, 2, 7, 5, 11, 4, 64, 9])),
     ];
     for (what, sizes) in cases {
