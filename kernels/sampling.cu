@@ -17,7 +17,8 @@
 //   2. a bitonic sort of 64-bit keys (score descending, then index ascending) in shared memory;
 //   3. weights w_r = exp(s_r − s_0) in f64 and their total over the FULL row (a block sum);
 //   4. the kept prefix: warp 0 runs the CPU's loop — p_r = w_r / total added in rank order, the
-//      same f64 operations in the same order — until top-k or top-p stops it;
+//      same f64 operations in the same order — until top-k or top-p stops it; where a comparison
+//      lies within rounding of top_p, again with the total added in the CPU's order;
 //   5. the exponential race argmax_r w_r / E(candidate_r) over the kept ranks, ties to the better
 //      rank, by a block argmax.
 //
@@ -25,16 +26,19 @@
 //   - exp and log in f64: CUDA's `exp`/`log` are within 1 ulp (CUDA Programming Guide, double
 //     precision functions), Rust's `f64::exp`/`ln` call the platform libm (glibc: < 1 ulp). A
 //     weight or an Exp(1) variate can therefore differ in the last bit (relative 1.1e-16).
-//   - the total Σw: the CPU adds the weights in rank order, the block sum by a tree, so it can
-//     differ by a few ulps (and every p_r with it).
-//   A pick then changes only if top_p lies within that rounding (~1e-15) of a cumulative
-//   probability at the kept prefix's edge, or if the two best race values w/E lie within ~2 ulps
-//   of each other: for logits that are not exactly tied, each has a probability of order 1e-12
-//   per draw. Exactly tied logits (bf16 heads, greedy draws, flat rows) are decided as on the
-//   CPU: equal scores give bit-equal weights; weights of 1 and 0 sum to the same integer in any
-//   order; the cumulative sums, where a tie can put one exactly on top_p (m ties, top_p = k/m),
-//   are the CPU's own sequence; and an equal uniform gives a bit-equal E, so an exact race tie is
-//   broken by rank on both.
+//   - the total Σw, summed by a tree (the CPU: in rank order), a few ulps apart; used only
+//     where no top-p comparison lies within 1e-10 of top_p (see kept_prefix).
+//   A pick then changes only if a weight's last bit moves a cumulative probability across top_p
+//   (it must lie within ~1e-15 of it) or swaps the two best race values w/E (within ~2 ulps of
+//   each other): for logits that are not exactly tied, each has a probability of order 1e-12 per
+//   draw. Exactly tied logits (bf16 heads, greedy draws, flat rows) are decided as on the CPU:
+//   equal scores give bit-equal weights, exp(0) = 1 and underflow 0 on both sides, the
+//   cumulative sums are the CPU's own sequence, and an equal uniform gives a bit-equal E, so an
+//   exact race tie is broken by rank on both. The one case a last-bit exp difference can still
+//   decide at a rate that is not negligible: top_p = 1 on a row whose non-zero weights all fit
+//   in the prefix, where the head rule (crossing token dropped) keeps or drops the last such
+//   token by whether Σp rounds to 1.0 or just above — on the CPU too, whose exp differs between
+//   libm builds.
 //   Every f32/f64 operation that the CPU rounds separately is written with an explicit _rn
 //   intrinsic, so nvcc cannot contract it into an FMA.
 #include "common.cuh"
@@ -235,8 +239,7 @@ __device__ uint32_t block_argmax_rank(double v, uint32_t r, Scratch& s) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// One draw (steps 1–5 above) over row(i), i < n; n_pad = the sort length, a power of two with
-// THREADS ≤ n_pad ≤ SORT_CAP; `keys` holds n_pad keys of dynamic shared memory.
+// One draw's parameters.
 struct Filter {
     float temperature;
     uint32_t top_k;
@@ -244,6 +247,72 @@ struct Filter {
     bool keep_crossing;  // main draws keep the token that crosses top_p; heads drop it
 };
 
+// ---------------------------------------------------------------------------------------------
+// The kept prefix (warp 0; every lane returns the same). The CPU's loop, in rank order and with
+// the same f64 operations: cumulative += p_r, p_r = w_r / total, stopping at the first rank
+// r ≥ 1 that top-k or top-p rejects. 32 ranks at a time, each lane computes one p_r; then every
+// lane adds all 32 in order (the same adds on every lane, so the loop and its exits stay
+// warp-uniform). Serial by design: as many adds as kept ranks (≤ 30 for RAS and heads; up to n
+// for a flat row under a wide top-p).
+//
+// `near`: some compared cumulative lay within NEAR_TOP_P of top_p, so the total's summation
+// order (a tree here, rank order on the CPU; a few ulps apart) may decide the comparison. That
+// is not rare where a cumulative meets top_p exactly in real arithmetic: top_p = 1 on a row
+// whose non-zero weights all fit in the prefix (the crossing rule then hinges on Σp rounding to
+// 1.0 or just above), or m tied weights with top_p = k/m. The caller then recomputes the total
+// in the CPU's order. NEAR_TOP_P is far above the two totals' relative gap (≤ ~(n + log2 n) ·
+// 2^-53 ≈ 1e-12 for n ≤ SORT_CAP), and a continuous row comes this near with probability ~1e-6.
+constexpr double NEAR_TOP_P = 1e-10;
+
+struct Prefix {
+    uint32_t end;  // ranks < end are kept
+    bool near;
+};
+
+__device__ Prefix kept_prefix(const unsigned long long* keys, float best, double total, uint32_t limit,
+                              const Filter& f) {
+    const uint32_t lane = threadIdx.x & 31;
+    const double top_p = (double)f.top_p;
+    Prefix prefix{limit, false};
+    double cumulative = 0.0;
+    bool stopped = false;
+    for (uint32_t base = 0; base < limit && !stopped; base += 32) {
+        const uint32_t mine = base + lane;
+        const double p = mine < limit ? __ddiv_rn(rank_weight(keys[mine], best), total) : 0.0;
+        for (int j = 0; j < 32; ++j) {
+            const double pj = __shfl_sync(FULL, p, j);
+            const uint32_t r = base + j;
+            if (r >= limit) break;
+            const double before = cumulative;
+            cumulative = __dadd_rn(cumulative, pj);
+            if (r == 0) continue;
+            const double passed = f.keep_crossing ? before : cumulative;
+            prefix.near |= fabs(__dsub_rn(passed, top_p)) <= NEAR_TOP_P;
+            if (passed > top_p) {
+                prefix.end = r;
+                stopped = true;
+                break;
+            }
+        }
+    }
+    return prefix;
+}
+
+// Σ w_r over all n ranks, added in rank order as the CPU adds them (warp 0; every lane returns
+// the same). n serial adds: only for draws kept_prefix marks `near`.
+__device__ double rank_order_total(const unsigned long long* keys, float best, int n) {
+    const uint32_t lane = threadIdx.x & 31;
+    double total = 0.0;
+    for (int base = 0; base < n; base += 32) {
+        const double w = base + (int)lane < n ? rank_weight(keys[base + lane], best) : 0.0;
+        for (int j = 0; j < 32 && base + j < n; ++j) total = __dadd_rn(total, __shfl_sync(FULL, w, j));
+    }
+    return total;
+}
+
+// ---------------------------------------------------------------------------------------------
+// One draw (steps 1–5 above) over row(i), i < n; n_pad = the sort length, a power of two with
+// THREADS ≤ n_pad ≤ SORT_CAP; `keys` holds n_pad keys of dynamic shared memory.
 struct Draw {
     uint32_t pick;  // index in the row (0 after a fault)
     DrawFault fault;
@@ -293,35 +362,13 @@ __device__ Draw draw(const Row& row, int n, int n_pad, const Filter& f, const Dr
     }
     const double total = block_sum(run, scratch);
 
-    // 4. The kept prefix. Warp 0 runs the CPU's loop: cumulative += p_r in rank order, stopping
-    //    at the first rank r ≥ 1 that top-k or top-p rejects. 32 ranks at a time, each lane
-    //    computes one p_r; then every lane adds all 32 in order (the same adds on every lane, so
-    //    the loop and its exits stay warp-uniform). Serial by design: as many adds as kept ranks
-    //    (≤ 30 for RAS and heads; up to n for a flat row under a wide top-p).
+    // 4. The kept prefix, by warp 0 (see kept_prefix); when a comparison lies within rounding of
+    //    top_p, again with the total summed in the CPU's order.
     if (threadIdx.x < 32) {
-        const int lane = threadIdx.x;
-        const double top_p = (double)f.top_p;
         const uint32_t limit = min((uint32_t)n, f.top_k);
-        uint32_t end = limit;
-        double cumulative = 0.0;
-        bool stopped = false;
-        for (uint32_t base = 0; base < limit && !stopped; base += 32) {
-            const uint32_t mine = base + lane;
-            const double p = mine < limit ? __ddiv_rn(rank_weight(keys[mine], best), total) : 0.0;
-            for (int j = 0; j < 32; ++j) {
-                const double pj = __shfl_sync(FULL, p, j);
-                const uint32_t r = base + j;
-                if (r >= limit) break;
-                const double before = cumulative;
-                cumulative = __dadd_rn(cumulative, pj);
-                if (r >= 1 && (f.keep_crossing ? before : cumulative) > top_p) {
-                    end = r;
-                    stopped = true;
-                    break;
-                }
-            }
-        }
-        if (lane == 0) scratch.end = end;
+        Prefix prefix = kept_prefix(keys, best, total, limit, f);
+        if (prefix.near) prefix = kept_prefix(keys, best, rank_order_total(keys, best, n), limit, f);
+        if (threadIdx.x == 0) scratch.end = prefix.end;
     }
     __syncthreads();
     const uint32_t end = scratch.end;

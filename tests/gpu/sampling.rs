@@ -1,7 +1,7 @@
 //! `kernels/sampling.cu` against the CPU sampler (`engine::sampling`, the oracle) on the same
 //! values: main-token draws with RAS (first draw, RAS draw, window check and push, c0, the
 //! semantic flag) and codebook-head draws on fresh random logits rows (several scales, exact
-//! ties, -inf entries, a flat row) under every combination of temperature {0, 0.3, 1, 1.7},
+//! ties, -inf entries, a flat row; rows of a few finite logits at top-p 1) under every combination of temperature {0, 0.3, 1, 1.7},
 //! top-p {0.1, 0.5, 0.9, 0.95, 1} and top-k {none, 1, 5, 50, 100000}, at random (seed, frame)
 //! keys, with RAS windows that do and do not hold the first draw; faults (NaN, +inf, overflow,
 //! no finite logit) reported as the CPU reports them; 40 consecutive frames (counter, window,
@@ -67,9 +67,12 @@ enum Shape {
     NegInf,
     /// Every logit equal.
     Flat,
+    /// 2..25 finite logits, drawn at top_p = 1 only: the prefix holds every non-zero weight, so
+    /// the head rule's last keep/drop hinges on Σp rounding to 1.0 (the total's summation order).
+    Sparse,
 }
 
-const SHAPES: [Shape; 7] = [
+const SHAPES: [Shape; 8] = [
     Shape::Uniform(0.05),
     Shape::Uniform(2.0),
     Shape::Uniform(30.0),
@@ -77,6 +80,7 @@ const SHAPES: [Shape; 7] = [
     Shape::Peaked,
     Shape::NegInf,
     Shape::Flat,
+    Shape::Sparse,
 ];
 
 fn logits(ctx: &mut Ctx, n: usize, shape: Shape) -> Vec<f32> {
@@ -88,6 +92,7 @@ fn logits(ctx: &mut Ctx, n: usize, shape: Shape) -> Vec<f32> {
             (0..n).map(|_| if ctx.rng.unit() < 0.9 { f32::NEG_INFINITY } else { ctx.rng.uniform(-2.0, 2.0) }).collect()
         }
         Shape::Flat => vec![0.5; n],
+        Shape::Sparse => vec![f32::NEG_INFINITY; n],
     };
     if matches!(shape, Shape::Peaked) {
         for _ in 0..5 {
@@ -98,6 +103,12 @@ fn logits(ctx: &mut Ctx, n: usize, shape: Shape) -> Vec<f32> {
     if matches!(shape, Shape::NegInf) {
         let i = index(ctx, n);
         x[i] = 1.0;
+    }
+    if matches!(shape, Shape::Sparse) {
+        for _ in 0..2 + index(ctx, 24) {
+            let i = index(ctx, n);
+            x[i] = ctx.rng.uniform(-2.0, 2.0);
+        }
     }
     x
 }
@@ -111,12 +122,18 @@ fn bf16_values(x: &[f32]) -> Vec<f32> {
     x.iter().map(|&v| bf16::from_f32(v).to_f32()).collect()
 }
 
-fn params_grid() -> Vec<SamplingParams> {
+/// Every parameter combination (100); for `Sparse`, top_p = 1 with every temperature and top-k,
+/// five times over.
+fn params_grid(shape: Shape) -> Vec<SamplingParams> {
+    let (top_ps, repeats): (&[f32], usize) =
+        if matches!(shape, Shape::Sparse) { (&[1.0], 5) } else { (TOP_PS.as_slice(), 1) };
     let mut grid = Vec::new();
-    for temperature in TEMPERATURES {
-        for top_p in TOP_PS {
-            for top_k in TOP_KS {
-                grid.push(SamplingParams { temperature, top_p, top_k });
+    for _ in 0..repeats {
+        for temperature in TEMPERATURES {
+            for &top_p in top_ps {
+                for top_k in TOP_KS {
+                    grid.push(SamplingParams { temperature, top_p, top_k });
+                }
             }
         }
     }
@@ -179,7 +196,7 @@ fn main_draws(ctx: &mut Ctx, band: &Band, sampler: &GpuSampler) -> (usize, usize
     let mut used = (0, 0);
     for shape in SHAPES {
         let (mut got, mut want) = (Vec::new(), Vec::new());
-        for (case, params) in params_grid().into_iter().enumerate() {
+        for (case, params) in params_grid(shape).into_iter().enumerate() {
             let x = logits(ctx, n, shape);
             let (seed, frame) = key(ctx, case);
             let first = sample_top_k_top_p(&x, &params.main_filter(), &DrawKey::new(seed, frame, MAIN_STREAM))
@@ -265,7 +282,7 @@ fn head_draws(ctx: &mut Ctx, band: &Band, sampler: &GpuSampler) {
     let v = band.head_vocab;
     for shape in SHAPES {
         let (mut got, mut want) = (Vec::new(), Vec::new());
-        for (case, params) in params_grid().into_iter().enumerate() {
+        for (case, params) in params_grid(shape).into_iter().enumerate() {
             let r = case % HEADS;
             let x = bf16_values(&logits(ctx, v, shape));
             let (seed, frame) = key(ctx, case);
