@@ -21,3 +21,8 @@ cp "$check_bin" .gpu/bin/gpu-checks
 strip .gpu/bin/limelight .gpu/bin/gpu-checks
 ls -la .gpu/bin
 echo "commit $(git rev-parse --short HEAD)$(git diff --quiet || echo '+dirty')" > .gpu/bin/BUILD
+# The two binaries outgrew what a device `run` carries (64 MiB with the tree): carry .gpu/pack
+# instead; tools/gpu/unpack.sh (called by check.sh and serve-run.sh) restores .gpu/bin there.
+mkdir -p .gpu/pack
+tar -C .gpu -cf - bin | xz -T0 -6 > .gpu/pack/bin.tar.xz
+ls -la .gpu/pack

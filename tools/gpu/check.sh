@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU checks, run ON THE GPU MACHINE from the repository root, after tools/gpu/build.sh
-# built .gpu/bin here and the directory travelled (device `run` with carry [".gpu"]):
+# built .gpu/bin here and the directory travelled (device `run` with carry [".gpu/pack"]):
 #
 #   tools/gpu/check.sh [REPORT_DIR]            # every kernel + the backbone end to end vs the CPU backend
 #   tools/gpu/check.sh --full [REPORT_DIR]     # also: synth the full-size checkpoint and bench the backbone
@@ -9,6 +9,7 @@
 # cuBLASLt comes from the machine's CUDA libraries (the PyTorch venv's nvidia/cu13/lib on the H200 image).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+tools/gpu/unpack.sh
 full=0
 if [[ "${1:-}" == "--full" ]]; then full=1; shift; fi
 report_dir=${1:-${OUT:-.gpu/report}}

@@ -12,6 +12,7 @@
 # audio files, and load-time.txt.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+tools/gpu/unpack.sh
 report_dir=${1:-${OUT:-.gpu/report}}
 mkdir -p "$report_dir"
 ckpt=${LIMELIGHT_FULL_CKPT:-/tmp/limelight-full}
