@@ -93,7 +93,11 @@ fn describe() {
     );
     metrics::describe_histogram!(REAL_TIME_FACTOR, "Request wall time over the duration of its audio.");
     metrics::describe_counter!(FRAMES_GENERATED, "Frames generated (2048 samples each at 44.1 kHz).");
-    metrics::describe_gauge!(MEMORY_IN_USE_BYTES, metrics::Unit::Bytes, "Bytes the resident model holds.");
+    metrics::describe_gauge!(
+        MEMORY_IN_USE_BYTES,
+        metrics::Unit::Bytes,
+        "Bytes the engine holds: resident model, and on the GPU its caches and activation pool."
+    );
     metrics::describe_gauge!(MEMORY_BUDGET_BYTES, metrics::Unit::Bytes, "Bytes serving is budgeted to need.");
 }
 

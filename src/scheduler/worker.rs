@@ -99,6 +99,8 @@ impl ModelHost for Host {
                 true
             });
             self.shared.record_job_secs(started.elapsed().as_secs_f64());
+            // The GPU's activation pool grows to what jobs need (and keeps it): report it.
+            metrics::gauge!(telemetry::MEMORY_IN_USE_BYTES).set(model.memory().in_use as f64);
             self.shared.active.fetch_sub(1, Ordering::SeqCst);
             self.shared.publish_gauges();
             self.shared.job_left();

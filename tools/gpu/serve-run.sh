@@ -53,9 +53,17 @@ speak stream-pcm pcm "" "$text" 256
 speak stream-pcm-again pcm "" "$text" 256
 speak stream-sse pcm sse "$text" 128
 speak whole-wav wav "" "$text" 128
-# The official OpenAI SDK, where the machine has it: a streamed PCM request, timed to its first chunk.
-if python3 -c 'import openai' 2>/dev/null; then
-    python3 - "$port" "$text" >"$report_dir/openai-sdk.txt" 2>&1 <<'PY' || true
+# The official OpenAI SDK: a streamed PCM request, timed to its first chunk. The GPU machine has
+# no network: where its Python lacks the package, it is installed into a venv from the wheels
+# that travelled in .gpu/wheels (`pip download openai -d .gpu/wheels` here, per Python version).
+python=python3
+if ! python3 -c 'import openai' 2>/dev/null && [[ -d .gpu/wheels ]]; then
+    python3 -m venv --system-site-packages /tmp/limelight-sdk &&
+        /tmp/limelight-sdk/bin/pip install -q --no-index --find-links .gpu/wheels openai &&
+        python=/tmp/limelight-sdk/bin/python
+fi
+if "$python" -c 'import openai' 2>/dev/null; then
+    "$python" - "$port" "$text" >"$report_dir/openai-sdk.txt" 2>&1 <<'PY' || true
 import sys, time
 from openai import OpenAI
 client = OpenAI(base_url=f"http://127.0.0.1:{sys.argv[1]}/v1", api_key="unused")
