@@ -103,8 +103,19 @@ pub struct ResidentModel<B: Backend> {
 }
 
 impl<B: Backend> ResidentModel<B> {
+    /// Uploads backbone and tower weights on this thread (the backend's) while another thread
+    /// prepares the codec's host image (reading `codec.pth`, folding weight norm), then uploads
+    /// that too.
     pub fn load(ckpt: &Checkpoint, backend: &B) -> Result<ResidentModel<B>, LoadModelError> {
-        Ok(ResidentModel { weights: ckpt.upload_model_weights(backend)?, codec: CodecModel::load(ckpt, backend)? })
+        std::thread::scope(|scope| {
+            let codec_host = std::thread::Builder::new()
+                .name(String::from("limelight-codec-load"))
+                .spawn_scoped(scope, || crate::model::codec::host_params(ckpt))
+                .expect("spawning the codec loading thread");
+            let weights = ckpt.upload_model_weights(backend)?;
+            let host = codec_host.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
+            Ok(ResidentModel { weights, codec: CodecModel::from_host(ckpt, backend, host) })
+        })
     }
 }
 

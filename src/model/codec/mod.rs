@@ -8,7 +8,9 @@ mod params;
 pub mod rope;
 mod stream;
 
-pub use params::{CodecParams, DecoderBlockParams, fold_weight_norm, load_params};
+pub use params::{
+    CodecParams, DecoderBlockParams, HostTensor, fold_weight_norm, host_params, load_params, upload_params,
+};
 pub use stream::{DecodeTrace, StreamingDecoder};
 
 use crate::backend::codec::{CodecAttentionShape, CodecOps};
@@ -45,6 +47,12 @@ impl<B: CodecOps> CodecModel<B> {
     /// Reads, folds and uploads the decode-path weights of `ckpt`'s codec.
     pub fn load(ckpt: &Checkpoint, backend: &B) -> Result<CodecModel<B>, CodecError> {
         Ok(CodecModel { dims: ckpt.codec_dims.clone(), params: load_params(ckpt, backend)? })
+    }
+
+    /// A codec from its host image ([`host_params`], prepared on any thread), made resident on
+    /// `backend` here.
+    pub fn from_host(ckpt: &Checkpoint, backend: &B, host: CodecParams<HostTensor>) -> CodecModel<B> {
+        CodecModel { dims: ckpt.codec_dims.clone(), params: upload_params(backend, host) }
     }
 
     /// Codes per frame: the semantic code, then the residual codes.

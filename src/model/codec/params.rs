@@ -61,25 +61,26 @@ fn permute3(x: &[f32], [a, b, c]: [usize; 3], order: [usize; 3]) -> (Vec<f32>, [
     (out, shape)
 }
 
-struct Reader<'a, B> {
+/// Walks the decode-path tensors, hands each prepared tensor (shape, f32 values) to `place`.
+struct Reader<'a, W> {
     archive: &'a PthArchive,
-    backend: &'a B,
+    place: &'a dyn Fn(&[usize], Vec<f32>) -> W,
 }
 
-impl<B: CodecOps> Reader<'_, B> {
+impl<W> Reader<'_, W> {
     fn values(&self, t: &CodecTensor<'_>) -> Result<(Vec<f32>, Vec<usize>), CodecError> {
         Ok((self.archive.to_f32_vec(&t.name)?, t.tensor.shape.clone()))
     }
 
-    fn plain(&self, t: &CodecTensor<'_>) -> Result<B::Weight, CodecError> {
+    fn plain(&self, t: &CodecTensor<'_>) -> Result<W, CodecError> {
         let (data, shape) = self.values(t)?;
-        Ok(self.backend.codec_weight(&shape, data))
+        Ok((self.place)(&shape, data))
     }
 
     /// A per-channel vector stored `[1, C, 1]` (Snake α) or `[C]`, as `[C]`.
-    fn vector(&self, t: &CodecTensor<'_>) -> Result<B::Weight, CodecError> {
+    fn vector(&self, t: &CodecTensor<'_>) -> Result<W, CodecError> {
         let (data, _) = self.values(t)?;
-        Ok(self.backend.codec_weight(&[data.len()], data))
+        Ok((self.place)(&[data.len()], data))
     }
 
     fn folded(&self, wn: &WnConv<CodecTensor<'_>>) -> Result<(Vec<f32>, [usize; 3]), CodecError> {
@@ -89,15 +90,10 @@ impl<B: CodecOps> Reader<'_, B> {
     }
 
     /// A weight-normed `Conv1d` `[out, in, k]` as `[out, k, in]`.
-    fn conv(&self, wn: &WnConv<CodecTensor<'_>>, dilation: usize) -> Result<CausalConv<B::Weight>, CodecError> {
+    fn conv(&self, wn: &WnConv<CodecTensor<'_>>, dilation: usize) -> Result<CausalConv<W>, CodecError> {
         let (w, shape) = self.folded(wn)?;
         let (w, tap_major) = permute3(&w, shape, [0, 2, 1]);
-        Ok(CausalConv {
-            weight: self.backend.codec_weight(&tap_major, w),
-            bias: self.plain(&wn.bias)?,
-            kernel: shape[2],
-            dilation,
-        })
+        Ok(CausalConv { weight: (self.place)(&tap_major, w), bias: self.plain(&wn.bias)?, kernel: shape[2], dilation })
     }
 
     /// A weight-normed `ConvTranspose1d` `[in, out, 2s]` as `[2s, out, in]`.
@@ -105,26 +101,22 @@ impl<B: CodecOps> Reader<'_, B> {
         &self,
         wn: &WnConv<CodecTensor<'_>>,
         stride: usize,
-    ) -> Result<CausalConvTranspose<B::Weight>, CodecError> {
+    ) -> Result<CausalConvTranspose<W>, CodecError> {
         let (w, shape) = self.folded(wn)?;
         let (w, tap_major) = permute3(&w, shape, [2, 1, 0]);
-        Ok(CausalConvTranspose {
-            weight: self.backend.codec_weight(&tap_major, w),
-            bias: self.plain(&wn.bias)?,
-            stride,
-        })
+        Ok(CausalConvTranspose { weight: (self.place)(&tap_major, w), bias: self.plain(&wn.bias)?, stride })
     }
 
-    fn codebook(&self, vq: &Vq<CodecTensor<'_>>) -> Result<RvqCodebook<B::Weight>, CodecError> {
+    fn codebook(&self, vq: &Vq<CodecTensor<'_>>) -> Result<RvqCodebook<W>, CodecError> {
         let (w, shape) = self.folded(&vq.out_proj)?;
         Ok(RvqCodebook {
             codebook: self.plain(&vq.codebook)?,
-            proj: self.backend.codec_weight(&shape[..2], w),
+            proj: (self.place)(&shape[..2], w),
             bias: self.plain(&vq.out_proj.bias)?,
         })
     }
 
-    fn layer(&self, l: &TransformerLayer<CodecTensor<'_>>) -> Result<TransformerLayer<B::Weight>, CodecError> {
+    fn layer(&self, l: &TransformerLayer<CodecTensor<'_>>) -> Result<TransformerLayer<W>, CodecError> {
         Ok(TransformerLayer {
             attention_norm: self.plain(&l.attention_norm)?,
             wqkv: self.plain(&l.wqkv)?,
@@ -138,16 +130,16 @@ impl<B: CodecOps> Reader<'_, B> {
         })
     }
 
-    fn upsample(&self, s: &ResampleStage<CodecTensor<'_>>) -> Result<UpsampleStage<B::Weight>, CodecError> {
+    fn upsample(&self, s: &ResampleStage<CodecTensor<'_>>) -> Result<UpsampleStage<W>, CodecError> {
         let (w, shape) = self.values(&s.conv_weight)?;
         let (w, tap_major) = permute3(&w, [shape[0], shape[1], shape[2]], [2, 1, 0]);
         let c = &s.convnext;
         let (dw, dw_shape) = self.values(&c.dwconv_weight)?;
         let (dw, dw_tap_major) = permute3(&dw, [dw_shape[0], dw_shape[1], dw_shape[2]], [2, 0, 1]);
         Ok(UpsampleStage {
-            conv_weight: self.backend.codec_weight(&tap_major, w),
+            conv_weight: (self.place)(&tap_major, w),
             conv_bias: self.plain(&s.conv_bias)?,
-            dw_weight: self.backend.codec_weight(&dw_tap_major[..2], dw),
+            dw_weight: (self.place)(&dw_tap_major[..2], dw),
             dw_bias: self.plain(&c.dwconv_bias)?,
             norm_weight: self.plain(&c.norm_weight)?,
             norm_bias: self.plain(&c.norm_bias)?,
@@ -159,11 +151,7 @@ impl<B: CodecOps> Reader<'_, B> {
         })
     }
 
-    fn residual_unit(
-        &self,
-        u: &ResidualUnit<CodecTensor<'_>>,
-        d: usize,
-    ) -> Result<ResidualUnitParams<B::Weight>, CodecError> {
+    fn residual_unit(&self, u: &ResidualUnit<CodecTensor<'_>>, d: usize) -> Result<ResidualUnitParams<W>, CodecError> {
         Ok(ResidualUnitParams {
             snake1: self.vector(&u.snake1_alpha)?,
             conv1: self.conv(&u.conv1, d)?,
@@ -175,8 +163,30 @@ impl<B: CodecOps> Reader<'_, B> {
 
 /// Reads, folds and uploads every decode-path weight of the checkpoint's codec.
 pub fn load_params<B: CodecOps>(ckpt: &Checkpoint, backend: &B) -> Result<CodecParams<B::Weight>, CodecError> {
+    read_params(ckpt, &|shape: &[usize], data| backend.codec_weight(shape, data))
+}
+
+/// A decode-path tensor prepared on the host (read, folded, laid out), not yet resident.
+pub struct HostTensor {
+    pub shape: Vec<usize>,
+    pub data: Vec<f32>,
+}
+
+/// Every decode-path weight prepared on the host: the slow part of loading the codec (reading
+/// `codec.pth`, folding weight norm), with no backend involved, so it can run on its own thread
+/// while the backbone uploads. [`upload_params`] makes it resident.
+pub fn host_params(ckpt: &Checkpoint) -> Result<CodecParams<HostTensor>, CodecError> {
+    read_params(ckpt, &|shape: &[usize], data| HostTensor { shape: shape.to_vec(), data })
+}
+
+/// Makes a host image resident on `backend`, tensor by tensor (as [`load_params`] would have).
+pub fn upload_params<B: CodecOps>(backend: &B, host: CodecParams<HostTensor>) -> CodecParams<B::Weight> {
+    host.map(&mut |t| backend.codec_weight(&t.shape, t.data))
+}
+
+fn read_params<W>(ckpt: &Checkpoint, place: &dyn Fn(&[usize], Vec<f32>) -> W) -> Result<CodecParams<W>, CodecError> {
     let w = ckpt.codec_weights()?;
-    let r = Reader { archive: &ckpt.codec, backend };
+    let r = Reader { archive: &ckpt.codec, place };
     let books =
         std::iter::once(&w.semantic_vq).chain(&w.residual_vqs).map(|vq| r.codebook(vq)).collect::<Result<_, _>>()?;
     let post_layers = w.post_module.layers.iter().map(|l| r.layer(l)).collect::<Result<_, _>>()?;
@@ -205,9 +215,113 @@ pub fn load_params<B: CodecOps>(ckpt: &Checkpoint, backend: &B) -> Result<CodecP
     })
 }
 
+impl<W> CodecParams<W> {
+    /// The same parameters with every weight passed through `f`, in one fixed order.
+    pub fn map<V>(self, f: &mut impl FnMut(W) -> V) -> CodecParams<V> {
+        let conv = |c: CausalConv<W>, f: &mut dyn FnMut(W) -> V| CausalConv {
+            weight: f(c.weight),
+            bias: f(c.bias),
+            kernel: c.kernel,
+            dilation: c.dilation,
+        };
+        let mut f = |w: W| f(w);
+        CodecParams {
+            books: self
+                .books
+                .into_iter()
+                .map(|b| RvqCodebook { codebook: f(b.codebook), proj: f(b.proj), bias: f(b.bias) })
+                .collect(),
+            post_layers: self
+                .post_layers
+                .into_iter()
+                .map(|l| TransformerLayer {
+                    attention_norm: f(l.attention_norm),
+                    wqkv: f(l.wqkv),
+                    wo: f(l.wo),
+                    attention_layer_scale: f(l.attention_layer_scale),
+                    ffn_norm: f(l.ffn_norm),
+                    w1: f(l.w1),
+                    w3: f(l.w3),
+                    w2: f(l.w2),
+                    ffn_layer_scale: f(l.ffn_layer_scale),
+                })
+                .collect(),
+            post_norm: f(self.post_norm),
+            upsample: self
+                .upsample
+                .into_iter()
+                .map(|u| UpsampleStage {
+                    conv_weight: f(u.conv_weight),
+                    conv_bias: f(u.conv_bias),
+                    dw_weight: f(u.dw_weight),
+                    dw_bias: f(u.dw_bias),
+                    norm_weight: f(u.norm_weight),
+                    norm_bias: f(u.norm_bias),
+                    pw1_weight: f(u.pw1_weight),
+                    pw1_bias: f(u.pw1_bias),
+                    pw2_weight: f(u.pw2_weight),
+                    pw2_bias: f(u.pw2_bias),
+                    gamma: f(u.gamma),
+                })
+                .collect(),
+            conv_in: conv(self.conv_in, &mut f),
+            blocks: self
+                .blocks
+                .into_iter()
+                .map(|b| DecoderBlockParams {
+                    upsample: DecoderUpsample {
+                        snake: f(b.upsample.snake),
+                        conv: CausalConvTranspose {
+                            weight: f(b.upsample.conv.weight),
+                            bias: f(b.upsample.conv.bias),
+                            stride: b.upsample.conv.stride,
+                        },
+                    },
+                    units: b
+                        .units
+                        .into_iter()
+                        .map(|u| ResidualUnitParams {
+                            snake1: f(u.snake1),
+                            conv1: conv(u.conv1, &mut f),
+                            snake2: f(u.snake2),
+                            conv2: conv(u.conv2, &mut f),
+                        })
+                        .collect(),
+                })
+                .collect(),
+            out_snake: f(self.out_snake),
+            conv_out: conv(self.conv_out, &mut f),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The two-phase load (host image on another thread, then upload) gives the very weights, in
+    /// the very order, that the direct load gives.
+    #[test]
+    fn the_host_image_uploads_to_the_same_weights() {
+        use crate::backend::cpu::{Cpu, CpuWeight};
+        let dir = tempfile::tempdir().unwrap();
+        let options = crate::synth::SynthOptions {
+            preset: crate::synth::presets::Preset::Tiny,
+            seed: 5,
+            vq_backbone_codebooks: 1,
+        };
+        crate::synth::SynthPlan::new(&options).write(dir.path()).unwrap();
+        let ckpt = Checkpoint::open(dir.path()).unwrap();
+        let flat = |p: CodecParams<CpuWeight>| {
+            let mut all = Vec::new();
+            p.map(&mut |w: CpuWeight| all.push((w.shape, w.data.iter().map(|v| v.to_bits()).collect::<Vec<_>>())));
+            all
+        };
+        let direct = flat(load_params(&ckpt, &Cpu).unwrap());
+        let staged = flat(upload_params(&Cpu, host_params(&ckpt).unwrap()));
+        assert!(direct.len() > 100, "{} tensors", direct.len());
+        assert!(direct == staged, "the staged load differs from the direct one");
+    }
 
     #[test]
     fn weight_norm_rows_get_norm_g() {
