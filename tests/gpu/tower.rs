@@ -12,8 +12,10 @@
 //! chain their own outputs, and each adds its own rounding: the random tiny tower has no discrete
 //! routing and neither damps nor amplifies much, so the deviations add up (measured: about 4.5e-3
 //! more per layer over a prompt). Chained layer l is therefore bound by (l + 1) × 1e-2, the heads
-//! by the last layer's bound plus one more, and the heads' top-1 codes must agree on ≥ 95% of
-//! rows (bf16 near-ties of random logits may swap a few).
+//! by the last layer's bound plus one more. The heads' top-1 codes are judged row by row: the
+//! GPU's pick must be the CPU's best code, or a code whose CPU logit is within the heads' bound
+//! (times the row's logit RMS) of the best: a near-tie that rounding may legitimately swap (a
+//! share-of-rows bound failed on a 9-row frame by one such swap, H100 run of 2026-12-02).
 
 use half::bf16;
 use limelight::backend::BackendTypes;
@@ -167,12 +169,15 @@ fn compare_traces(ctx: &mut Ctx, what: &str, got: &TowerTrace, want: &TowerTrace
         ctx.rel_l2(format!("tower chained layer {l} [{what}]"), g, w, chain_bound(l));
     }
     let head_bound = chain_bound(got.layers.len());
-    let (mut agree, mut total, mut worst) = (0, 0, 0f64);
+    let (mut exact, mut near, mut total, mut worst) = (0, 0, 0, 0f64);
     for (g, w) in got.heads.iter().zip(&want.heads) {
         worst = worst.max(rel_l2(g, w));
         let vocab = g.len() / got.rows;
         for (gr, wr) in g.chunks_exact(vocab).zip(w.chunks_exact(vocab)) {
-            agree += usize::from(argmax(gr) == argmax(wr));
+            let (pick, best) = (argmax(gr), argmax(wr));
+            let rms = (wr.iter().map(|&v| f64::from(v).powi(2)).sum::<f64>() / vocab as f64).sqrt();
+            exact += usize::from(pick == best);
+            near += usize::from(pick != best && f64::from(wr[best] - wr[pick]) <= head_bound * rms);
             total += 1;
         }
     }
@@ -183,13 +188,12 @@ fn compare_traces(ctx: &mut Ctx, what: &str, got: &TowerTrace, want: &TowerTrace
         format!("{worst:.2e}"),
         worst <= head_bound && got.heads.len() == want.heads.len(),
     );
-    // Ties of bf16 logits can swap an argmax; 95% leaves room for that, not for a wrong head.
     ctx.check(
         format!("tower chained heads top-1 code [{what}]"),
-        "agreement",
-        "≥ 95%".into(),
-        format!("{agree}/{total}"),
-        total > 0 && agree * 100 >= total * 95,
+        "best or near-tie",
+        format!("all {total} rows"),
+        format!("{exact} best + {near} near-tie of {total}"),
+        total > 0 && exact + near == total,
     );
 }
 
