@@ -34,7 +34,7 @@ pub enum Device {
 
 /// Where generation runs, once `auto` is decided.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Engine {
+pub enum EngineChoice {
     Cpu,
     Cuda(GpuOptions),
 }
@@ -150,10 +150,10 @@ impl ServeConfig {
     }
 
     /// Decides `--device auto` (a supported GPU present → CUDA) and checks `--device cuda` has one.
-    pub fn engine(&self) -> Result<Engine, ConfigError> {
+    pub fn engine(&self) -> Result<EngineChoice, ConfigError> {
         match (self.device, gpu_present(self.gpu.ordinal)) {
-            (Device::Cpu, _) | (Device::Auto, Err(_)) => Ok(Engine::Cpu),
-            (Device::Auto | Device::Cuda, Ok(())) => Ok(Engine::Cuda(self.gpu.clone())),
+            (Device::Cpu, _) | (Device::Auto, Err(_)) => Ok(EngineChoice::Cpu),
+            (Device::Auto | Device::Cuda, Ok(())) => Ok(EngineChoice::Cuda(self.gpu.clone())),
             (Device::Cuda, Err(why)) => Err(ConfigError::CudaUnavailable(why)),
         }
     }
@@ -322,7 +322,7 @@ mod tests {
     #[test]
     fn the_cpu_device_never_probes_for_a_gpu() {
         let c = parse(&["--model", "/m", "--device", "cpu"]).unwrap();
-        assert_eq!(c.engine().unwrap(), Engine::Cpu);
+        assert_eq!(c.engine().unwrap(), EngineChoice::Cpu);
     }
 
     /// On a machine without a GPU (CI) `auto` falls back to the CPU and `cuda` is refused with
@@ -333,11 +333,11 @@ mod tests {
         let cuda = parse(&["--model", "/m", "--device", "cuda"]).unwrap();
         match gpu_present(0) {
             Ok(()) => {
-                assert!(matches!(auto.engine().unwrap(), Engine::Cuda(GpuOptions { context: 4096, .. })));
-                assert!(matches!(cuda.engine().unwrap(), Engine::Cuda(_)));
+                assert!(matches!(auto.engine().unwrap(), EngineChoice::Cuda(GpuOptions { context: 4096, .. })));
+                assert!(matches!(cuda.engine().unwrap(), EngineChoice::Cuda(_)));
             }
             Err(why) => {
-                assert_eq!(auto.engine().unwrap(), Engine::Cpu);
+                assert_eq!(auto.engine().unwrap(), EngineChoice::Cpu);
                 let refused = cuda.engine().unwrap_err().to_string();
                 assert!(refused.contains("--device cuda") && refused.contains(&why), "{refused}");
             }

@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use tracing::{error, info, warn};
 
 use crate::cli::ServeArgs;
-use crate::config::{ConfigError, Engine, ModelSource, ServeConfig};
+use crate::config::{ConfigError, EngineChoice, ModelSource, ServeConfig};
 use crate::http::{self, AppState, HttpConfig};
 use crate::request::validate::SpeechPolicy;
 #[cfg(feature = "cuda")]
@@ -148,12 +148,12 @@ pub async fn serve(
 fn loader(config: &ServeConfig) -> Result<Loader, ConfigError> {
     let dir = config.model.dir().clone();
     match config.engine()? {
-        Engine::Cpu => {
+        EngineChoice::Cpu => {
             info!(device = "cpu", "engine: the CPU reference engine");
             Ok(cpu_loader(dir, config.max_frames))
         }
         #[cfg(feature = "cuda")]
-        Engine::Cuda(gpu) => {
+        EngineChoice::Cuda(gpu) => {
             info!(device = "cuda", ordinal = gpu.ordinal, context = gpu.context, "engine: CUDA");
             // Prompt rows are tokens of at most `max_input_chars` characters (a few bytes each,
             // a byte at most one token) plus the prompt's fixed block.
@@ -161,7 +161,7 @@ fn loader(config: &ServeConfig) -> Result<Loader, ConfigError> {
             Ok(cuda_loader(dir, gpu, max_prompt_rows))
         }
         #[cfg(not(feature = "cuda"))]
-        Engine::Cuda(_) => unreachable!("without the `cuda` feature no GPU is ever found"),
+        EngineChoice::Cuda(_) => unreachable!("without the `cuda` feature no GPU is ever found"),
     }
 }
 
