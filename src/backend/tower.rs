@@ -67,6 +67,34 @@ pub struct TowerLayerInput<'a, A> {
     pub start: usize,
 }
 
+impl<A> TowerLayerInput<'_, A> {
+    /// Checks the input against the layer and its cache, for any backend: `hidden` is
+    /// `(rows, cols)`, `unseen_rows` the unseen vector's rows, `cached` the positions the cache
+    /// holds. Returns the row count.
+    pub fn check(
+        &self,
+        s: &TowerShape,
+        hidden: (usize, usize),
+        unseen_rows: Option<usize>,
+        cached: usize,
+    ) -> Result<usize, TowerError> {
+        let check_len = |what, expected, found| {
+            if expected == found { Ok(()) } else { Err(TowerError::Length { what, expected, found }) }
+        };
+        let n = hidden.0;
+        check_len("hidden width", s.dim, hidden.1)?;
+        check_len("codes", n, self.codes.len())?;
+        check_len("label mask", n, self.label_semantic.len())?;
+        if let Some(rows) = unseen_rows {
+            check_len("unseen rows", n, rows)?;
+        }
+        if self.start > cached {
+            return Err(TowerError::PositionGap { start: self.start, cached });
+        }
+        Ok(n)
+    }
+}
+
 /// The codes that did not enter the backbone input, for the unseen-codes vector of `n` rows.
 pub struct UnseenCodes<'a> {
     /// `[n, codebooks]` row-major: each row's c0..c(codebooks-1).

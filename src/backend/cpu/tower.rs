@@ -35,10 +35,6 @@ fn embedding_row(table: &CpuWeight, code: u32) -> &[f32] {
     table.row((code as usize).min(rows - 1))
 }
 
-fn check_len(what: &'static str, expected: usize, found: usize) -> Result<(), TowerError> {
-    if expected == found { Ok(()) } else { Err(TowerError::Length { what, expected, found }) }
-}
-
 impl TowerOps for Cpu {
     type TowerKv = CpuTowerKv;
 
@@ -77,16 +73,9 @@ impl TowerOps for Cpu {
         kv: &mut CpuTowerKv,
         input: TowerLayerInput<'_, Matrix>,
     ) -> Result<Matrix, TowerError> {
-        let (n, dim) = (input.hidden.rows, s.dim);
-        check_len("hidden width", dim, input.hidden.cols)?;
-        check_len("codes", n, input.codes.len())?;
-        check_len("label mask", n, input.label_semantic.len())?;
-        if let Some(u) = input.unseen {
-            check_len("unseen rows", n, u.rows)?;
-        }
-        if input.start > kv.len() {
-            return Err(TowerError::PositionGap { start: input.start, cached: kv.len() });
-        }
+        let hidden = (input.hidden.rows, input.hidden.cols);
+        let n = input.check(s, hidden, input.unseen.map(|u| u.rows), kv.len())?;
+        let dim = s.dim;
 
         // 1–2. e = mask ? Emb[code] : 0 (+ U), then eh_proj(concat(enorm(e), hnorm(h))).
         let mut eh = vec![0.0f32; n * 2 * dim];

@@ -79,10 +79,6 @@ fn flags(values: &[bool]) -> Vec<u32> {
     values.iter().map(|&b| u32::from(b)).collect()
 }
 
-fn check_len(what: &'static str, expected: usize, found: usize) -> Result<(), TowerError> {
-    if expected == found { Ok(()) } else { Err(TowerError::Length { what, expected, found }) }
-}
-
 impl TowerOps for Cuda {
     type TowerKv = GpuTowerKv;
 
@@ -128,17 +124,10 @@ impl TowerOps for Cuda {
         kv: &mut GpuTowerKv,
         input: TowerLayerInput<'_, GpuMatrix>,
     ) -> Result<GpuMatrix, TowerError> {
-        let (n, dim) = (input.hidden.rows, s.dim);
-        check_len("hidden width", dim, input.hidden.cols)?;
-        check_len("codes", n, input.codes.len())?;
-        check_len("label mask", n, input.label_semantic.len())?;
-        if let Some(u) = input.unseen {
-            check_len("unseen rows", n, u.rows)?;
-        }
         let cache = &mut kv.cache;
-        if input.start > cache.len {
-            return Err(TowerError::PositionGap { start: input.start, cached: cache.len });
-        }
+        let hidden = (input.hidden.rows, input.hidden.cols);
+        let n = input.check(s, hidden, input.unseen.map(|u| u.rows), cache.len)?;
+        let dim = s.dim;
         assert!(
             input.start + n <= cache.capacity,
             "tower: {} positions + {n} rows exceed the KV cache capacity {}",
