@@ -20,10 +20,7 @@ use limelight::backend::cuda::Cuda;
 use limelight::backend::cuda::tensor::{GpuMatrix, GpuWeight, round_to_bf16};
 use limelight::model::backbone::{Backbone, BackboneConfig, LayerState, Stage};
 use limelight::model::frame::Rows;
-use limelight::model::load::Checkpoint;
 use limelight::model::weights::{BackboneLayer, BackboneWeights, Mixer, ModelWeights};
-use limelight::synth::presets::Preset;
-use limelight::synth::{SynthOptions, SynthPlan};
 
 use crate::harness::{Ctx, rel_l2};
 
@@ -37,11 +34,7 @@ const SENSITIVITY_FACTOR: f64 = 2.0;
 const NEAR_TIE: f64 = 0.05;
 
 pub fn run(ctx: &mut Ctx) {
-    let dir = tempfile::tempdir().expect("temporary directory");
-    let seed = ctx.rng.next_u64();
-    let plan = SynthPlan::new(&SynthOptions { preset: Preset::Tiny, seed, vq_backbone_codebooks: 1 });
-    plan.write(dir.path()).expect("write the tiny checkpoint");
-    let ckpt = Checkpoint::open(dir.path()).expect("open the tiny checkpoint");
+    let (_dir, ckpt) = ctx.tiny_checkpoint();
     let cpu_w = ckpt.upload_model_weights(&Cpu).expect("CPU upload");
     let gpu_w = ckpt.upload_model_weights(ctx.cuda).expect("GPU upload");
     let base = BackboneConfig::from_model_config(&ckpt.config);

@@ -16,10 +16,7 @@ use limelight::engine::generate::{Engine, Finished, GenerateOptions, ResidentMod
 use limelight::engine::sampling::SamplingParams;
 use limelight::model::backbone::BackboneConfig;
 use limelight::model::frame::Rows;
-use limelight::model::load::Checkpoint;
 use limelight::request::prompt::PromptBuilder;
-use limelight::synth::presets::Preset;
-use limelight::synth::{SynthOptions, SynthPlan};
 
 use crate::backbone;
 use crate::harness::Ctx;
@@ -29,11 +26,7 @@ const TEXT: &str = "The quick brown fox jumps over the lazy dog, twice.";
 const FRAMES: usize = 24;
 
 pub fn run(ctx: &mut Ctx) {
-    let dir = tempfile::tempdir().expect("temporary directory");
-    let seed = ctx.rng.next_u64();
-    let plan = SynthPlan::new(&SynthOptions { preset: Preset::Tiny, seed, vq_backbone_codebooks: 1 });
-    plan.write(dir.path()).expect("write the tiny checkpoint");
-    let ckpt = Checkpoint::open(dir.path()).expect("open the tiny checkpoint");
+    let (_dir, ckpt) = ctx.tiny_checkpoint();
     let cuda = ctx.cuda;
     let gpu_model = ResidentModel::load(&ckpt, cuda).expect("GPU upload");
     let gpu = Engine::new(cuda, &ckpt, &gpu_model).expect("GPU engine");

@@ -3,7 +3,10 @@
 
 use limelight::backend::cpu::{Cpu, Matrix};
 use limelight::backend::cuda::Cuda;
+use limelight::model::load::Checkpoint;
+use limelight::synth::presets::Preset;
 use limelight::synth::rng::Rng;
+use limelight::synth::{SynthOptions, SynthPlan};
 
 /// One row of the table.
 pub struct Row {
@@ -56,6 +59,17 @@ impl Ctx<'_> {
     /// A free-form check.
     pub fn check(&mut self, stage: impl Into<String>, metric: &'static str, bound: String, value: String, pass: bool) {
         self.rows.push(Row { stage: stage.into(), metric, bound, value, pass });
+    }
+
+    /// A fresh tiny random-weight checkpoint (its seed drawn from this run's), written into a
+    /// temporary directory that lives as long as the returned guard.
+    pub fn tiny_checkpoint(&mut self) -> (tempfile::TempDir, Checkpoint) {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let seed = self.rng.next_u64();
+        let plan = SynthPlan::new(&SynthOptions { preset: Preset::Tiny, seed, vq_backbone_codebooks: 1 });
+        plan.write(dir.path()).expect("write the tiny checkpoint");
+        let ckpt = Checkpoint::open(dir.path()).expect("open the tiny checkpoint");
+        (dir, ckpt)
     }
 
     /// A `[rows, cols]` matrix of uniform values in `[-scale, scale]`.

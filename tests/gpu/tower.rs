@@ -27,8 +27,6 @@ use limelight::model::frame::Rows;
 use limelight::model::load::Checkpoint;
 use limelight::model::tower::{Tower, TowerTrace};
 use limelight::model::weights::{TensorSpec, TowerLayer};
-use limelight::synth::presets::Preset;
-use limelight::synth::{SynthOptions, SynthPlan};
 
 use crate::harness::{Ctx, rel_l2};
 
@@ -39,11 +37,7 @@ const PROMPT: usize = 70;
 const DECODE: usize = 3;
 
 pub fn run(ctx: &mut Ctx) {
-    let dir = tempfile::tempdir().expect("temporary directory");
-    let seed = ctx.rng.next_u64();
-    let plan = SynthPlan::new(&SynthOptions { preset: Preset::Tiny, seed, vq_backbone_codebooks: 1 });
-    plan.write(dir.path()).expect("write the tiny checkpoint");
-    let ckpt = Checkpoint::open(dir.path()).expect("open the tiny checkpoint");
+    let (_dir, ckpt) = ctx.tiny_checkpoint();
     let tiny = TowerShape::from_config(&ckpt.config);
     let real = TowerShape {
         dim: 2048,

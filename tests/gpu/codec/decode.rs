@@ -16,12 +16,10 @@ use limelight::backend::BackendTypes;
 use limelight::backend::codec::CodecOps;
 use limelight::backend::cuda::Cuda;
 use limelight::model::codec::{CodecModel, CodecParams, DecoderBlockParams, StreamingDecoder};
-use limelight::model::load::Checkpoint;
 use limelight::model::weights::CodecDims;
 use limelight::model::weights::codec::{DECODER_RATES, RESIDUAL_DILATIONS};
 use limelight::synth::presets::Preset;
 use limelight::synth::rng::Rng;
-use limelight::synth::{SynthOptions, SynthPlan};
 
 use super::{Dims, F16Cpu, Maker, differing, groups};
 use crate::harness::{Ctx, rel_l2};
@@ -51,11 +49,7 @@ fn random_codes(ctx: &mut Ctx, d: &CodecDims, frames: usize) -> Vec<u32> {
 }
 
 fn tiny_checkpoint(ctx: &mut Ctx) {
-    let dir = tempfile::tempdir().expect("temporary directory");
-    let seed = ctx.rng.next_u64();
-    let plan = SynthPlan::new(&SynthOptions { preset: Preset::Tiny, seed, vq_backbone_codebooks: 1 });
-    plan.write(dir.path()).expect("write the tiny checkpoint");
-    let ckpt = Checkpoint::open(dir.path()).expect("open the tiny checkpoint");
+    let (_dir, ckpt) = ctx.tiny_checkpoint();
     let cuda: &Cuda = ctx.cuda;
     let (oracle, yardstick) = (F16Cpu { activations: false }, F16Cpu { activations: true });
     let cpu_model = CodecModel::load(&ckpt, &oracle).expect("CPU codec");
