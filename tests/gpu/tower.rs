@@ -12,10 +12,13 @@
 //! chain their own outputs, and each adds its own rounding: the random tiny tower has no discrete
 //! routing and neither damps nor amplifies much, so the deviations add up (measured: about 4.5e-3
 //! more per layer over a prompt). Chained layer l is therefore bound by (l + 1) × 1e-2, the heads
-//! by the last layer's bound plus one more. The heads' top-1 codes are judged row by row: the
-//! GPU's pick must be the CPU's best code, or a code whose CPU logit is within the heads' bound
-//! (times the row's logit RMS) of the best: a near-tie that rounding may legitimately swap (a
-//! share-of-rows bound failed on a 9-row frame by one such swap, H100 run of 2026-12-02).
+//! by the last layer's bound plus one more. The heads' top-1 codes are judged row by row: where
+//! the GPU's pick is not the CPU's best code, the CPU's logit gap between the two must be within
+//! `NEAR_TIE_SIGMAS` times that row's RMS logit error (a near-tie that rounding may legitimately
+//! swap; a swap needs the two entries' errors to differ by the gap, which at 6σ is a ~1e-5
+//! event for independent errors). A share-of-rows rule failed a 9-row frame on one such swap
+//! (H100), and a gap bound of head_bound × logit RMS failed one of 351 chained prompt rows (H200,
+//! both 2026-12-02): the swap's gap is set by the row's actual error, not the layer bound.
 
 use half::bf16;
 use limelight::backend::BackendTypes;
@@ -156,6 +159,9 @@ fn whole_tower(ctx: &mut Ctx, ckpt: &Checkpoint) {
     }
 }
 
+/// Largest CPU logit gap, in row RMS errors, a swapped top-1 code may have (module comment).
+const NEAR_TIE_SIGMAS: f64 = 6.0;
+
 fn compare_traces(ctx: &mut Ctx, what: &str, got: &TowerTrace, want: &TowerTrace) {
     // Chained layer l: every layer up to it may add its own kernel bound (module comment).
     let chain_bound = |l: usize| (l + 1) as f64 * BOUND;
@@ -163,16 +169,22 @@ fn compare_traces(ctx: &mut Ctx, what: &str, got: &TowerTrace, want: &TowerTrace
         ctx.rel_l2(format!("tower chained layer {l} [{what}]"), g, w, chain_bound(l));
     }
     let head_bound = chain_bound(got.layers.len());
-    let (mut exact, mut near, mut total, mut worst) = (0, 0, 0, 0f64);
+    let (mut exact, mut swaps, mut total, mut worst, mut worst_swap) = (0, 0, 0, 0f64, 0f64);
     for (g, w) in got.heads.iter().zip(&want.heads) {
         worst = worst.max(rel_l2(g, w));
         let vocab = g.len() / got.rows;
         for (gr, wr) in g.chunks_exact(vocab).zip(w.chunks_exact(vocab)) {
             let (pick, best) = (argmax(gr), argmax(wr));
-            let rms = (wr.iter().map(|&v| f64::from(v).powi(2)).sum::<f64>() / vocab as f64).sqrt();
-            exact += usize::from(pick == best);
-            near += usize::from(pick != best && f64::from(wr[best] - wr[pick]) <= head_bound * rms);
             total += 1;
+            if pick == best {
+                exact += 1;
+                continue;
+            }
+            // A swap: the CPU's gap between its best and the GPU's pick, in units of this row's
+            // RMS logit error (the error itself is bounded by the rel L2 row above).
+            let sigma = (gr.iter().zip(wr).map(|(&a, &b)| f64::from(a - b).powi(2)).sum::<f64>() / vocab as f64).sqrt();
+            worst_swap = worst_swap.max(f64::from(wr[best] - wr[pick]) / sigma.max(f64::MIN_POSITIVE));
+            swaps += 1;
         }
     }
     ctx.check(
@@ -183,11 +195,11 @@ fn compare_traces(ctx: &mut Ctx, what: &str, got: &TowerTrace, want: &TowerTrace
         worst <= head_bound && got.heads.len() == want.heads.len(),
     );
     ctx.check(
-        format!("tower chained heads top-1 code [{what}]"),
-        "best or near-tie",
-        format!("all {total} rows"),
-        format!("{exact} best + {near} near-tie of {total}"),
-        total > 0 && exact + near == total,
+        format!("tower chained heads top-1 code [{what}]: {exact} of {total} rows the CPU's best, {swaps} swapped"),
+        "worst swap gap / row RMS error",
+        format!("{NEAR_TIE_SIGMAS}"),
+        format!("{worst_swap:.2}"),
+        total > 0 && worst_swap <= NEAR_TIE_SIGMAS,
     );
 }
 
