@@ -46,3 +46,10 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
 
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.f / (1.f + expf(-x)); }
 __device__ __forceinline__ float siluf_(float x) { return x / (1.f + expf(-x)); }
+
+// The first position of a call: `start` from the host, plus the device counter `dev_start` when
+// one is given (a captured CUDA-graph step advances its positions on the device, so a replay needs
+// no new kernel arguments; `start` is then the offset from that counter).
+__device__ __forceinline__ int first_position(int start, const int* dev_start) {
+    return dev_start ? start + *dev_start : start;
+}

@@ -71,7 +71,8 @@ extern "C" __global__ void tower_mix(const bf16* __restrict__ hidden, const bf16
 // qkv: [rows, 2·H·HD + 2·Hkv·HD] bf16 laid out [all Q | all gates | K | V]. Slots 0..H-1 are q heads:
 // normed, rotated, · q_scale into q [rows, H, HD] f32, and the head's gate copied into qg
 // [rows, H·2·HD] at columns head·2·HD + HD .. (the half the attention kernels read). Slots H.. are
-// kv heads: k normed and rotated into kc, v copied into vc, both [capacity, Hkv, HD] at start + row.
+// kv heads: k normed and rotated into kc, v copied into vc, both [capacity, Hkv, HD] at start + row
+// (plus *dev_start when given: see first_position).
 // Interleaved RoPE on the first rotary_dim dims: pair (2i, 2i+1) turns by the f32 angle
 // pos · inv_freq[i] (the host computes inv_freq as the CPU oracle does); cos/sin in f64, rounded to
 // f32, and the rotation in f32 without contraction, as the oracle computes it.
@@ -79,10 +80,11 @@ extern "C" __global__ void tower_prep(const bf16* __restrict__ qkv, const float*
                                       const float* __restrict__ k_norm, const float* __restrict__ inv_freq,
                                       float* __restrict__ q, bf16* __restrict__ qg, bf16* __restrict__ kc,
                                       bf16* __restrict__ vc, int heads, int kv_heads, int rotary_dim, int start,
-                                      float eps, float q_scale) {
+                                      const int* __restrict__ dev_start, float eps, float q_scale) {
     __shared__ float scratch[32];
     __shared__ float ys[1024];
-    const int hd = blockDim.x, d = threadIdx.x, slot = blockIdx.x, t = blockIdx.y, pos = start + t;
+    const int hd = blockDim.x, d = threadIdx.x, slot = blockIdx.x, t = blockIdx.y;
+    const int pos = first_position(start, dev_start) + t;
     const size_t row = (size_t)t * (2 * heads + 2 * kv_heads) * hd;
     const bool is_q = slot < heads;
     const int kvh = slot - heads;

@@ -106,6 +106,10 @@ pub struct ServeArgs {
     /// Positions (prompt rows + audio frames) each request's GPU caches hold; default 16384.
     #[arg(long, env = "LIMELIGHT_CONTEXT_LENGTH")]
     pub context_length: Option<usize>,
+    /// Run each frame as separate launches with host round trips instead of one captured CUDA
+    /// graph (same audio, slower: for comparisons and as a fallback).
+    #[arg(long, env = "LIMELIGHT_NO_CUDA_GRAPH")]
+    pub no_cuda_graph: bool,
     /// Address to listen on; use 0.0.0.0 to accept connections from other machines.
     #[arg(long, env = "LIMELIGHT_HOST", default_value = "127.0.0.1")]
     pub host: String,

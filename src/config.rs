@@ -114,6 +114,9 @@ impl ServeConfig {
             if args.context_length.is_some() {
                 return Err(ConfigError::GpuFlagOnCpu { flag: "context-length" });
             }
+            if args.no_cuda_graph {
+                return Err(ConfigError::GpuFlagOnCpu { flag: "no-cuda-graph" });
+            }
         }
         let model = match (&args.model, args.demo) {
             (_, true) => ModelSource::Demo(demo_cache_dir()?),
@@ -135,7 +138,7 @@ impl ServeConfig {
         Ok(ServeConfig {
             model,
             device: args.device,
-            gpu: GpuOptions { ordinal: 0, memory_budget: args.gpu_memory_budget, context },
+            gpu: GpuOptions { ordinal: 0, memory_budget: args.gpu_memory_budget, context, graph: !args.no_cuda_graph },
             listen: resolve(&args.host, args.port)?,
             model_aliases: aliases(&served_model_name, &args.model_aliases),
             served_model_name,
@@ -288,7 +291,7 @@ mod tests {
         assert_eq!((c.max_input_chars, c.max_frames), (4096, 2048));
         assert!(c.api_keys.is_empty());
         assert_eq!(c.device, Device::Auto);
-        assert_eq!(c.gpu, GpuOptions { ordinal: 0, memory_budget: None, context: DEFAULT_CONTEXT });
+        assert_eq!(c.gpu, GpuOptions { ordinal: 0, memory_budget: None, context: DEFAULT_CONTEXT, graph: true });
         assert!(c.accepts_model("tts-1") && c.accepts_model("drama-3") && !c.accepts_model("whisper-1"));
     }
 

@@ -8,11 +8,11 @@ use std::ops::ControlFlow;
 use super::sampling::{MainCandidates, RasWindow, SamplingError, SamplingParams, sample_head, sample_main};
 use crate::backend::Backend;
 use crate::backend::tower::TowerError;
-use crate::model::backbone::{Backbone, BackboneConfig, BackboneError};
+use crate::model::backbone::{Backbone, BackboneConfig, BackboneError, BackboneState};
 use crate::model::codec::{CodecError, CodecModel, StreamingDecoder};
 use crate::model::frame::Rows;
 use crate::model::load::Checkpoint;
-use crate::model::tower::Tower;
+use crate::model::tower::{Tower, TowerState};
 use crate::model::weights::{ModelWeights, WeightError};
 
 /// Per-request generation options.
@@ -69,6 +69,23 @@ pub enum GenerateError {
     EmptyPrompt,
     #[error("the prompt has {prompt_rows} rows; the engine's context holds {context}, leaving no room for audio")]
     ContextFull { prompt_rows: usize, context: usize },
+    #[error("{prompt_rows} prompt rows + {max_frames} frames exceed the engine's context of {context} positions")]
+    FramesPastContext { prompt_rows: usize, max_frames: usize, context: usize },
+}
+
+/// The frames of one request, one per call, each `[main, c0..c9]` (the EOS frame included: the
+/// caller stops on it). The host-driven loop below serves any backend; a backend may bring a
+/// device-side step instead ([`DeviceFrames`]) that makes the same decisions.
+pub trait FrameSource {
+    /// The next frame. `last`: no frame will be asked after this one, so the backbone need not
+    /// run its row (a source may run it anyway).
+    fn next_frame(&mut self, last: bool) -> Result<Vec<u32>, GenerateError>;
+}
+
+/// A backend's own way of producing frames (e.g. the whole per-frame step as one CUDA graph).
+pub trait DeviceFrames {
+    /// Runs the prompt and returns the request's frames.
+    fn start<'a>(&'a self, rows: &Rows, opts: &GenerateOptions) -> Result<Box<dyn FrameSource + 'a>, GenerateError>;
 }
 
 /// Where generated audio goes, and whether to go on.
@@ -141,6 +158,8 @@ pub struct Engine<'w, B: Backend> {
     /// For candidate `i`, the index of its token in the backbone's restricted logits.
     logit_index: Vec<usize>,
     pub eos: u32,
+    /// The backend's device-side frames, when it has them; else the host loop runs.
+    device: Option<Box<dyn DeviceFrames + 'w>>,
 }
 
 impl<'w, B: Backend> Engine<'w, B> {
@@ -168,7 +187,24 @@ impl<'w, B: Backend> Engine<'w, B> {
             candidates,
             logit_index,
             eos: ckpt.special_tokens.eos(),
+            device: None,
         })
+    }
+
+    /// Produces frames with `device` instead of the host loop (same decisions, fewer round trips).
+    pub fn with_device_frames(mut self, device: Box<dyn DeviceFrames + 'w>) -> Self {
+        self.set_device_frames(device);
+        self
+    }
+
+    /// [`Self::with_device_frames`] in place.
+    pub fn set_device_frames(&mut self, device: Box<dyn DeviceFrames + 'w>) {
+        self.device = Some(device);
+    }
+
+    /// Whether frames come from a device-side step.
+    pub fn has_device_frames(&self) -> bool {
+        self.device.is_some()
     }
 
     /// Generates speech for prompt `rows`; `sink` receives PCM as the codec produces it and may
@@ -182,41 +218,21 @@ impl<'w, B: Backend> Engine<'w, B> {
         if rows.is_empty() {
             return Err(GenerateError::EmptyPrompt);
         }
-        let mut backbone_state = self.backbone.new_state();
-        let mut tower_state = self.tower.new_state();
-        let prompt_hidden = self.backbone.prefill(&mut backbone_state, rows)?;
-        self.tower.prefill(&mut tower_state, &prompt_hidden, rows)?;
-        let mut hidden = self.backend.tower_act_rows(&prompt_hidden, rows.len() - 1, 1);
-        let mut input_row = rows.row(rows.len() - 1).to_vec();
-        let mut window = RasWindow::from_prompt(rows);
+        let mut frames: Box<dyn FrameSource + '_> = match &self.device {
+            Some(device) => device.start(rows, opts)?,
+            None => Box::new(HostFrames::start(self, rows, opts)?),
+        };
         let mut produced = Rows::new(rows.codebooks());
         let mut audio = AudioOut::new(self.codec, self.backend);
         let mut reason = FinishReason::Length;
         for frame in 0..opts.max_frames {
-            let head = self.backbone.restricted_logits(&hidden, 0);
-            let logits: Vec<f32> = self.logit_index.iter().map(|&i| head[i]).collect();
-            let pick = sample_main(&logits, &self.candidates, &window, &opts.params, opts.seed, frame as u64)?;
-            window.push(pick.token);
-            // The reference runs every tower layer for the EOS frame too; its codes are discarded.
-            let mut head_error = None;
-            let codes = self.tower.frame(&mut tower_state, &hidden, &input_row, pick.token, &mut |r, logits| {
-                sample_head(logits, r, &opts.params, opts.seed, frame as u64).unwrap_or_else(|e| {
-                    head_error.get_or_insert(e);
-                    0
-                })
-            })?;
-            if let Some(e) = head_error {
-                return Err(e.into());
-            }
-            if pick.token == self.eos {
+            let row = frames.next_frame(frame + 1 == opts.max_frames)?;
+            if row[0] == self.eos {
                 reason = FinishReason::Stop;
                 break;
             }
-            let mut row = Vec::with_capacity(1 + codes.len());
-            row.push(pick.token);
-            row.extend_from_slice(&codes);
             produced.push_row(&row);
-            if audio.push(&codes, sink)?.is_break() {
+            if audio.push(&row[1..], sink)?.is_break() {
                 reason = FinishReason::Cancelled;
                 break;
             }
@@ -226,15 +242,75 @@ impl<'w, B: Backend> Engine<'w, B> {
                 reason = FinishReason::Cancelled;
                 break;
             }
-            if frame + 1 < opts.max_frames {
-                hidden = self.backbone.decode(&mut backbone_state, &row)?;
-                input_row = row;
-            }
         }
         if reason != FinishReason::Cancelled {
             let _ = audio.flush(sink)?;
         }
         Ok(Finished { reason, frames: produced.len(), rows: produced })
+    }
+}
+
+/// The host-driven frame loop (`model.md` §8.1), for any backend: restricted head → main draw
+/// with RAS on the host → the tower's 13 layers with a host draw per head → the row into the
+/// backbone.
+struct HostFrames<'e, 'w, B: Backend> {
+    engine: &'e Engine<'w, B>,
+    opts: &'e GenerateOptions,
+    backbone_state: BackboneState<B>,
+    tower_state: TowerState<B>,
+    /// The backbone's final-norm row for `input_row`.
+    hidden: B::Act,
+    input_row: Vec<u32>,
+    window: RasWindow,
+    frame: usize,
+}
+
+impl<'e, 'w, B: Backend> HostFrames<'e, 'w, B> {
+    fn start(engine: &'e Engine<'w, B>, rows: &Rows, opts: &'e GenerateOptions) -> Result<Self, GenerateError> {
+        let mut backbone_state = engine.backbone.new_state();
+        let mut tower_state = engine.tower.new_state();
+        let prompt_hidden = engine.backbone.prefill(&mut backbone_state, rows)?;
+        engine.tower.prefill(&mut tower_state, &prompt_hidden, rows)?;
+        Ok(HostFrames {
+            engine,
+            opts,
+            backbone_state,
+            tower_state,
+            hidden: engine.backend.tower_act_rows(&prompt_hidden, rows.len() - 1, 1),
+            input_row: rows.row(rows.len() - 1).to_vec(),
+            window: RasWindow::from_prompt(rows),
+            frame: 0,
+        })
+    }
+}
+
+impl<B: Backend> FrameSource for HostFrames<'_, '_, B> {
+    fn next_frame(&mut self, last: bool) -> Result<Vec<u32>, GenerateError> {
+        let (e, opts, frame) = (self.engine, self.opts, self.frame as u64);
+        let head = e.backbone.restricted_logits(&self.hidden, 0);
+        let logits: Vec<f32> = e.logit_index.iter().map(|&i| head[i]).collect();
+        let pick = sample_main(&logits, &e.candidates, &self.window, &opts.params, opts.seed, frame)?;
+        self.window.push(pick.token);
+        // The reference runs every tower layer for the EOS frame too; its codes are discarded.
+        let mut head_error = None;
+        let codes = e.tower.frame(&mut self.tower_state, &self.hidden, &self.input_row, pick.token, &mut |r, l| {
+            sample_head(l, r, &opts.params, opts.seed, frame).unwrap_or_else(|err| {
+                head_error.get_or_insert(err);
+                0
+            })
+        })?;
+        if let Some(err) = head_error {
+            return Err(err.into());
+        }
+        let mut row = Vec::with_capacity(1 + codes.len());
+        row.push(pick.token);
+        row.extend_from_slice(&codes);
+        if !last && pick.token != e.eos {
+            self.hidden = e.backbone.decode(&mut self.backbone_state, &row)?;
+            self.input_row.clone_from(&row);
+        }
+        self.frame += 1;
+        Ok(row)
     }
 }
 

@@ -245,6 +245,26 @@ impl<'a, B: BackboneOps> Backbone<'a, B> {
         self.forward(state, &rows, Pass::Decode, observe)
     }
 
+    /// [`Self::decode`] of one row whose input embedding `x` `[1, hidden]` is already computed
+    /// (a device-side step builds it from the sampled row without the host).
+    pub fn decode_embedded(&self, state: &mut BackboneState<B>, x: B::Act) -> Result<B::Act, BackboneError> {
+        self.forward_embedded(state, x, Pass::Decode, &mut |_, _| {})
+    }
+
+    /// Restarts `state` for a new request without reallocating it: positions 0, GDN states
+    /// zeroed and caches emptied by `clear` (for engines that keep one state's addresses for
+    /// their whole life, e.g. in a captured CUDA graph).
+    pub fn restart_state(
+        &self,
+        state: &mut BackboneState<B>,
+        clear: &mut dyn FnMut(&mut LayerState<B>),
+    ) -> Result<(), BackboneError> {
+        self.check_state(state)?;
+        state.layers.iter_mut().for_each(clear);
+        state.position = 0;
+        Ok(())
+    }
+
     /// Logits of row `row` of a final-norm `hidden` over the main-token candidates, in the order
     /// of [`Self::restricted_token_ids`] (semantic band ascending, then EOS).
     ///
@@ -254,6 +274,16 @@ impl<'a, B: BackboneOps> Backbone<'a, B> {
         let rows = self.backend.rows(hidden);
         assert!(row < rows, "restricted_logits: row {row} of {rows}");
         self.backend.restricted_logits(&self.weights.lm_head, &self.restricted_ids, hidden, row)
+    }
+
+    /// The `lm_head` weight (a device-side step runs the restricted head itself).
+    pub fn lm_head(&self) -> &'a B::Weight {
+        &self.weights.lm_head
+    }
+
+    /// `(embed_tokens, codebook_embeddings)`: the tables the input embedding gathers from.
+    pub fn embedding_tables(&self) -> (&'a B::Weight, &'a B::Weight) {
+        (&self.weights.embed_tokens, self.codebook_embeddings)
     }
 
     /// Token id of each restricted-logit index.
@@ -298,10 +328,21 @@ impl<'a, B: BackboneOps> Backbone<'a, B> {
         pass: Pass,
         observe: &mut dyn FnMut(Stage, &B::Act),
     ) -> Result<B::Act, BackboneError> {
+        let x = self.embed(rows)?;
+        self.forward_embedded(state, x, pass, observe)
+    }
+
+    fn forward_embedded(
+        &self,
+        state: &mut BackboneState<B>,
+        mut x: B::Act,
+        pass: Pass,
+        observe: &mut dyn FnMut(Stage, &B::Act),
+    ) -> Result<B::Act, BackboneError> {
         self.check_state(state)?;
         let b = self.backend;
         let c = &self.config;
-        let mut x = self.embed(rows)?;
+        let rows = b.rows(&x);
         observe(Stage::Embedding, &x);
         // Each residual add is fused with the norm that reads its result (the next mixer's or
         // MoE's input norm, or the final norm), so `h` is always the normed input of the next op.
@@ -328,7 +369,7 @@ impl<'a, B: BackboneOps> Backbone<'a, B> {
         }
         let out = h;
         observe(Stage::FinalNorm, &out);
-        state.position += rows.len();
+        state.position += rows;
         Ok(out)
     }
 }

@@ -50,6 +50,18 @@ impl<B: TowerOps> TowerState<B> {
     pub fn caches(&self) -> &[B::TowerKv] {
         &self.caches
     }
+
+    /// The caches for a backend-specific step (a device-side frame that addresses them itself).
+    pub fn caches_mut(&mut self) -> &mut [B::TowerKv] {
+        &mut self.caches
+    }
+
+    /// Restarts for a new request without reallocating: no positions, each cache emptied by
+    /// `clear` (for engines that keep one state's addresses for their whole life).
+    pub fn restart(&mut self, clear: &mut dyn FnMut(&mut B::TowerKv)) {
+        self.caches.iter_mut().for_each(clear);
+        self.len = 0;
+    }
 }
 
 /// Every layer's output and every head's logits for a block of rows (host copies).
@@ -94,8 +106,28 @@ impl<'w, B: TowerOps> Tower<'w, B> {
         }
     }
 
-    fn is_semantic(&self, token: u32) -> bool {
+    /// Whether `token` is in the semantic band (the tower's label mask).
+    pub fn is_semantic(&self, token: u32) -> bool {
         self.semantic.contains(&token)
+    }
+
+    pub fn weights(&self) -> &'w TowerWeights<B::Weight> {
+        self.weights
+    }
+
+    /// Shared enrichment layers (they embed c0); residual layer r follows at `shared_layers + r`.
+    pub fn shared_layers(&self) -> usize {
+        self.shared_layers
+    }
+
+    /// Codes per frame row (c0..c9).
+    pub fn codebooks(&self) -> usize {
+        self.codebooks
+    }
+
+    /// `vq_backbone_codebooks` (k): the unseen-codes vector sums codebooks k+1.. of the input row.
+    pub fn backbone_codebooks(&self) -> usize {
+        self.backbone_codebooks
     }
 
     /// Teacher-forced prefill. `rows[0]` is at position `state.len()`; every row but the last is

@@ -25,6 +25,8 @@ pub struct GpuOptions {
     pub memory_budget: Option<u64>,
     /// Positions (prompt rows + frames) each request's caches hold.
     pub context: usize,
+    /// Each frame as one captured CUDA graph (`false`: the host-driven loop, `--no-cuda-graph`).
+    pub graph: bool,
 }
 
 /// The CPU reference engine: checkpoint → resident weights → engine, then serve.
@@ -70,6 +72,12 @@ impl<'w, B: Backend> EngineModel<'w, B> {
             memory,
             health: None,
         })
+    }
+
+    /// Produces frames with a backend's device-side step (see [`Engine::set_device_frames`]).
+    pub fn with_device_frames(mut self, device: Box<dyn crate::engine::generate::DeviceFrames + 'w>) -> Self {
+        self.engine.set_device_frames(device);
+        self
     }
 
     /// Asks `check` whether the engine still works after a failed job (see
@@ -130,6 +138,7 @@ mod gpu {
     use super::{EngineModel, GpuOptions};
     use crate::backend::cuda::admission::{MemoryPlan, admit};
     use crate::backend::cuda::{Cuda, CudaOptions};
+    use crate::engine::cuda_frames::CudaFrames;
     use crate::engine::generate::ResidentModel;
     use crate::model::load::Checkpoint;
     use crate::scheduler::{Loader, MemoryUse, ModelHost, ModelLoadError};
@@ -161,7 +170,14 @@ mod gpu {
             let memory = Box::new(move || MemoryUse { in_use: budget.used() as usize, budget: budget.cap() as usize });
             // A fault sticks to the context: every later call fails, the first sync reports it.
             let health = Box::new(|| cuda.device().synchronize().map_err(|e| format!("the GPU reports {e}")));
-            let engine = EngineModel::new(&cuda, &ckpt, &model, Some(gpu.context), memory)?.with_health_check(health);
+            let mut engine =
+                EngineModel::new(&cuda, &ckpt, &model, Some(gpu.context), memory)?.with_health_check(health);
+            if gpu.graph {
+                host.progress("capturing the frame step as a CUDA graph");
+                let frames =
+                    CudaFrames::for_model(&cuda, &ckpt, &model).map_err(|e| ModelLoadError::Gpu(e.to_string()))?;
+                engine = engine.with_device_frames(Box::new(frames));
+            }
             host.serve(&engine);
             Ok(())
         })

@@ -1,6 +1,11 @@
 //! The whole engine on the tiny checkpoint, GPU against CPU and against itself:
+//! - the frame step captured as one CUDA graph (`engine::cuda_frames`) makes the same frames and
+//!   PCM, bit for bit, as the host-driven loop over the same GPU kernels (both sample with the
+//!   same Philox draws; the GPU sampler's decisions equal the CPU's, see the sampling section),
+//!   and makes no driver allocation per frame;
 //! - the same request with the same seed twice on the GPU gives the same frames and the same PCM
-//!   bit for bit (the `verification.md` row "same request, same seed, same backend");
+//!   bit for bit (the `verification.md` row "same request, same seed, same backend"), also after
+//!   another request of another length ran in between (the graph's state restarts per request);
 //! - the PCM the GPU engine streamed (first frame alone, then growing groups) equals one whole
 //!   GPU codec decode of its frames, bit for bit;
 //! - teacher-forced over the frames the CPU engine generated from a real prompt: the backbone's
@@ -12,7 +17,8 @@ use std::ops::ControlFlow;
 
 use limelight::backend::backbone::ExpertActivations;
 use limelight::backend::cpu::Cpu;
-use limelight::engine::generate::{Engine, Finished, GenerateOptions, ResidentModel};
+use limelight::engine::cuda_frames::CudaFrames;
+use limelight::engine::generate::{Engine, Finished, GenerateError, GenerateOptions, ResidentModel};
 use limelight::engine::sampling::SamplingParams;
 use limelight::model::backbone::BackboneConfig;
 use limelight::model::frame::Rows;
@@ -29,15 +35,51 @@ pub fn run(ctx: &mut Ctx) {
     let (_dir, ckpt) = ctx.tiny_checkpoint();
     let cuda = ctx.cuda;
     let gpu_model = ResidentModel::load(&ckpt, cuda).expect("GPU upload");
-    let gpu = Engine::new(cuda, &ckpt, &gpu_model).expect("GPU engine");
+    let host_loop = Engine::new(cuda, &ckpt, &gpu_model).expect("GPU engine");
+    let frames = CudaFrames::for_model(cuda, &ckpt, &gpu_model).expect("capturing the frame step");
+    let gpu = Engine::new(cuda, &ckpt, &gpu_model).expect("GPU engine").with_device_frames(Box::new(frames));
     let prompt = PromptBuilder::for_checkpoint(&ckpt).build(TEXT, &[]).expect("prompt");
+    let other = PromptBuilder::for_checkpoint(&ckpt).build("Another, shorter one.", &[]).expect("prompt");
     // No EOS stop in the first frames is likely but not certain; min() below handles either.
     let opts = GenerateOptions { params: SamplingParams::default(), seed: ctx.rng.next_u64(), max_frames: FRAMES };
 
+    let before = cuda.pool().stats().driver_allocations;
     let (first, first_pcm) = generate(&gpu, &prompt, &opts);
+    let (host, host_pcm) = generate(&host_loop, &prompt, &opts);
+    ctx.exact("engine: CUDA-graph frames vs the host-driven loop", first.rows.as_flat(), host.rows.as_flat());
+    ctx.exact("engine: CUDA-graph PCM bits vs the host-driven loop", &bits(&first_pcm), &bits(&host_pcm));
+    let _ = generate(&gpu, &other, &GenerateOptions { seed: opts.seed ^ 1, ..opts.clone() });
+    let steady = cuda.pool().stats().driver_allocations;
     let (second, second_pcm) = generate(&gpu, &prompt, &opts);
-    ctx.exact("engine on the GPU, same seed twice: frames", second.rows.as_flat(), first.rows.as_flat());
-    ctx.exact("engine on the GPU, same seed twice: PCM bits", &bits(&second_pcm), &bits(&first_pcm));
+    ctx.exact(
+        "engine on the GPU, same seed twice (another request between): frames",
+        second.rows.as_flat(),
+        first.rows.as_flat(),
+    );
+    ctx.exact(
+        "engine on the GPU, same seed twice (another request between): PCM bits",
+        &bits(&second_pcm),
+        &bits(&first_pcm),
+    );
+    let per_request = cuda.pool().stats().driver_allocations - steady;
+    ctx.check(
+        format!("engine with the CUDA graph: driver allocations in a repeated request ({} before it)", steady - before),
+        "count",
+        "0".into(),
+        per_request.to_string(),
+        per_request == 0,
+    );
+    let past =
+        gpu.generate(&prompt, &GenerateOptions { max_frames: cuda.context(), ..opts.clone() }, &mut |_: &[f32]| {
+            ControlFlow::Continue(())
+        });
+    ctx.check(
+        "engine with the CUDA graph: prompt + max_frames past the context",
+        "refused",
+        "FramesPastContext".into(),
+        format!("{:?}", past.as_ref().map(|f| f.frames).map_err(|e| e.to_string())),
+        matches!(past, Err(GenerateError::FramesPastContext { .. })),
+    );
     // The codec decodes each frame's codes c0..c9, the row without its main token.
     let codes: Vec<u32> = (0..first.rows.len()).flat_map(|t| first.rows.row(t)[1..].to_vec()).collect();
     let whole = gpu.codec.decode(cuda, &codes).expect("whole decode");

@@ -115,9 +115,36 @@ pub struct GpuKvCache {
     pub(super) splits: usize,
     pub len: usize,
     pub capacity: usize,
+    /// Set while a captured step is recorded: decode positions come from device memory.
+    device_position: Option<DevicePosition>,
+}
+
+/// A position counter in device memory (an `i32`) and this cache's offset from it: while a cache
+/// follows one, decode rows go to position `*counter + offset` instead of `len`, so a captured
+/// CUDA graph replays frame after frame with the positions advancing on the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DevicePosition {
+    /// Device address of the `i32` counter.
+    pub counter: u64,
+    pub offset: usize,
 }
 
 impl GpuKvCache {
+    /// Makes decode calls read their position from `position` (`None`: from `len` again). Host
+    /// `len` bookkeeping goes on as before, and is the caller's to correct after graph replays.
+    pub fn follow_device_position(&mut self, position: Option<DevicePosition>) {
+        self.device_position = position;
+    }
+
+    /// `(device counter address or 0, start or offset)`: the kernels' position arguments for a
+    /// call whose host-side first position is `start`.
+    pub(super) fn position_args(&self, start: usize) -> (u64, usize) {
+        match self.device_position {
+            Some(p) => (p.counter, p.offset),
+            None => (0, start),
+        }
+    }
+
     /// The first `len` positions' keys as f32, `[len, kv_heads, head_dim]` (for checks: syncs).
     pub fn keys_to_host(&self, cuda: &Cuda) -> Vec<f32> {
         self.to_host(cuda, &self.keys)
@@ -184,6 +211,7 @@ pub(super) fn new_cache_with_rope_table(
         splits: capacity.div_ceil(KEYS_PER_SPLIT).clamp(1, MAX_SPLITS),
         len: 0,
         capacity,
+        device_position: None,
     }
 }
 
@@ -247,6 +275,7 @@ fn project_and_append(
     let q = cuda.scratch(x.rows * h * hd * 4);
     // Scores come out in log2 units: the softmax uses exp2.
     let q_scale = (std::f64::consts::LOG2_E / (hd as f64).sqrt()) as f32;
+    let (counter, start) = cache.position_args(cache.len);
     let args = [
         qg.ptr().into(),
         k.ptr().into(),
@@ -260,7 +289,8 @@ fn project_and_append(
         h.into(),
         hkv.into(),
         s.rotary_dim.into(),
-        cache.len.into(),
+        start.into(),
+        counter.into(),
         (s.norm_eps as f32).into(),
         q_scale.into(),
     ];
@@ -302,6 +332,7 @@ pub(super) fn attend_prefill(
     start: usize,
 ) -> GpuMatrix {
     let (h, hkv, hd) = (shape.heads, shape.kv_heads, shape.head_dim);
+    assert!(cache.device_position.is_none(), "prefill attention reads host positions only (not capturable)");
     let variant = cuda.kernels.attention.variant(hd);
     if let Err(why) = &variant.prefill_ready {
         panic!("{why}");
@@ -356,6 +387,7 @@ pub(super) fn attend_decode(
     let part_o = cuda.scratch(t * h * splits * hd * 4);
     let part_ml = cuda.scratch(t * h * splits * 2 * 4);
     let dims = Dims::grid((splits as u32, hkv as u32, t as u32), THREADS).with_shared(decode_smem_bytes(hd) as u32);
+    let (counter, start) = cache.position_args(start);
     let args = [
         q.ptr().into(),
         cache.keys.ptr().into(),
@@ -365,6 +397,7 @@ pub(super) fn attend_decode(
         h.into(),
         hkv.into(),
         start.into(),
+        counter.into(),
         splits.into(),
     ];
     cuda.kernels.attention.variant(hd).decode.launch(cuda.stream(), dims, &args);

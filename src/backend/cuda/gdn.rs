@@ -89,6 +89,12 @@ impl GpuGdnState {
         cuda.copy_to_host(self.recurrent.ptr(), self.recurrent_len)
     }
 
+    /// Zeroes both states (the start of a request), keeping their addresses.
+    pub fn clear(&mut self, cuda: &Cuda) {
+        zero(cuda, &self.conv, self.conv_len);
+        zero(cuda, &self.recurrent, self.recurrent_len);
+    }
+
     fn check(&self, shape: &GdnShape) {
         assert_eq!(self.conv_len, (shape.conv_kernel - 1) * shape.qkv_dim(), "GDN conv state of another shape");
         assert_eq!(

@@ -172,9 +172,21 @@ pub fn embed(cuda: &Cuda, embed_tokens: &GpuWeight, codebook_embeddings: &GpuWei
     let recipe = pack_recipe(rows, vocab, cb_rows);
     let staged = cuda.scratch(recipe.len() * 4);
     cuda.stage_to_device(staged.ptr(), &recipe);
-    let args =
-        [embed_tokens.ptr.into(), codebook_embeddings.ptr.into(), staged.ptr().into(), y.ptr().into(), hidden.into()];
-    cuda.kernels.linear.embed_gather.launch(cuda.stream(), Dims::linear(rows.len(), THREADS), &args);
+    embed_from_recipe(cuda, embed_tokens, codebook_embeddings, staged.ptr(), y)
+}
+
+/// [`embed`] of `y.rows` rows from a recipe already on the device at `recipe` (e.g. written by
+/// `step::embed_recipe`; its indices must be in range). Capturable.
+pub fn embed_from_recipe(
+    cuda: &Cuda,
+    embed_tokens: &GpuWeight,
+    codebook_embeddings: &GpuWeight,
+    recipe: u64,
+    y: GpuMatrix,
+) -> GpuMatrix {
+    let hidden = y.cols;
+    let args = [embed_tokens.ptr.into(), codebook_embeddings.ptr.into(), recipe.into(), y.ptr().into(), hidden.into()];
+    cuda.kernels.linear.embed_gather.launch(cuda.stream(), Dims::linear(y.rows, THREADS), &args);
     y
 }
 

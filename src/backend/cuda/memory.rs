@@ -106,11 +106,22 @@ pub struct PoolStats {
 
 struct PoolInner {
     free: BTreeMap<usize, Vec<DeviceBuffer>>,
+    /// While a CUDA graph is captured: the buffers its recorded work uses (see [`Pool::begin_hold`]).
+    hold: Option<Hold>,
     stats: PoolStats,
     sealed: bool,
     /// Checks set this: every buffer handed out is first filled with 0xFF bytes, a NaN in bf16,
     /// f32 and e4m3, so an element a kernel forgot to write cannot pass a comparison.
     poison: bool,
+}
+
+/// Buffers a captured graph owns: every buffer dropped during the capture (they are reused within
+/// it, in stream order, and never handed out again), and a count of those taken during it that
+/// are still out.
+#[derive(Default)]
+struct Hold {
+    free: BTreeMap<usize, Vec<DeviceBuffer>>,
+    outstanding: usize,
 }
 
 /// Reusable scratch and activation buffers in power-of-two size classes.
@@ -122,7 +133,8 @@ pub struct Pool {
 
 impl Pool {
     pub fn new(budget: Arc<Budget>, stream: Arc<CudaStream>) -> Arc<Pool> {
-        let inner = PoolInner { free: BTreeMap::new(), stats: PoolStats::default(), sealed: false, poison: false };
+        let inner =
+            PoolInner { free: BTreeMap::new(), hold: None, stats: PoolStats::default(), sealed: false, poison: false };
         Arc::new(Pool { budget, stream, inner: Mutex::new(inner) })
     }
 
@@ -134,7 +146,8 @@ impl Pool {
     pub fn take(self: &Arc<Pool>, bytes: usize) -> Result<PoolBuf, MemoryError> {
         let class = Pool::class(bytes);
         let mut inner = self.inner.lock().expect("pool lock");
-        let reused = inner.free.get_mut(&class).and_then(Vec::pop);
+        let held = inner.hold.as_mut().and_then(|h| h.free.get_mut(&class).and_then(Vec::pop));
+        let reused = held.or_else(|| inner.free.get_mut(&class).and_then(Vec::pop));
         let buffer = match reused {
             Some(b) => b,
             None => {
@@ -152,7 +165,39 @@ impl Pool {
                 |source| AllocError::Driver { what: "poisoning a pool buffer".into(), bytes: class as u64, source },
             )?;
         }
-        Ok(PoolBuf { buffer: Some(buffer), bytes, pool: Arc::clone(self) })
+        let in_hold = match inner.hold.as_mut() {
+            Some(hold) => {
+                hold.outstanding += 1;
+                true
+            }
+            None => false,
+        };
+        Ok(PoolBuf { buffer: Some(buffer), bytes, in_hold, pool: Arc::clone(self) })
+    }
+
+    /// Starts recording for a CUDA graph capture: from now until [`Pool::end_hold`], buffers
+    /// dropped are kept apart (reused only by takes during the capture) instead of returning to
+    /// the pool. A graph replays its recorded addresses long after the capture, so none of them
+    /// may ever be handed to anyone else while the graph lives.
+    ///
+    /// # Panics
+    /// If a hold is already active.
+    pub fn begin_hold(&self) {
+        let mut inner = self.inner.lock().expect("pool lock");
+        assert!(inner.hold.is_none(), "a pool hold is already active (one graph capture at a time)");
+        inner.hold = Some(Hold::default());
+    }
+
+    /// Ends the hold and returns its buffers, for the graph to own.
+    ///
+    /// # Panics
+    /// If a buffer taken during the hold is still out: its owner would return it to the pool
+    /// while the graph still uses its address.
+    pub fn end_hold(&self) -> Vec<DeviceBuffer> {
+        let mut inner = self.inner.lock().expect("pool lock");
+        let hold = inner.hold.take().expect("no pool hold is active");
+        assert_eq!(hold.outstanding, 0, "{} buffers taken during a graph capture outlived it", hold.outstanding);
+        hold.free.into_values().flatten().collect()
     }
 
     /// Poison every buffer handed out from now on (see `PoolInner::poison`).
@@ -179,6 +224,8 @@ impl Pool {
 pub struct PoolBuf {
     buffer: Option<DeviceBuffer>,
     bytes: usize,
+    /// Taken during a hold (counted in its `outstanding`).
+    in_hold: bool,
     pool: Arc<Pool>,
 }
 
@@ -202,7 +249,15 @@ impl Drop for PoolBuf {
         if let Some(buffer) = self.buffer.take() {
             let class = buffer.bytes();
             if let Ok(mut inner) = self.pool.inner.lock() {
-                inner.free.entry(class).or_default().push(buffer);
+                match inner.hold.as_mut() {
+                    Some(hold) => {
+                        hold.outstanding -= usize::from(self.in_hold);
+                        hold.free.entry(class).or_default().push(buffer);
+                    }
+                    // A buffer taken during a hold that ended goes back to the pool here; the
+                    // hold's end has already panicked about it.
+                    None => inner.free.entry(class).or_default().push(buffer),
+                }
             }
         }
     }

@@ -15,6 +15,7 @@ pub mod codec;
 pub mod cublaslt;
 pub mod device;
 pub mod gdn;
+pub mod graph;
 pub mod launch;
 pub mod linear;
 pub mod memory;
@@ -22,6 +23,7 @@ pub mod moe;
 pub mod norm;
 pub mod sampling;
 pub mod staging;
+pub mod step;
 pub mod tensor;
 pub mod tower;
 
@@ -84,6 +86,7 @@ pub struct Kernels {
     pub tower: tower::TowerKernels,
     pub codec: codec::CodecKernels,
     pub sampling: sampling::SamplingKernels,
+    pub step: step::StepKernels,
 }
 
 impl Kernels {
@@ -98,6 +101,7 @@ impl Kernels {
             tower: tower::TowerKernels::load(ctx)?,
             codec: codec::CodecKernels::load(ctx)?,
             sampling: sampling::SamplingKernels::load(ctx)?,
+            step: step::StepKernels::load(ctx)?,
         })
     }
 }

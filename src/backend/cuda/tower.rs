@@ -124,48 +124,13 @@ impl TowerOps for Cuda {
         kv: &mut GpuTowerKv,
         input: TowerLayerInput<'_, GpuMatrix>,
     ) -> Result<GpuMatrix, TowerError> {
-        let cache = &mut kv.cache;
         let hidden = (input.hidden.rows, input.hidden.cols);
-        let n = input.check(s, hidden, input.unseen.map(|u| u.rows), cache.len)?;
-        let dim = s.dim;
-        assert!(
-            input.start + n <= cache.capacity,
-            "tower: {} positions + {n} rows exceed the KV cache capacity {}",
-            input.start,
-            cache.capacity
-        );
-
-        // 1–2. eh_proj(concat(enorm(mask ? Emb[code] : 0 (+ U)), hnorm(h))).
+        input.check(s, hidden, input.unseen.map(|u| u.rows), kv.cache.len)?;
         let codes = stage_u32(self, input.codes);
         let mask = stage_u32(self, &flags(input.label_semantic));
-        let eh = self.matrix(n, 2 * dim);
-        let args = [
-            input.hidden.ptr().into(),
-            w.code_embedding.ptr.into(),
-            codes.ptr().into(),
-            mask.ptr().into(),
-            input.unseen.map_or(0, |u| u.ptr()).into(),
-            w.enorm.ptr.into(),
-            w.hnorm.ptr.into(),
-            eh.ptr().into(),
-            dim.into(),
-            w.code_embedding.shape[0].into(),
-            (s.norm_eps as f32).into(),
-        ];
-        self.kernels.tower.mix.launch(self.stream(), Dims::linear(n, THREADS), &args);
-        let mut x = linear(self, &eh, &w.eh_proj);
-
-        // 3. Gated attention over this layer's cache, rows written at start.. (replacing any).
-        let a = norm::rms_norm(self, &x, &w.attention_norm, s.norm_eps);
-        let qkv = linear(self, &a, &w.wqkv);
-        let gated = self.attend(s, w, &qkv, cache, input.start);
-        let attn = linear(self, &gated, &w.wo);
-
-        // 4. SwiGLU block (x += attn fused with ffn_norm), 5. final_layernorm (fused with x += down).
-        let f = norm::add_rms_norm(self, &mut x, &attn, &w.ffn_norm, s.norm_eps);
-        let act = moe::swiglu(self, &linear(self, &f, &w.w1), &linear(self, &f, &w.w3));
-        let down = linear(self, &act, &w.w2);
-        Ok(norm::add_rms_norm(self, &mut x, &down, &w.final_norm, s.norm_eps))
+        let labels = DeviceLabels { codes: codes.ptr(), mask: mask.ptr() };
+        let device = DeviceLayerInput { hidden: input.hidden, labels, unseen: input.unseen, start: input.start };
+        Ok(self.tower_layer_device(s, w, kv, device))
     }
 
     fn tower_head(&self, head: &GpuWeight, hidden: &GpuMatrix) -> GpuMatrix {
@@ -191,7 +156,107 @@ impl TowerOps for Cuda {
     }
 }
 
+/// Device addresses of a tower layer's labels: one `u32` code and one `u32` mask flag (nonzero =
+/// semantic) per row, e.g. words of the GPU sampler's frame row.
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceLabels {
+    pub codes: u64,
+    pub mask: u64,
+}
+
+/// [`TowerLayerInput`] with its labels on the device.
+pub struct DeviceLayerInput<'a> {
+    /// `[n, dim]`.
+    pub hidden: &'a GpuMatrix,
+    pub labels: DeviceLabels,
+    /// `[n, dim]` (layer 0 only).
+    pub unseen: Option<&'a GpuMatrix>,
+    /// Position of the first row (for decode rows, ignored while the cache follows a device position).
+    pub start: usize,
+}
+
 impl Cuda {
+    /// [`TowerOps::tower_layer`] with its labels already on the device (no host data, no sync:
+    /// capturable).
+    ///
+    /// # Panics
+    /// If the rows would not fit the cache, or shapes disagree.
+    pub fn tower_layer_device(
+        &self,
+        s: &TowerShape,
+        w: &TowerLayer<GpuWeight>,
+        kv: &mut GpuTowerKv,
+        input: DeviceLayerInput<'_>,
+    ) -> GpuMatrix {
+        let DeviceLayerInput { hidden, labels, unseen, start } = input;
+        let cache = &mut kv.cache;
+        let (n, dim) = (hidden.rows, s.dim);
+        assert_eq!(hidden.cols, dim, "tower hidden width");
+        assert!(unseen.is_none_or(|u| u.rows == n && u.cols == dim), "tower unseen vector shape");
+        assert!(
+            start + n <= cache.capacity,
+            "tower: {start} positions + {n} rows exceed the KV cache capacity {}",
+            cache.capacity
+        );
+
+        // 1–2. eh_proj(concat(enorm(mask ? Emb[code] : 0 (+ U)), hnorm(h))).
+        let eh = self.matrix(n, 2 * dim);
+        let args = [
+            hidden.ptr().into(),
+            w.code_embedding.ptr.into(),
+            labels.codes.into(),
+            labels.mask.into(),
+            unseen.map_or(0, |u| u.ptr()).into(),
+            w.enorm.ptr.into(),
+            w.hnorm.ptr.into(),
+            eh.ptr().into(),
+            dim.into(),
+            w.code_embedding.shape[0].into(),
+            (s.norm_eps as f32).into(),
+        ];
+        self.kernels.tower.mix.launch(self.stream(), Dims::linear(n, THREADS), &args);
+        let mut x = linear(self, &eh, &w.eh_proj);
+
+        // 3. Gated attention over this layer's cache, rows written at start.. (replacing any).
+        let a = norm::rms_norm(self, &x, &w.attention_norm, s.norm_eps);
+        let qkv = linear(self, &a, &w.wqkv);
+        let gated = self.attend(s, w, &qkv, cache, start);
+        let attn = linear(self, &gated, &w.wo);
+
+        // 4. SwiGLU block (x += attn fused with ffn_norm), 5. final_layernorm (fused with x += down).
+        let f = norm::add_rms_norm(self, &mut x, &attn, &w.ffn_norm, s.norm_eps);
+        let act = moe::swiglu(self, &linear(self, &f, &w.w1), &linear(self, &f, &w.w3));
+        let down = linear(self, &act, &w.w2);
+        norm::add_rms_norm(self, &mut x, &down, &w.final_norm, s.norm_eps)
+    }
+
+    /// [`TowerOps::tower_unseen`] for one row whose codes `c0..c(codebooks−1)` and "row is
+    /// semantic" flag (`u32`) are already on the device (capturable).
+    pub fn tower_unseen_device(
+        &self,
+        table: &GpuWeight,
+        s: &TowerShape,
+        codes: u64,
+        semantic: u64,
+        codebooks: usize,
+        first: usize,
+    ) -> GpuMatrix {
+        assert_eq!(table.matrix_dims(), (codebooks * s.codebook_vocab, s.dim), "codebook embedding table shape");
+        let out = self.matrix(1, s.dim);
+        let args = [
+            table.ptr.into(),
+            codes.into(),
+            semantic.into(),
+            out.ptr().into(),
+            codebooks.into(),
+            first.into(),
+            s.codebook_vocab.into(),
+            s.dim.into(),
+        ];
+        self.kernels.tower.unseen.launch(self.stream(), Dims::linear(1, THREADS), &args);
+        out
+    }
+
     /// The tower's q/k norm, interleaved RoPE and cache write for `qkv`'s rows at `start..`, then
     /// causal attention over the cache. Returns the gated output (what `wo` reads).
     fn attend(
@@ -208,6 +273,7 @@ impl Cuda {
         let q = self.scratch(n * h * hd * 4);
         let qg = self.matrix(n, 2 * h * hd);
         let q_scale = (std::f64::consts::LOG2_E / (hd as f64).sqrt()) as f32;
+        let (counter, first) = cache.position_args(start);
         let args = [
             qkv.ptr().into(),
             w.q_norm.ptr.into(),
@@ -220,7 +286,8 @@ impl Cuda {
             h.into(),
             hkv.into(),
             s.rotary_dim.into(),
-            start.into(),
+            first.into(),
+            counter.into(),
             (s.norm_eps as f32).into(),
             q_scale.into(),
         ];
