@@ -16,6 +16,13 @@ const CHUNK: usize = 1 << 20;
 
 /// The stored bytes of one tensor.
 pub fn tensor_bytes(spec: &TensorSpec, seed: u64) -> Vec<u8> {
+    tensor_bytes_scaled(spec, seed, 1.0)
+}
+
+/// [`tensor_bytes`] with a residual branch's values (see `TensorSpec::residual_branch`) scaled
+/// by `residual_scale` (the same random stream, so 1.0 gives the same bytes).
+pub fn tensor_bytes_scaled(spec: &TensorSpec, seed: u64, residual_scale: f32) -> Vec<u8> {
+    let gain = if spec.residual_branch { residual_scale } else { 1.0 };
     let numel = spec.numel();
     let size = spec.stored.size();
     let mut out = vec![0u8; numel * size];
@@ -38,7 +45,7 @@ pub fn tensor_bytes(spec: &TensorSpec, seed: u64) -> Vec<u8> {
                     s.spawn(move || {
                         for (index, chunk) in group {
                             let mut rng = Rng::for_tensor(seed, &spec.name, index as u64);
-                            fill_chunk(spec, &mut rng, chunk);
+                            fill_chunk(spec, &mut rng, chunk, gain);
                         }
                     });
                 }
@@ -48,7 +55,7 @@ pub fn tensor_bytes(spec: &TensorSpec, seed: u64) -> Vec<u8> {
     out
 }
 
-fn fill_chunk(spec: &TensorSpec, rng: &mut Rng, out: &mut [u8]) {
+fn fill_chunk(spec: &TensorSpec, rng: &mut Rng, out: &mut [u8], gain: f32) {
     if spec.init == Init::Fp8Codes {
         let table = fp8_code_table();
         for b in out.iter_mut() {
@@ -56,7 +63,8 @@ fn fill_chunk(spec: &TensorSpec, rng: &mut Rng, out: &mut [u8]) {
         }
         return;
     }
-    let mut value = sampler(spec.init);
+    let mut sample = sampler(spec.init);
+    let mut value = |rng: &mut Rng| sample(rng) * gain;
     match spec.stored {
         Dtype::F32 => out.chunks_exact_mut(4).for_each(|c| c.copy_from_slice(&value(rng).to_le_bytes())),
         Dtype::BF16 => {
@@ -173,6 +181,19 @@ mod tests {
         let s = spec(Init::Normalish { std: 1.0 }, Dtype::F32, CHUNK * 2 + 17);
         assert_eq!(tensor_bytes(&s, 9), tensor_bytes(&s, 9));
         assert_ne!(tensor_bytes(&s, 9), tensor_bytes(&s, 10));
+    }
+
+    #[test]
+    fn residual_scale_shrinks_only_residual_branches_exactly() {
+        let plain = TensorSpec::new("s", &[4096], Accept::Scale, Dtype::F32, Init::Fp8Scale { fan_in: 64 });
+        let branch = plain.clone().residual_branch();
+        let f32s = |b: Vec<u8>| -> Vec<f32> { bytemuck::cast_slice(&b).to_vec() };
+        let full = f32s(tensor_bytes(&branch, 5));
+        let scaled = f32s(tensor_bytes_scaled(&branch, 5, 0.125));
+        // A power-of-two factor is exact in f32: the same draws, each times 1/8.
+        assert!(full.iter().zip(&scaled).all(|(a, b)| a * 0.125 == *b));
+        assert_eq!(tensor_bytes_scaled(&plain, 5, 0.125), tensor_bytes(&plain, 5));
+        assert_eq!(tensor_bytes_scaled(&branch, 5, 1.0), tensor_bytes(&branch, 5));
     }
 
     #[test]

@@ -40,6 +40,12 @@ pub struct SynthPlan {
     pub codec_specs: Vec<TensorSpec>,
     /// Target bytes per shard; the split itself is made when writing.
     pub shard_bytes: usize,
+    /// Factor on the init of every residual branch's output projection (1: the default). A
+    /// small factor makes a better-conditioned random model: each layer perturbs the residual
+    /// stream a little, so a rounding upstream (or a flipped near-tie expert choice) moves the
+    /// output a little instead of decorrelating it, and end-to-end comparisons of two
+    /// backends can use absolute bounds.
+    pub residual_scale: f32,
 }
 
 impl SynthPlan {
@@ -66,10 +72,25 @@ impl SynthPlan {
         codec_specs.extend(codec_buffer_specs(&p.codec));
         // At least four shards even for small presets, so layers straddle shard boundaries.
         let shard_bytes = p.shard_bytes.min(total_bytes(&model_specs) / 4 + 1);
-        SynthPlan { seed: opts.seed, config, tokenizer_json, special_tokens, model_specs, codec_specs, shard_bytes }
+        SynthPlan {
+            seed: opts.seed,
+            config,
+            tokenizer_json,
+            special_tokens,
+            model_specs,
+            codec_specs,
+            shard_bytes,
+            residual_scale: 1.0,
+        }
     }
 
     /// Which model specs go into which shard.
+    /// The plan with residual branches' init scaled by `scale` (see `residual_scale`).
+    pub fn with_residual_scale(mut self, scale: f32) -> SynthPlan {
+        self.residual_scale = scale;
+        self
+    }
+
     pub fn shards(&self) -> Vec<Vec<usize>> {
         shards::plan_shards(&self.model_specs, self.shard_bytes)
     }
@@ -88,7 +109,8 @@ impl SynthPlan {
         std::fs::create_dir_all(dir)?;
         std::fs::write(dir.join(CONFIG_FILE), self.config.to_json_pretty() + "\n")?;
         std::fs::write(dir.join(TOKENIZER_FILE), &self.tokenizer_json)?;
-        shards::write_shards(dir, &self.model_specs, &self.shards(), |s| fill::tensor_bytes(s, seed))?;
+        let scale = self.residual_scale;
+        shards::write_shards(dir, &self.model_specs, &self.shards(), |s| fill::tensor_bytes_scaled(s, seed, scale))?;
         let codec_tensors = self.codec_specs.iter().map(|s| pth_writer::PthTensorOut {
             name: s.name.clone(),
             dtype: s.stored,

@@ -3,15 +3,18 @@
 //! decode sequence through `model::backbone` on each backend (final-norm hidden rows,
 //! restricted-logit KL and top-1 agreement), and the decode path's allocations after warm-up.
 //!
-//! The random tiny model is badly conditioned: on the CPU alone, rounding each layer's input to
-//! bf16 moves its final hidden by tens of percent (the yardstick rows below print how much: a
-//! mean rel L2 of 0.33 and KL 0.063 in the run of 2026-12-02), far past `verification.md`'s
-//! absolute end-to-end bounds, which assume a trained model (a rounded
-//! input flips near-tie expert choices and e4m3 codes). So the end-to-end rows are judged
-//! against that measured sensitivity: a CPU run that keeps its activations in bf16 between
-//! operations (what any bf16 engine does) is the yardstick, and the GPU may deviate from
-//! the f32 CPU by at most twice as much as the yardstick does. Each layer alone keeps the
-//! absolute 1e-2 bound unless the yardstick for that layer is itself larger.
+//! The random tiny model is badly conditioned: on the CPU alone, rounding its activations to
+//! bf16 moves the final hidden by tens of percent (a mean rel L2 of 0.3–0.5 and KL 0.06–0.13 in
+//! the runs of 2026-12-02): every layer adds a unit-size branch to the residual stream, and a
+//! rounded input flips near-tie expert choices and e4m3 codes. Judged against that yardstick
+//! ("at most twice what bf16 alone moves the CPU"), the end-to-end rows failed on unlucky
+//! seeds: they measured chaos, not the kernels. So the end-to-end rows run on a checkpoint of
+//! the same layout whose residual branches' init is scaled by 1/8 (`SynthPlan::residual_scale`),
+//! and take `verification.md`'s absolute bounds: mean KL ≤ 1e-3, and a main token that differs
+//! from the CPU's only at a near-tie (within 6 RMS logit errors of the CPU's best); the final
+//! hidden keeps the yardstick bound (2 × a CPU run with bf16 activations between operations, +
+//! 1e-2). Each layer alone keeps the absolute 1e-2 bound unless the yardstick for that layer is
+//! itself larger.
 
 use limelight::backend::BackendTypes;
 use limelight::backend::backbone::{BackboneOps, ExpertActivations};
@@ -32,6 +35,14 @@ const LAYER_BOUND: f64 = 1e-2;
 const SENSITIVITY_FACTOR: f64 = 2.0;
 /// Router-logit gap (relative to the logits' RMS) under which a row's expert choice is a near-tie.
 const NEAR_TIE: f64 = 0.05;
+/// End to end (`verification.md`, CUDA vs CPU teacher-forced): mean KL of the restricted logits.
+const E2E_KL: f64 = 1e-3;
+/// End to end: a main token that differs from the CPU's must be a near-tie, its CPU logit within
+/// this many RMS logit errors of the best (the per-row form of "top-1 agreement ≥ 99%": a swap
+/// needs two entries' errors to differ by the gap, ~1e-5 at 6σ for independent errors).
+const NEAR_TIE_SIGMAS: f64 = 6.0;
+/// Residual branches' init scale of the checkpoint the end-to-end rows run on (see `run`).
+pub const CONDITIONED: f32 = 0.125;
 
 pub fn run(ctx: &mut Ctx) {
     let (_dir, ckpt) = ctx.tiny_checkpoint();
@@ -45,9 +56,15 @@ pub fn run(ctx: &mut Ctx) {
         config.moe.activations = mode;
         per_layer(ctx, &config, &cpu_w, &gpu_w, &rows);
     }
-    let mut config = base;
+    // End to end on a better-conditioned model of the same layout (residual branches' init ×
+    // 1/8), where a rounding upstream moves the output a little instead of decorrelating it.
+    let (_dir, ckpt) = ctx.tiny_checkpoint_scaled(CONDITIONED);
+    let cpu_w = ckpt.upload_model_weights(&Cpu).expect("CPU upload");
+    let gpu_w = ckpt.upload_model_weights(ctx.cuda).expect("GPU upload");
+    let mut config = BackboneConfig::from_model_config(&ckpt.config);
     config.moe.activations = ExpertActivations::Fp8Dynamic;
-    sequence(ctx, "backbone prompt→decode", &config, &cpu_w, &gpu_w, &rows, PROMPT_ROWS);
+    let what = format!("backbone prompt→decode [residual branches × {CONDITIONED}]");
+    sequence(ctx, &what, &config, &cpu_w, &gpu_w, &rows, PROMPT_ROWS);
 }
 
 /// Prompt-like rows: text tokens, then semantic rows with random codes.
@@ -251,13 +268,25 @@ struct Deviation {
     kl: f64,
     agree: usize,
     rows: usize,
+    /// Of the rows whose top-1 differs from the CPU's: the largest CPU logit gap between the
+    /// CPU's best and this pick, in units of the row's RMS logit error.
+    worst_swap_sigmas: f64,
 }
 
 impl Deviation {
     fn add(&mut self, hidden: &[f32], want_hidden: &[f32], logits: &[f32], want_logits: &[f32]) {
         self.hidden += rel_l2(hidden, want_hidden);
         self.kl += kl(want_logits, logits);
-        self.agree += usize::from(argmax(logits) == argmax(want_logits));
+        let (pick, best) = (argmax(logits), argmax(want_logits));
+        if pick == best {
+            self.agree += 1;
+        } else {
+            let n = logits.len() as f64;
+            let sigma =
+                (logits.iter().zip(want_logits).map(|(&a, &b)| f64::from(a - b).powi(2)).sum::<f64>() / n).sqrt();
+            let gap = f64::from(want_logits[best] - want_logits[pick]) / sigma.max(f64::MIN_POSITIVE);
+            self.worst_swap_sigmas = self.worst_swap_sigmas.max(gap);
+        }
         self.rows += 1;
     }
 
@@ -340,13 +369,22 @@ pub fn sequence(
         yard_dev.mean_hidden(),
         1e-2,
     );
-    judged(ctx, "restricted logits", "mean KL", gpu_dev.mean_kl(), yard_dev.mean_kl(), 1e-3);
     ctx.check(
-        format!("{what} main token top-1 ({n} rows, fp8 experts)"),
-        "agreement",
-        format!("≥ yardstick {}/{n} − 1", yard_dev.agree),
-        format!("{}/{n}", gpu_dev.agree),
-        gpu_dev.agree + 1 >= yard_dev.agree,
+        format!("{what} restricted logits ({n} rows, fp8 experts; bf16 yardstick {:.1e})", yard_dev.mean_kl()),
+        "mean KL",
+        format!("{E2E_KL:.0e}"),
+        format!("{:.2e}", gpu_dev.mean_kl()),
+        gpu_dev.mean_kl() <= E2E_KL,
+    );
+    ctx.check(
+        format!(
+            "{what} main token top-1 ({n} rows, fp8 experts): {}/{n} the CPU's best (bf16 yardstick {}/{n})",
+            gpu_dev.agree, yard_dev.agree
+        ),
+        "worst swap gap / row RMS error",
+        format!("{NEAR_TIE_SIGMAS}"),
+        format!("{:.2}", gpu_dev.worst_swap_sigmas),
+        gpu_dev.worst_swap_sigmas <= NEAR_TIE_SIGMAS,
     );
     let allocations = cuda.pool().stats().driver_allocations - before;
     ctx.check(

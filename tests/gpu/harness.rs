@@ -64,9 +64,16 @@ impl Ctx<'_> {
     /// A fresh tiny random-weight checkpoint (its seed drawn from this run's), written into a
     /// temporary directory that lives as long as the returned guard.
     pub fn tiny_checkpoint(&mut self) -> (tempfile::TempDir, Checkpoint) {
+        self.tiny_checkpoint_scaled(1.0)
+    }
+
+    /// A tiny checkpoint whose residual branches' init is scaled by `residual_scale`
+    /// (`SynthPlan::residual_scale`: below 1, a better-conditioned model for end-to-end rows).
+    pub fn tiny_checkpoint_scaled(&mut self, residual_scale: f32) -> (tempfile::TempDir, Checkpoint) {
         let dir = tempfile::tempdir().expect("temporary directory");
         let seed = self.rng.next_u64();
-        let plan = SynthPlan::new(&SynthOptions { preset: Preset::Tiny, seed, vq_backbone_codebooks: 1 });
+        let plan = SynthPlan::new(&SynthOptions { preset: Preset::Tiny, seed, vq_backbone_codebooks: 1 })
+            .with_residual_scale(residual_scale);
         plan.write(dir.path()).expect("write the tiny checkpoint");
         let ckpt = Checkpoint::open(dir.path()).expect("open the tiny checkpoint");
         (dir, ckpt)

@@ -142,7 +142,7 @@ fn gated_delta_net<S: TensorSource>(d: &Dims, p: &str, src: &mut S) -> Result<Gd
             Dtype::BF16,
             Init::Uniform { lo: 0.75, hi: 1.25 },
         ))?,
-        out_proj: src.tensor(TensorSpec::linear(format!("{p}.out_proj.weight"), h, vt))?,
+        out_proj: src.tensor(TensorSpec::linear(format!("{p}.out_proj.weight"), h, vt).residual_branch())?,
     })
 }
 
@@ -152,7 +152,7 @@ fn attention<S: TensorSource>(d: &Dims, p: &str, src: &mut S) -> Result<Attentio
         q_proj: src.tensor(TensorSpec::linear(format!("{p}.q_proj.weight"), d.attn_q_proj_rows(), h))?,
         k_proj: src.tensor(TensorSpec::linear(format!("{p}.k_proj.weight"), d.attn_kv_dim(), h))?,
         v_proj: src.tensor(TensorSpec::linear(format!("{p}.v_proj.weight"), d.attn_kv_dim(), h))?,
-        o_proj: src.tensor(TensorSpec::linear(format!("{p}.o_proj.weight"), h, d.attn_out_dim()))?,
+        o_proj: src.tensor(TensorSpec::linear(format!("{p}.o_proj.weight"), h, d.attn_out_dim()).residual_branch())?,
         q_norm: src.tensor(TensorSpec::zero_centered_norm(format!("{p}.q_norm.weight"), d.head_dim))?,
         k_norm: src.tensor(TensorSpec::zero_centered_norm(format!("{p}.k_norm.weight"), d.head_dim))?,
     })
@@ -165,16 +165,17 @@ fn moe<S: TensorSource>(d: &Dims, p: &str, src: &mut S) -> Result<MoeWeights<S::
         .map(|e| {
             let q = format!("{p}.experts.{e}");
             Ok(Fp8Expert {
-                gate_proj: fp8_linear(d, &format!("{q}.gate_proj"), i, h, src)?,
-                up_proj: fp8_linear(d, &format!("{q}.up_proj"), i, h, src)?,
-                down_proj: fp8_linear(d, &format!("{q}.down_proj"), h, i, src)?,
+                gate_proj: fp8_linear(d, &format!("{q}.gate_proj"), i, h, false, src)?,
+                up_proj: fp8_linear(d, &format!("{q}.up_proj"), i, h, false, src)?,
+                down_proj: fp8_linear(d, &format!("{q}.down_proj"), h, i, true, src)?,
             })
         })
         .collect::<Result<Vec<_>, WeightError>>()?;
     let shared_expert = SwiGlu {
         gate_proj: src.tensor(TensorSpec::linear(format!("{p}.shared_expert.gate_proj.weight"), si, h))?,
         up_proj: src.tensor(TensorSpec::linear(format!("{p}.shared_expert.up_proj.weight"), si, h))?,
-        down_proj: src.tensor(TensorSpec::linear(format!("{p}.shared_expert.down_proj.weight"), h, si))?,
+        down_proj: src
+            .tensor(TensorSpec::linear(format!("{p}.shared_expert.down_proj.weight"), h, si).residual_branch())?,
     };
     let shared_expert_gate = src.tensor(TensorSpec::linear(format!("{p}.shared_expert_gate.weight"), 1, h))?;
     Ok(MoeWeights { router, experts, shared_expert, shared_expert_gate })
@@ -185,9 +186,17 @@ fn fp8_linear<S: TensorSource>(
     p: &str,
     out: usize,
     inp: usize,
+    residual_branch: bool,
     src: &mut S,
 ) -> Result<Fp8Linear<S::Tensor>, WeightError> {
     let [bo, bi] = d.fp8_block;
+    let scale_inv = TensorSpec::new(
+        format!("{p}.weight_scale_inv"),
+        &[out.div_ceil(bo), inp.div_ceil(bi)],
+        Accept::Scale,
+        Dtype::F32,
+        Init::Fp8Scale { fan_in: inp },
+    );
     Ok(Fp8Linear {
         weight: src.tensor(TensorSpec::new(
             format!("{p}.weight"),
@@ -196,12 +205,7 @@ fn fp8_linear<S: TensorSource>(
             Dtype::F8E4M3,
             Init::Fp8Codes,
         ))?,
-        scale_inv: src.tensor(TensorSpec::new(
-            format!("{p}.weight_scale_inv"),
-            &[out.div_ceil(bo), inp.div_ceil(bi)],
-            Accept::Scale,
-            Dtype::F32,
-            Init::Fp8Scale { fan_in: inp },
-        ))?,
+        // The scales carry the magnitude (the codes span the e4m3 range whatever it is).
+        scale_inv: src.tensor(if residual_branch { scale_inv.residual_branch() } else { scale_inv })?,
     })
 }

@@ -104,11 +104,28 @@ pub struct TensorSpec {
     /// The dtype the published checkpoint stores (what the writer writes).
     pub stored: Dtype,
     pub init: Init,
+    /// The tensor's output is added into the backbone's residual stream (a mixer's or an MLP's
+    /// last projection): the checkpoint writer may shrink its init (see `SynthPlan`).
+    pub residual_branch: bool,
 }
 
 impl TensorSpec {
     pub fn new(name: impl Into<String>, shape: &[usize], accept: Accept, stored: Dtype, init: Init) -> TensorSpec {
-        TensorSpec { name: name.into(), alias: None, shape: shape.to_vec(), accept, stored, init }
+        TensorSpec {
+            name: name.into(),
+            alias: None,
+            shape: shape.to_vec(),
+            accept,
+            stored,
+            init,
+            residual_branch: false,
+        }
+    }
+
+    /// Marks a residual branch's output projection (or its FP8 scales).
+    pub fn residual_branch(mut self) -> TensorSpec {
+        self.residual_branch = true;
+        self
     }
 
     pub fn with_alias(mut self, alias: impl Into<String>) -> TensorSpec {
