@@ -312,6 +312,7 @@ mod tests {
         assert!(
             refused(&["--model", "/m", "--device", "cpu", "--context-length", "9000"]).contains("--context-length")
         );
+        assert!(refused(&["--model", "/m", "--device", "cpu", "--no-cuda-graph"]).contains("--no-cuda-graph"));
         assert!(refused(&["--model", "/m", "--context-length", "2000"]).contains("--max-frames 2048"));
         assert!(refused(&["--model", "/m", "--max-queue", "0"]).contains("--max-queue"));
         assert!(refused(&["--model", "/m", "--max-body-bytes", "10"]).contains("--max-body-bytes"));
@@ -320,6 +321,12 @@ mod tests {
         assert!(refused(&["--model", "/m", "--api-key-file", "/nonexistent/key"]).contains("--api-key-file"));
         assert!(Cli::try_parse_from(["limelight", "serve"]).is_err(), "--model or --demo is required");
         assert!(Cli::try_parse_from(["limelight", "serve", "--model", "/m", "--demo"]).is_err());
+    }
+
+    #[test]
+    fn cuda_graph_is_on_unless_turned_off() {
+        assert!(parse(&["--model", "/m"]).unwrap().gpu.graph);
+        assert!(!parse(&["--model", "/m", "--no-cuda-graph"]).unwrap().gpu.graph);
     }
 
     #[test]

@@ -9,7 +9,9 @@
 # /ready, then streams requests with curl (chunked PCM, and SSE) and records, per request, curl's
 # time to the first byte and the server's own request line (time to first audio, frames, real-time
 # factor). REPORT_DIR gets serve.log (the server's JSON lines), requests.tsv, metrics.txt,
-# audio files, and load-time.txt.
+# audio files, and load-time.txt. Then it serves the same checkpoint again with --no-cuda-graph
+# (the host-driven frame loop) and checks that the same request gives the same bytes
+# (ab-host-loop.txt, serve-host-loop.log).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 tools/gpu/unpack.sh
@@ -25,17 +27,22 @@ if [[ ! -f "$ckpt/config.json" ]]; then
     { time .gpu/bin/limelight checkpoint synth --preset full --out "$ckpt"; } 2>"$report_dir/synth-time.txt"
 fi
 
-start=$(date +%s%N)
-.gpu/bin/limelight serve --model "$ckpt" --device cuda --port "$port" --log-format json \
-    >"$report_dir/serve.log" 2>&1 &
-server=$!
+start_server() {  # log extra-flags...
+    local log=$1
+    shift
+    start=$(date +%s%N)
+    .gpu/bin/limelight serve --model "$ckpt" --device cuda --port "$port" --log-format json "$@" \
+        >"$report_dir/$log" 2>&1 &
+    server=$!
+    until curl -sf "http://127.0.0.1:$port/ready" >/dev/null; do
+        if ! kill -0 $server 2>/dev/null; then
+            echo "the server exited while loading:"; tail -20 "$report_dir/$log"; exit 1
+        fi
+        sleep 0.2
+    done
+}
 trap 'kill $server 2>/dev/null || true' EXIT
-until curl -sf "http://127.0.0.1:$port/ready" >/dev/null; do
-    if ! kill -0 $server 2>/dev/null; then
-        echo "the server exited while loading:"; tail -20 "$report_dir/serve.log"; exit 1
-    fi
-    sleep 0.2
-done
+start_server serve.log
 echo "ready after $(( ($(date +%s%N) - start) / 1000000 )) ms" | tee "$report_dir/load-time.txt"
 
 url="http://127.0.0.1:$port/v1/audio/speech"
@@ -88,6 +95,19 @@ cmp -s "$report_dir/stream-pcm.pcm" "$report_dir/stream-pcm-again.pcm" &&
 curl -sf "http://127.0.0.1:$port/metrics" >"$report_dir/metrics.txt" || true
 cat "$report_dir/requests.tsv"
 grep '"request"' "$report_dir/serve.log" | tail -5 || true
+kill -TERM $server
+wait $server || true
+
+# The same request through the host-driven frame loop: the same bytes, and its speed for comparison.
+start_server serve-host-loop.log --no-cuda-graph
+echo "host loop: ready after $(( ($(date +%s%N) - start) / 1000000 )) ms" | tee -a "$report_dir/load-time.txt"
+speak warmup-host-loop pcm "" "$text" 32
+speak stream-pcm-host-loop pcm "" "$text" 256
+cmp -s "$report_dir/stream-pcm.pcm" "$report_dir/stream-pcm-host-loop.pcm" &&
+    echo "CUDA graph vs host loop, same request: identical bytes" | tee "$report_dir/ab-host-loop.txt" ||
+    echo "CUDA graph vs host loop, same request: BYTES DIFFER" | tee "$report_dir/ab-host-loop.txt"
+tail -2 "$report_dir/requests.tsv"
+grep '"request"' "$report_dir/serve-host-loop.log" | tail -2 || true
 kill -TERM $server
 wait $server || true
 rm -f "$report_dir"/*.pcm "$report_dir"/*.wav  # audio of random weights is noise; keep the numbers
