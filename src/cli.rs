@@ -39,6 +39,28 @@ pub enum BenchCommand {
     /// Load a checkpoint on the GPU and time the backbone: a prefill, then decode rows; compares
     /// decode with its floor (bytes per row / measured copy bandwidth).
     Backbone(BenchBackboneArgs),
+    /// Load a checkpoint on the GPU and time the whole engine one frame at a time: the prompt,
+    /// the per-frame step as a CUDA graph and as the host loop (against its floor), the codec.
+    Engine(BenchEngineArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BenchEngineArgs {
+    /// Checkpoint directory.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Frames timed per path (EOS does not stop them).
+    #[arg(long, default_value_t = 256)]
+    pub frames: usize,
+    /// Positions the caches are sized for.
+    #[arg(long, default_value_t = 4096)]
+    pub context_length: usize,
+    /// Hard cap on GPU memory; default: free memory at start minus 1 GiB.
+    #[arg(long, value_parser = parse_bytes)]
+    pub gpu_memory_budget: Option<u64>,
+    /// Also write every number as JSON.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

@@ -28,6 +28,7 @@ fn main() -> ExitCode {
             println!("wrote {}: {n} tensors", args.out.display());
         }),
         Command::Bench(BenchCommand::Backbone(args)) => commands::bench_backbone(&args),
+        Command::Bench(BenchCommand::Engine(args)) => commands::bench_engine(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

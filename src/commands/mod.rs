@@ -3,6 +3,8 @@
 
 #[cfg(feature = "cuda")]
 pub mod bench;
+#[cfg(feature = "cuda")]
+pub mod bench_engine;
 
 use std::ops::ControlFlow;
 use std::path::Path;
@@ -15,7 +17,7 @@ use crate::backend::cpu::Cpu;
 use crate::checkpoint::Dtype;
 use crate::checkpoint::safetensors::SafetensorsFile;
 use crate::checkpoint::safetensors_writer::{TensorHeader, f32_bytes, write_safetensors};
-use crate::cli::{BenchBackboneArgs, SayArgs, TraceArgs};
+use crate::cli::{BenchBackboneArgs, BenchEngineArgs, SayArgs, TraceArgs};
 use crate::engine::generate::{Engine, Finished, GenerateOptions, ResidentModel};
 use crate::engine::sampling::SamplingParams;
 use crate::engine::trace::trace;
@@ -87,6 +89,31 @@ fn read_rows(path: &Path, codebooks: usize) -> anyhow::Result<Rows> {
 }
 
 /// `limelight bench backbone`: prints the summary and optionally writes the JSON.
+/// `limelight bench engine`: the per-frame step (graph and host loop), prompt and codec timed.
+pub fn bench_engine(args: &BenchEngineArgs) -> anyhow::Result<()> {
+    #[cfg(feature = "cuda")]
+    {
+        let result = bench_engine::bench_engine(args)?;
+        println!("{}", result.summary());
+        if let Some(path) = &args.json {
+            std::fs::write(path, serde_json::to_string_pretty(&result)?)
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
+        if result.pool_driver_allocations_while_timed != 0 {
+            bail!(
+                "the frame step allocated {} buffers from the driver while timed",
+                result.pool_driver_allocations_while_timed
+            );
+        }
+        Ok(())
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = args;
+        bail!("this binary was built without the `cuda` feature: rebuild with default features to use the GPU")
+    }
+}
+
 pub fn bench_backbone(args: &BenchBackboneArgs) -> anyhow::Result<()> {
     #[cfg(feature = "cuda")]
     {

@@ -207,6 +207,22 @@ impl<'w, B: Backend> Engine<'w, B> {
         self.device.is_some()
     }
 
+    /// Runs the prompt and returns the request's frames, from the device-side step if the engine
+    /// has one, else from the host loop (what `generate` consumes; benches time it directly).
+    pub fn frames<'a>(
+        &'a self,
+        rows: &Rows,
+        opts: &'a GenerateOptions,
+    ) -> Result<Box<dyn FrameSource + 'a>, GenerateError> {
+        if rows.is_empty() {
+            return Err(GenerateError::EmptyPrompt);
+        }
+        match &self.device {
+            Some(device) => device.start(rows, opts),
+            None => Ok(Box::new(HostFrames::start(self, rows, opts)?)),
+        }
+    }
+
     /// Generates speech for prompt `rows`; `sink` receives PCM as the codec produces it and may
     /// stop the generation between frames.
     pub fn generate(
@@ -215,13 +231,7 @@ impl<'w, B: Backend> Engine<'w, B> {
         opts: &GenerateOptions,
         sink: &mut dyn AudioSink,
     ) -> Result<Finished, GenerateError> {
-        if rows.is_empty() {
-            return Err(GenerateError::EmptyPrompt);
-        }
-        let mut frames: Box<dyn FrameSource + '_> = match &self.device {
-            Some(device) => device.start(rows, opts)?,
-            None => Box::new(HostFrames::start(self, rows, opts)?),
-        };
+        let mut frames = self.frames(rows, opts)?;
         let mut produced = Rows::new(rows.codebooks());
         let mut audio = AudioOut::new(self.codec, self.backend);
         let mut reason = FinishReason::Length;

@@ -9,7 +9,8 @@
 //! rounded input flips near-tie expert choices and e4m3 codes. Judged against that yardstick
 //! ("at most twice what bf16 alone moves the CPU"), the end-to-end rows failed on unlucky
 //! seeds: they measured chaos, not the kernels. So the end-to-end rows run on a checkpoint of
-//! the same layout whose residual branches' init is scaled by 1/8 (`SynthPlan::residual_scale`),
+//! the same layout whose residual branches' init is scaled by 1/16 (`SynthPlan::residual_scale`;
+//! at 1/8 the bf16 yardstick alone reached KL 9e-4 and the GPU 1.05e-3, H200 run 5),
 //! and take `verification.md`'s absolute bounds: mean KL ≤ 1e-3, and a main token that differs
 //! from the CPU's only at a near-tie (within 6 RMS logit errors of the CPU's best); the final
 //! hidden keeps the yardstick bound (2 × a CPU run with bf16 activations between operations, +
@@ -42,7 +43,7 @@ const E2E_KL: f64 = 1e-3;
 /// needs two entries' errors to differ by the gap, ~1e-5 at 6σ for independent errors).
 const NEAR_TIE_SIGMAS: f64 = 6.0;
 /// Residual branches' init scale of the checkpoint the end-to-end rows run on (see `run`).
-pub const CONDITIONED: f32 = 0.125;
+pub const CONDITIONED: f32 = 0.0625;
 
 pub fn run(ctx: &mut Ctx) {
     let (_dir, ckpt) = ctx.tiny_checkpoint();
@@ -57,7 +58,7 @@ pub fn run(ctx: &mut Ctx) {
         per_layer(ctx, &config, &cpu_w, &gpu_w, &rows);
     }
     // End to end on a better-conditioned model of the same layout (residual branches' init ×
-    // 1/8), where a rounding upstream moves the output a little instead of decorrelating it.
+    // 1/16), where a rounding upstream moves the output a little instead of decorrelating it.
     let (_dir, ckpt) = ctx.tiny_checkpoint_scaled(CONDITIONED);
     let cpu_w = ckpt.upload_model_weights(&Cpu).expect("CPU upload");
     let gpu_w = ckpt.upload_model_weights(ctx.cuda).expect("GPU upload");
