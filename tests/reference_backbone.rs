@@ -262,6 +262,43 @@ fn prefill_then_decode_equals_one_longer_prefill() {
     }
 }
 
+/// What a device-side step relies on: decoding a row from its precomputed embedding is decoding
+/// the row, and a restarted state (caches emptied, GDN states zeroed, in place) runs a new
+/// request exactly as a fresh state does.
+#[test]
+fn embedded_decode_and_restarted_state_match_the_plain_paths() {
+    let s = setup();
+    let bb = backbone(s, s.config.clone());
+    let rows = golden_rows();
+    let prompt = slice_rows(&rows, 0..PROMPT_ROWS);
+    let next = slice_rows(&rows, PROMPT_ROWS..PROMPT_ROWS + 1);
+
+    let mut plain = bb.new_state();
+    bb.prefill(&mut plain, &prompt).unwrap();
+    let want = bb.decode(&mut plain, next.row(0)).unwrap();
+
+    // A state that first served another request, then restarted.
+    let mut reused = bb.new_state();
+    bb.prefill(&mut reused, &slice_rows(&rows, 5..40)).unwrap();
+    bb.restart_state(&mut reused, &mut |layer| match layer {
+        LayerState::Gdn(g) => {
+            g.conv.data.fill(0.0);
+            g.recurrent.fill(0.0);
+        }
+        LayerState::Attention(kv) => {
+            kv.len = 0;
+            kv.keys.clear();
+            kv.values.clear();
+        }
+    })
+    .unwrap();
+    assert_eq!(reused.position, 0);
+    bb.prefill(&mut reused, &prompt).unwrap();
+    let got = bb.decode_embedded(&mut reused, bb.embed(&next).unwrap()).unwrap();
+    assert_eq!(got.data, want.data, "embedded decode on a restarted state");
+    assert_eq!(reused.position, plain.position);
+}
+
 #[test]
 fn fp8_activation_emulation_is_a_small_perturbation() {
     let s = setup();
