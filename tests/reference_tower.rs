@@ -216,6 +216,30 @@ fn frames_continue_a_prefill_exactly() {
     assert_eq!(state.caches(), whole.caches());
 }
 
+/// A state restarted in place after another request (what the CUDA-graph step does between
+/// requests) prefills exactly as a fresh one.
+#[test]
+fn restarted_state_prefills_as_a_fresh_one() {
+    let g = golden(1);
+    let (_dir, ckpt, weights) = checkpoint(1);
+    let tower = Tower::new(&Cpu, &weights.tower, &ckpt.config).unwrap();
+    let mut fresh = tower.new_state();
+    let want = tower.prefill_traced(&mut fresh, &g.hidden, &g.rows).unwrap();
+
+    let mut reused = tower.new_state();
+    let other = rows_range(&g.rows, 3, g.prompt);
+    tower.prefill(&mut reused, &hidden_rows(&g.hidden, 3, other.len()), &other).unwrap();
+    assert!(!reused.is_empty());
+    reused.restart(&mut |kv| {
+        kv.k.clear();
+        kv.v.clear();
+    });
+    assert!(reused.is_empty());
+    let got = tower.prefill_traced(&mut reused, &g.hidden, &g.rows).unwrap();
+    assert_eq!(got, want);
+    assert_eq!(reused.caches(), fresh.caches());
+}
+
 /// Prefill in chunks (each passing one extra row as the label of its last written row) equals
 /// one prefill; and an omitted last backbone row changes nothing.
 #[test]

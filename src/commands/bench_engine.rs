@@ -44,9 +44,11 @@ pub struct EngineBench {
     pub copy_bandwidth_gb_per_s: f64,
     pub step_floor_ms: f64,
     pub graph_ratio_to_floor: f64,
-    /// The codec's first call of a request (one frame) and its steady groups of 8 frames.
+    /// The codec's first call of a request (one frame).
     pub codec_first_frame_ms: f64,
-    pub codec_ms_per_frame_in_groups_of_8: f64,
+    /// Steady calls of `group` frames each (the server's groups grow to `codec_group`'s
+    /// maximum, 8): `(group, ms per frame)`.
+    pub codec_ms_per_frame_by_group: Vec<(usize, f64)>,
     pub used_bytes: u64,
     pub pool_driver_allocations_while_timed: u64,
 }
@@ -79,7 +81,11 @@ pub fn bench_engine(args: &BenchEngineArgs) -> anyhow::Result<EngineBench> {
     let timed = time_frames(&cuda, &graph, &prompt, &opts)?;
     let allocations = cuda.pool().stats().driver_allocations - before;
     let host = time_frames(&cuda, &host_loop, &prompt, &opts)?;
-    let (codec_first_frame_ms, codec_ms_per_frame_in_groups_of_8) = time_codec(&cuda, &model, &timed.rows)?;
+    let codec_first_frame_ms = time_codec(&cuda, &model, &timed.rows, 1)?.0;
+    let codec_ms_per_frame_by_group = [8, 16, 32]
+        .into_iter()
+        .map(|group| Ok((group, time_codec(&cuda, &model, &timed.rows, group)?.1)))
+        .collect::<anyhow::Result<Vec<_>>>()?;
 
     let copy_bandwidth_gb_per_s = cuda.measure_copy_bandwidth(1 << 30)?;
     let position = prompt.len() + args.frames / 2;
@@ -102,7 +108,7 @@ pub fn bench_engine(args: &BenchEngineArgs) -> anyhow::Result<EngineBench> {
         step_floor_ms,
         graph_ratio_to_floor: timed.ms_per_frame / step_floor_ms,
         codec_first_frame_ms,
-        codec_ms_per_frame_in_groups_of_8,
+        codec_ms_per_frame_by_group,
         used_bytes: cuda.budget().used(),
         pool_driver_allocations_while_timed: allocations,
     })
@@ -135,22 +141,22 @@ fn time_frames(
     Ok(FrameTiming { prompt_ms, ms_per_frame, rows })
 }
 
-/// A fresh stream's first call (one frame), then the rest in groups of 8 (each call returns
-/// its PCM to the host, as the server's does).
-fn time_codec(cuda: &Cuda, model: &ResidentModel<Cuda>, rows: &Rows) -> anyhow::Result<(f64, f64)> {
+/// A fresh stream's first call (one frame), then the rest in calls of `group` frames (each call
+/// returns its PCM to the host, as the server's do): (first call ms, ms per frame of the rest).
+fn time_codec(cuda: &Cuda, model: &ResidentModel<Cuda>, rows: &Rows, group: usize) -> anyhow::Result<(f64, f64)> {
     let codes = |t: usize| rows.row(t)[1..].to_vec();
     let mut decoder = StreamingDecoder::new(&model.codec, cuda);
     cuda.synchronize();
     let t = Instant::now();
     decoder.push(&codes(0))?;
     let first_ms = t.elapsed().as_secs_f64() * 1e3;
-    let groups = (rows.len() - 1) / 8;
+    let groups = (rows.len() - 1) / group;
     let t = Instant::now();
     for g in 0..groups {
-        let group: Vec<u32> = (1 + 8 * g..1 + 8 * (g + 1)).flat_map(codes).collect();
-        decoder.push(&group)?;
+        let frames: Vec<u32> = (1 + group * g..1 + group * (g + 1)).flat_map(codes).collect();
+        decoder.push(&frames)?;
     }
-    let per_frame = t.elapsed().as_secs_f64() * 1e3 / (8 * groups).max(1) as f64;
+    let per_frame = t.elapsed().as_secs_f64() * 1e3 / (group * groups).max(1) as f64;
     Ok((first_ms, per_frame))
 }
 
@@ -180,7 +186,7 @@ impl EngineBench {
              prompt {rows} rows: {pm:.1} ms\n\
              frame step over {frames} frames: {g:.3} ms/frame as a CUDA graph, {h:.3} ms/frame as the host loop\n\
              step floor: {bytes} bytes/frame at {bw:.0} GB/s = {floor:.3} ms; graph/floor = {ratio:.1}\n\
-             codec: first frame {cf:.2} ms, groups of 8 {cg:.3} ms/frame\n\
+             codec: first frame {cf:.2} ms; ms/frame by group size: {cg}\n\
              device memory in use {used}; driver allocations while timed: {allocs}",
             gpu = self.gpu,
             ctx = self.context,
@@ -196,7 +202,12 @@ impl EngineBench {
             floor = self.step_floor_ms,
             ratio = self.graph_ratio_to_floor,
             cf = self.codec_first_frame_ms,
-            cg = self.codec_ms_per_frame_in_groups_of_8,
+            cg = self
+                .codec_ms_per_frame_by_group
+                .iter()
+                .map(|(g, ms)| format!("{g}: {ms:.3}"))
+                .collect::<Vec<_>>()
+                .join(", "),
             used = gib(self.used_bytes),
             allocs = self.pool_driver_allocations_while_timed,
         )
