@@ -3,9 +3,10 @@
 # built .gpu/bin here and the directory travelled (device `run` with carry [".gpu/pack"]):
 #
 #   tools/gpu/check.sh [REPORT_DIR]            # every kernel + the backbone end to end vs the CPU backend
-#   tools/gpu/check.sh --full [REPORT_DIR]     # also: synth the full-size checkpoint and bench the backbone
+#   tools/gpu/check.sh --full [REPORT_DIR]     # also: synth the full-size checkpoint, bench the backbone and the engine
 #
-# Writes REPORT_DIR/gpu-checks.md (the table) and, with --full, bench-backbone.json/.txt.
+# Writes REPORT_DIR/gpu-checks.md (the table) and, with --full, bench-backbone.json/.txt and
+# bench-engine.json/.txt.
 # cuBLASLt comes from the machine's CUDA libraries (the PyTorch venv's nvidia/cu13/lib on the H200 image).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -44,5 +45,7 @@ if ((full)); then
     fi
     .gpu/bin/limelight bench backbone --model "$ckpt" --prompt-rows 200 --decode-rows 100 \
         --json "$report_dir/bench-backbone.json" | tee "$report_dir/bench-backbone.txt" || status=$?
+    .gpu/bin/limelight bench engine --model "$ckpt" --frames 256 \
+        --json "$report_dir/bench-engine.json" | tee "$report_dir/bench-engine.txt" || status=$?
 fi
 exit $status
