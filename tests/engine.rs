@@ -1,5 +1,6 @@
 //! The CPU engine end to end on the tiny checkpoint: determinism, finish reasons, cancellation,
-//! streamed audio equal to a whole decode, and the `say` / `trace` commands.
+//! streamed audio equal to a whole decode, the frame-source seam a device-side step plugs into,
+//! and the `say` / `trace` commands.
 
 mod common;
 
@@ -211,4 +212,67 @@ fn a_fixed_context_caps_frames_and_refuses_a_prompt_that_fills_it() {
     let refused = full.generate(&rows, &options(3, 12), &mut sink).unwrap_err().to_string();
     let expected = format!("the prompt has {} rows; the engine's context holds {}", rows.len(), rows.len());
     assert!(refused.contains(&expected), "{refused}");
+}
+
+/// A device-side frame source stand-in: replays scripted frames.
+struct Scripted {
+    frames: Vec<Vec<u32>>,
+}
+
+struct ScriptedSource<'a> {
+    frames: &'a [Vec<u32>],
+    next: usize,
+}
+
+impl limelight::engine::generate::FrameSource for ScriptedSource<'_> {
+    fn next_frame(&mut self, _last: bool) -> Result<Vec<u32>, limelight::engine::generate::GenerateError> {
+        self.next += 1;
+        Ok(self.frames[self.next - 1].clone())
+    }
+}
+
+impl limelight::engine::generate::DeviceFrames for Scripted {
+    fn start<'a>(
+        &'a self,
+        _rows: &limelight::model::frame::Rows,
+        _opts: &GenerateOptions,
+    ) -> Result<Box<dyn limelight::engine::generate::FrameSource + 'a>, limelight::engine::generate::GenerateError>
+    {
+        Ok(Box::new(ScriptedSource { frames: &self.frames, next: 0 }))
+    }
+}
+
+/// The generation loop is the same for the host loop and a device-side source (the CUDA graph):
+/// fed the host loop's own frames, an engine with a device source produces the same rows, finish
+/// reason and PCM bit for bit; an EOS frame from it stops with `stop` and keeps the frames before.
+#[test]
+fn a_device_frame_source_drives_the_same_loop() {
+    let dir = common::tiny_checkpoint();
+    let ckpt = Checkpoint::open(dir.path()).unwrap();
+    let model = ResidentModel::load(&ckpt, &Cpu).unwrap();
+    let host = Engine::new(&Cpu, &ckpt, &model).unwrap();
+    assert!(!host.has_device_frames());
+    let (want, want_pcm, want_chunks) = run(&host, &ckpt, &options(3, 12));
+    let frames: Vec<Vec<u32>> = (0..want.rows.len()).map(|t| want.rows.row(t).to_vec()).collect();
+
+    let scripted = Scripted { frames: frames.clone() };
+    let device = Engine::new(&Cpu, &ckpt, &model).unwrap().with_device_frames(Box::new(scripted));
+    assert!(device.has_device_frames());
+    let (got, got_pcm, got_chunks) = run(&device, &ckpt, &options(3, 12));
+    assert_eq!(got, want);
+    assert_eq!(got_chunks, want_chunks);
+    assert!(got_pcm.iter().map(|x| x.to_bits()).eq(want_pcm.iter().map(|x| x.to_bits())));
+
+    // EOS as the fifth frame: four frames of audio, reason `stop`.
+    let mut with_eos = frames[..4].to_vec();
+    let mut eos_row = frames[4].clone();
+    eos_row[0] = ckpt.special_tokens.eos();
+    with_eos.push(eos_row);
+    let scripted = Scripted { frames: with_eos };
+    let device = Engine::new(&Cpu, &ckpt, &model).unwrap().with_device_frames(Box::new(scripted));
+    let (stopped, pcm, _) = run(&device, &ckpt, &options(3, 12));
+    assert_eq!(stopped.reason, FinishReason::Stop);
+    assert_eq!(stopped.frames, 4);
+    assert_eq!(stopped.rows.as_flat(), &want.rows.as_flat()[..4 * want.rows.width()]);
+    assert_eq!(pcm.len(), 4 * 2048);
 }
