@@ -154,7 +154,13 @@ fn loader(config: &ServeConfig) -> Result<Loader, ConfigError> {
         }
         #[cfg(feature = "cuda")]
         EngineChoice::Cuda(gpu) => {
-            info!(device = "cuda", ordinal = gpu.ordinal, context = gpu.context, "engine: CUDA");
+            info!(
+                device = "cuda",
+                ordinal = gpu.ordinal,
+                context = gpu.context,
+                cuda_graph = gpu.graph,
+                "engine: CUDA"
+            );
             // Prompt rows are tokens of at most `max_input_chars` characters (a few bytes each,
             // a byte at most one token) plus the prompt's fixed block.
             let max_prompt_rows = 4 * config.max_input_chars + crate::config::PROMPT_ROOM;
