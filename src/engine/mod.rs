@@ -1,4 +1,6 @@
-//! Generation (`model.md` §8): sampling and its counter-based randomness; the decode loop joins later.
+//! Generation (`model.md` §8): the loop from prompt rows to streamed PCM and its frame sources
+//! (the host-driven loop, or on the GPU the per-frame step as one CUDA graph), sampling and its
+//! counter-based randomness, and traces of every stage.
 
 #[cfg(feature = "cuda")]
 pub mod cuda_frames;
