@@ -88,17 +88,12 @@ fn read_rows(path: &Path, codebooks: usize) -> anyhow::Result<Rows> {
     Ok(Rows::from_flat(codebooks, flat))
 }
 
-/// `limelight bench backbone`: prints the summary and optionally writes the JSON.
 /// `limelight bench engine`: the per-frame step (graph and host loop), prompt and codec timed.
 pub fn bench_engine(args: &BenchEngineArgs) -> anyhow::Result<()> {
     #[cfg(feature = "cuda")]
     {
         let result = bench_engine::bench_engine(args)?;
-        println!("{}", result.summary());
-        if let Some(path) = &args.json {
-            std::fs::write(path, serde_json::to_string_pretty(&result)?)
-                .with_context(|| format!("writing {}", path.display()))?;
-        }
+        report(&result.summary(), &result, args.json.as_deref())?;
         if result.pool_driver_allocations_while_timed != 0 {
             bail!(
                 "the frame step allocated {} buffers from the driver while timed",
@@ -114,15 +109,12 @@ pub fn bench_engine(args: &BenchEngineArgs) -> anyhow::Result<()> {
     }
 }
 
+/// `limelight bench backbone`: prints the summary and optionally writes the JSON.
 pub fn bench_backbone(args: &BenchBackboneArgs) -> anyhow::Result<()> {
     #[cfg(feature = "cuda")]
     {
         let result = bench::bench_backbone(args)?;
-        println!("{}", result.summary());
-        if let Some(path) = &args.json {
-            std::fs::write(path, serde_json::to_string_pretty(&result)?)
-                .with_context(|| format!("writing {}", path.display()))?;
-        }
+        report(&result.summary(), &result, args.json.as_deref())?;
         if result.pool_allocations_after_seal != 0 {
             bail!(
                 "the decode path allocated {} buffers from the driver after warm-up",
@@ -136,4 +128,15 @@ pub fn bench_backbone(args: &BenchBackboneArgs) -> anyhow::Result<()> {
         let _ = args;
         bail!("this binary was built without the `cuda` feature: rebuild with default features to use the GPU")
     }
+}
+
+/// Prints a bench's summary and, when asked, writes every number as JSON.
+#[cfg(feature = "cuda")]
+fn report(summary: &str, numbers: &impl serde::Serialize, json: Option<&Path>) -> anyhow::Result<()> {
+    println!("{summary}");
+    if let Some(path) = json {
+        std::fs::write(path, serde_json::to_string_pretty(numbers)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
 }

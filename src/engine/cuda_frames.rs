@@ -25,7 +25,7 @@ use crate::backend::cuda::memory::{DeviceBuffer, MemoryError};
 use crate::backend::cuda::sampling::{DrawFailure, GpuSampler};
 use crate::backend::cuda::step::{self, RowEmbedding};
 use crate::backend::cuda::tensor::GpuMatrix;
-use crate::backend::cuda::tower::{DeviceLabels, DeviceLayerInput};
+use crate::backend::cuda::tower::{DeviceLabels, DeviceLayerInput, DeviceUnseen};
 use crate::backend::cuda::{Cuda, linear};
 use crate::backend::tower::TowerOps;
 use crate::engine::generate::{LoadModelError, ResidentModel};
@@ -108,7 +108,6 @@ impl<'w> CudaFrames<'w> {
     ) -> Result<CudaFrames<'w>, CudaFramesError> {
         let c = backbone.config();
         let k = c.vq_backbone_codebooks;
-        assert!(4 + k <= words::TOTAL - words::RECIPE, "{k} backbone codebooks do not fit the step's recipe");
         let embedding = RowEmbedding {
             semantic_start: c.semantic_start,
             codebook_vocab: c.codebook_vocab,
@@ -116,6 +115,10 @@ impl<'w> CudaFrames<'w> {
             // As `BackboneConfig::embed_row` computes it (f64), rounded as `linear::embed` packs it.
             scale: (1.0 / ((1 + k) as f64).sqrt()) as f32,
         };
+        assert!(
+            embedding.recipe_words() <= words::TOTAL - words::RECIPE,
+            "{k} backbone codebooks do not fit the step's recipe"
+        );
         let heads = tower.codebooks() - 1;
         let sampler =
             GpuSampler::new(cuda, candidates, backbone.restricted_token_ids(), heads, tower.shape().codebook_vocab)?;
@@ -177,14 +180,13 @@ impl<'w> CudaFrames<'w> {
 
         // The tower (`Tower::frame`): layer 0 adds the unseen codes of the input row; the shared
         // layers embed c0, residual layer r embeds c_r; all masked by "main is semantic".
-        let unseen = cuda.tower_unseen_device(
-            &tower_w.codebook_embeddings,
-            shape,
-            Self::word(st, words::INPUT_ROW + 1),
-            Self::word(st, words::INPUT_SEMANTIC),
-            self.tower.codebooks(),
-            self.tower.backbone_codebooks() + 1,
-        );
+        let unseen_codes = DeviceUnseen {
+            codes: Self::word(st, words::INPUT_ROW + 1),
+            semantic: Self::word(st, words::INPUT_SEMANTIC),
+            codebooks: self.tower.codebooks(),
+            first: self.tower.backbone_codebooks() + 1,
+        };
+        let unseen = cuda.tower_unseen_device(&tower_w.codebook_embeddings, shape, unseen_codes, 1);
         let start = st.tower.len();
         let shared = self.tower.shared_layers();
         let layers = tower_w.layers.iter().zip(st.tower.caches_mut());

@@ -97,24 +97,14 @@ impl TowerOps for Cuda {
         let n = u.row_semantic.len();
         assert_eq!(u.codes.len(), n * u.codebooks, "unseen codes are [rows, codebooks]");
         assert_eq!(table.matrix_dims(), (u.codebooks * s.codebook_vocab, s.dim), "codebook embedding table shape");
-        let out = self.matrix(n, s.dim);
         if n == 0 {
-            return out;
+            return self.matrix(0, s.dim);
         }
         let codes = stage_u32(self, u.codes);
         let semantic = stage_u32(self, &flags(u.row_semantic));
-        let args = [
-            table.ptr.into(),
-            codes.ptr().into(),
-            semantic.ptr().into(),
-            out.ptr().into(),
-            u.codebooks.into(),
-            u.first.into(),
-            s.codebook_vocab.into(),
-            s.dim.into(),
-        ];
-        self.kernels.tower.unseen.launch(self.stream(), Dims::linear(n, THREADS), &args);
-        out
+        let device =
+            DeviceUnseen { codes: codes.ptr(), semantic: semantic.ptr(), codebooks: u.codebooks, first: u.first };
+        self.tower_unseen_device(table, s, device, n)
     }
 
     fn tower_layer(
@@ -162,6 +152,17 @@ impl TowerOps for Cuda {
 pub struct DeviceLabels {
     pub codes: u64,
     pub mask: u64,
+}
+
+/// [`UnseenCodes`] on the device: `[rows, codebooks]` `u32` codes and one `u32` "row is
+/// semantic" flag per row.
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceUnseen {
+    pub codes: u64,
+    pub semantic: u64,
+    pub codebooks: usize,
+    /// First codebook summed.
+    pub first: usize,
 }
 
 /// [`TowerLayerInput`] with its labels on the device.
@@ -230,30 +231,22 @@ impl Cuda {
         norm::add_rms_norm(self, &mut x, &down, &w.final_norm, s.norm_eps)
     }
 
-    /// [`TowerOps::tower_unseen`] for one row whose codes `c0..c(codebooks−1)` and "row is
-    /// semantic" flag (`u32`) are already on the device (capturable).
-    pub fn tower_unseen_device(
-        &self,
-        table: &GpuWeight,
-        s: &TowerShape,
-        codes: u64,
-        semantic: u64,
-        codebooks: usize,
-        first: usize,
-    ) -> GpuMatrix {
-        assert_eq!(table.matrix_dims(), (codebooks * s.codebook_vocab, s.dim), "codebook embedding table shape");
-        let out = self.matrix(1, s.dim);
+    /// [`TowerOps::tower_unseen`] of `rows` rows whose codes and flags are already on the device
+    /// (no host data, no sync: capturable).
+    pub fn tower_unseen_device(&self, table: &GpuWeight, s: &TowerShape, u: DeviceUnseen, rows: usize) -> GpuMatrix {
+        assert_eq!(table.matrix_dims(), (u.codebooks * s.codebook_vocab, s.dim), "codebook embedding table shape");
+        let out = self.matrix(rows, s.dim);
         let args = [
             table.ptr.into(),
-            codes.into(),
-            semantic.into(),
+            u.codes.into(),
+            u.semantic.into(),
             out.ptr().into(),
-            codebooks.into(),
-            first.into(),
+            u.codebooks.into(),
+            u.first.into(),
             s.codebook_vocab.into(),
             s.dim.into(),
         ];
-        self.kernels.tower.unseen.launch(self.stream(), Dims::linear(1, THREADS), &args);
+        self.kernels.tower.unseen.launch(self.stream(), Dims::linear(rows, THREADS), &args);
         out
     }
 
