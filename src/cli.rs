@@ -128,10 +128,24 @@ pub struct ServeArgs {
     /// Positions (prompt rows + audio frames) each request's GPU caches hold; default 16384.
     #[arg(long, env = "LIMELIGHT_CONTEXT_LENGTH")]
     pub context_length: Option<usize>,
-    /// Run each frame as separate launches with host round trips instead of one captured CUDA
-    /// graph (same audio, slower: for comparisons and as a fallback).
+    /// With `--max-batch 1`: run each frame as separate launches with host round trips instead
+    /// of one captured CUDA graph (same audio, slower: for comparisons and as a fallback). A
+    /// batch of more streams runs without the graph today.
     #[arg(long, env = "LIMELIGHT_NO_CUDA_GRAPH")]
     pub no_cuda_graph: bool,
+    /// Streams the engine steps together, one frame each per step. Default: on the GPU as many
+    /// as the memory budget holds at `--context-length` (at most 256; 1 while the CUDA-graph
+    /// step serves one stream at a time, see `--no-cuda-graph`); on the CPU 8.
+    #[arg(long, env = "LIMELIGHT_MAX_BATCH")]
+    pub max_batch: Option<usize>,
+    /// Prompt rows run between two steps of the batch: bounds how long a new request's prompt
+    /// holds up the streams already speaking.
+    #[arg(long, env = "LIMELIGHT_PREFILL_CHUNK", default_value_t = crate::engine::generate::PREFILL_CHUNK)]
+    pub prefill_chunk: usize,
+    /// Seconds a client may stop reading (its buffered audio full) before its request is given
+    /// up; the rest of the batch goes on meanwhile.
+    #[arg(long, env = "LIMELIGHT_STALL_TIMEOUT", default_value_t = 30)]
+    pub stall_timeout: u64,
     /// Address to listen on; use 0.0.0.0 to accept connections from other machines.
     #[arg(long, env = "LIMELIGHT_HOST", default_value = "127.0.0.1")]
     pub host: String,

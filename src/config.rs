@@ -10,8 +10,8 @@ use crate::cli::ServeArgs;
 use crate::scheduler::{GpuOptions, WorkerConfig};
 use crate::telemetry::LogFormat;
 
-/// How long the worker waits for a client that stopped reading its audio.
-pub const STALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// The CPU engine's decode batch unless `--max-batch` says otherwise.
+pub const CPU_MAX_BATCH: usize = 8;
 /// The smallest `--max-body-bytes` accepted: below it even a short request would be refused.
 pub const MIN_BODY_BYTES: usize = 1024;
 /// Positions each request's caches hold on the GPU unless `--context-length` says otherwise
@@ -73,6 +73,10 @@ pub struct ServeConfig {
     pub max_input_chars: usize,
     pub max_body_bytes: usize,
     pub max_frames: usize,
+    /// `--max-batch`, if given (else the engine's default).
+    pub max_batch: Option<usize>,
+    pub prefill_chunk: usize,
+    pub stall_timeout: Duration,
     pub drain_timeout: Duration,
     pub log_format: LogFormat,
 }
@@ -127,6 +131,11 @@ impl ServeConfig {
         at_least("max-input-chars", 1, args.max_input_chars)?;
         at_least("max-frames", 1, args.max_frames)?;
         at_least("max-body-bytes", MIN_BODY_BYTES, args.max_body_bytes)?;
+        at_least("prefill-chunk", 1, args.prefill_chunk)?;
+        at_least("stall-timeout", 1, args.stall_timeout as usize)?;
+        if let Some(n) = args.max_batch {
+            at_least("max-batch", 1, n)?;
+        }
         let served_model_name = args.served_model_name.trim().to_owned();
         if served_model_name.is_empty() {
             return Err(ConfigError::EmptyModelName);
@@ -147,6 +156,9 @@ impl ServeConfig {
             max_input_chars: args.max_input_chars,
             max_body_bytes: args.max_body_bytes,
             max_frames: args.max_frames,
+            max_batch: args.max_batch,
+            prefill_chunk: args.prefill_chunk,
+            stall_timeout: Duration::from_secs(args.stall_timeout),
             drain_timeout: Duration::from_secs(args.drain_timeout),
             log_format: args.log_format,
         })
@@ -173,7 +185,7 @@ impl ServeConfig {
             default_max_frames: self.max_frames,
             served_model_name: self.served_model_name.clone(),
             model_aliases: self.model_aliases.clone(),
-            stall_timeout: STALL_TIMEOUT,
+            stall_timeout: self.stall_timeout,
         }
     }
 }
@@ -193,6 +205,9 @@ impl fmt::Debug for ServeConfig {
             .field("max_input_chars", &self.max_input_chars)
             .field("max_body_bytes", &self.max_body_bytes)
             .field("max_frames", &self.max_frames)
+            .field("max_batch", &self.max_batch)
+            .field("prefill_chunk", &self.prefill_chunk)
+            .field("stall_timeout", &self.stall_timeout)
             .field("drain_timeout", &self.drain_timeout)
             .field("log_format", &self.log_format)
             .finish()

@@ -21,7 +21,7 @@ use crate::http::{self, AppState, HttpConfig};
 use crate::request::validate::SpeechPolicy;
 #[cfg(feature = "cuda")]
 use crate::scheduler::cuda_loader;
-use crate::scheduler::{Loader, Scheduler, cpu_loader};
+use crate::scheduler::{BatchLimits, Loader, Scheduler, cpu_loader};
 use crate::service;
 use crate::synth::presets::Preset;
 use crate::synth::{SynthOptions, SynthPlan};
@@ -147,10 +147,11 @@ pub async fn serve(
 /// The engine the worker loads: `--device` decided (`auto` takes a supported GPU if present).
 fn loader(config: &ServeConfig) -> Result<Loader, ConfigError> {
     let dir = config.model.dir().clone();
+    let limits = BatchLimits { max_batch: config.max_batch, prefill_chunk: config.prefill_chunk };
     match config.engine()? {
         EngineChoice::Cpu => {
             info!(device = "cpu", "engine: the CPU reference engine");
-            Ok(cpu_loader(dir, config.max_frames))
+            Ok(cpu_loader(dir, config.max_frames, limits))
         }
         #[cfg(feature = "cuda")]
         EngineChoice::Cuda(gpu) => {
@@ -164,7 +165,7 @@ fn loader(config: &ServeConfig) -> Result<Loader, ConfigError> {
             // Prompt rows are tokens of at most `max_input_chars` characters (a few bytes each,
             // a byte at most one token) plus the prompt's fixed block.
             let max_prompt_rows = 4 * config.max_input_chars + crate::config::PROMPT_ROOM;
-            Ok(cuda_loader(dir, gpu, max_prompt_rows))
+            Ok(cuda_loader(dir, gpu, max_prompt_rows, limits))
         }
         #[cfg(not(feature = "cuda"))]
         EngineChoice::Cuda(_) => unreachable!("without the `cuda` feature no GPU is ever found"),

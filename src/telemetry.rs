@@ -12,8 +12,16 @@ use tracing_subscriber::EnvFilter;
 pub const REQUESTS_TOTAL: &str = "limelight_requests_total";
 /// Jobs admitted and waiting for the worker.
 pub const QUEUE_DEPTH: &str = "limelight_queue_depth";
-/// Jobs generating now.
+/// Streams in the engine's decode batch now (prefilling or generating).
 pub const ACTIVE_STREAMS: &str = "limelight_active_streams";
+/// Streams advanced by each decode step.
+pub const BATCH_SIZE: &str = "limelight_batch_size";
+/// Seconds of each decode step (one frame of every stream in it, the codec included).
+pub const STEP_SECONDS: &str = "limelight_step_seconds";
+/// Seconds a job waited in the queue before it joined the batch.
+pub const QUEUE_WAIT_SECONDS: &str = "limelight_queue_wait_seconds";
+/// Per stream: seconds from joining the batch to its end, over the seconds of audio it produced.
+pub const STREAM_REAL_TIME_FACTOR: &str = "limelight_stream_real_time_factor";
 /// Seconds from a request's arrival to its first audio.
 pub const TIME_TO_FIRST_AUDIO_SECONDS: &str = "limelight_time_to_first_audio_seconds";
 /// A request's wall time over the duration of the audio it produced (< 1 is faster than real time).
@@ -29,6 +37,12 @@ pub const MEMORY_BUDGET_BYTES: &str = "limelight_memory_budget_bytes";
 const TTFA_BUCKETS: &[f64] = &[0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0];
 /// Histogram buckets for the real-time factor.
 const RTF_BUCKETS: &[f64] = &[0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0, 10.0, 50.0];
+/// Histogram buckets for the decode batch's size.
+const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
+/// Histogram buckets for a decode step, in seconds.
+const STEP_BUCKETS: &[f64] = &[0.002, 0.005, 0.01, 0.02, 0.03, 0.046, 0.075, 0.1, 0.2, 0.5, 1.0, 5.0];
+/// Histogram buckets for the queue wait, in seconds.
+const WAIT_BUCKETS: &[f64] = &[0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0];
 
 /// How log lines are written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -72,6 +86,10 @@ fn install_recorder() -> PrometheusHandle {
     let recorder = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Full(TIME_TO_FIRST_AUDIO_SECONDS.into()), TTFA_BUCKETS)
         .and_then(|b| b.set_buckets_for_metric(Matcher::Full(REAL_TIME_FACTOR.into()), RTF_BUCKETS))
+        .and_then(|b| b.set_buckets_for_metric(Matcher::Full(STREAM_REAL_TIME_FACTOR.into()), RTF_BUCKETS))
+        .and_then(|b| b.set_buckets_for_metric(Matcher::Full(BATCH_SIZE.into()), BATCH_BUCKETS))
+        .and_then(|b| b.set_buckets_for_metric(Matcher::Full(STEP_SECONDS.into()), STEP_BUCKETS))
+        .and_then(|b| b.set_buckets_for_metric(Matcher::Full(QUEUE_WAIT_SECONDS.into()), WAIT_BUCKETS))
         .expect("bucket lists are non-empty constants")
         .build_recorder();
     let handle = recorder.handle();
@@ -85,7 +103,18 @@ fn install_recorder() -> PrometheusHandle {
 fn describe() {
     metrics::describe_counter!(REQUESTS_TOTAL, "Speech requests answered, by HTTP status and response format.");
     metrics::describe_gauge!(QUEUE_DEPTH, "Jobs admitted and waiting for the worker.");
-    metrics::describe_gauge!(ACTIVE_STREAMS, "Jobs generating now.");
+    metrics::describe_gauge!(ACTIVE_STREAMS, "Streams in the decode batch now (prefilling or generating).");
+    metrics::describe_histogram!(BATCH_SIZE, "Streams advanced by each decode step.");
+    metrics::describe_histogram!(STEP_SECONDS, metrics::Unit::Seconds, "Seconds of each decode step.");
+    metrics::describe_histogram!(
+        QUEUE_WAIT_SECONDS,
+        metrics::Unit::Seconds,
+        "Seconds a job waited in the queue before joining the batch."
+    );
+    metrics::describe_histogram!(
+        STREAM_REAL_TIME_FACTOR,
+        "Per stream: seconds in the batch over the seconds of audio it produced."
+    );
     metrics::describe_histogram!(
         TIME_TO_FIRST_AUDIO_SECONDS,
         metrics::Unit::Seconds,

@@ -196,20 +196,25 @@ fn a_cancel_between_frames_stops_within_one_frame_and_keeps_its_audio() {
 /// frames fill it, and refuses a prompt that leaves no room, naming both numbers.
 #[test]
 fn a_fixed_context_caps_frames_and_refuses_a_prompt_that_fills_it() {
-    use limelight::scheduler::{EngineModel, MemoryUse, Synthesizer};
+    use limelight::scheduler::{BatchOptions, EngineModel, MemoryUse, Synthesizer};
     let dir = common::tiny_checkpoint();
     let ckpt = Checkpoint::open(dir.path()).unwrap();
     let model = ResidentModel::load(&ckpt, &Cpu).unwrap();
     let memory = || MemoryUse { in_use: 0, budget: 0 };
     let rows = PromptBuilder::for_checkpoint(&ckpt).build("Hello there, how are you today?", &[]).unwrap();
     let room = 5;
-    let capped = EngineModel::new(&Cpu, &ckpt, &model, Some(rows.len() + room), Box::new(memory)).unwrap();
-    let mut sink = |_: &[f32]| ControlFlow::Continue(());
-    let finished = capped.generate(&rows, &options(3, 12), &mut sink).unwrap();
-    assert_eq!((finished.reason, finished.frames), (FinishReason::Length, room));
+    let batch = |context| BatchOptions { max_batch: 2, prefill_chunk: 64, context: Some(context) };
+    let capped = EngineModel::new(&Cpu, &ckpt, &model, batch(rows.len() + room), Box::new(memory)).unwrap();
+    let id = capped.open(&rows, &options(3, 12)).unwrap();
+    while !capped.prefill(id).unwrap() {}
+    let mut finished = None;
+    while finished.is_none() {
+        finished = capped.step(&[id]).pop().unwrap().unwrap().finished;
+    }
+    assert_eq!((finished, capped.close(id)), (Some(FinishReason::Length), room));
 
-    let full = EngineModel::new(&Cpu, &ckpt, &model, Some(rows.len()), Box::new(memory)).unwrap();
-    let refused = full.generate(&rows, &options(3, 12), &mut sink).unwrap_err().to_string();
+    let full = EngineModel::new(&Cpu, &ckpt, &model, batch(rows.len()), Box::new(memory)).unwrap();
+    let refused = full.open(&rows, &options(3, 12)).unwrap_err().to_string();
     let expected = format!("the prompt has {} rows; the engine's context holds {}", rows.len(), rows.len());
     assert!(refused.contains(&expected), "{refused}");
 }
@@ -256,7 +261,7 @@ fn a_device_frame_source_drives_the_same_loop() {
     let frames: Vec<Vec<u32>> = (0..want.rows.len()).map(|t| want.rows.row(t).to_vec()).collect();
 
     let scripted = Scripted { frames: frames.clone() };
-    let device = Engine::new(&Cpu, &ckpt, &model).unwrap().with_device_frames(Box::new(scripted));
+    let device = Engine::new(&Cpu, &ckpt, &model).unwrap().with_device_frames(&scripted);
     assert!(device.has_device_frames());
     let (got, got_pcm, got_chunks) = run(&device, &ckpt, &options(3, 12));
     assert_eq!(got, want);
@@ -269,7 +274,7 @@ fn a_device_frame_source_drives_the_same_loop() {
     eos_row[0] = ckpt.special_tokens.eos();
     with_eos.push(eos_row);
     let scripted = Scripted { frames: with_eos };
-    let device = Engine::new(&Cpu, &ckpt, &model).unwrap().with_device_frames(Box::new(scripted));
+    let device = Engine::new(&Cpu, &ckpt, &model).unwrap().with_device_frames(&scripted);
     let (stopped, pcm, _) = run(&device, &ckpt, &options(3, 12));
     assert_eq!(stopped.reason, FinishReason::Stop);
     assert_eq!(stopped.frames, 4);

@@ -7,6 +7,7 @@ mod common;
 
 use std::path::Path;
 
+use limelight::backend::BackendTypes;
 use limelight::backend::cpu::{Cpu, CpuTowerKv, CpuWeight, Matrix};
 use limelight::backend::tower::{TowerError, TowerLayerInput, TowerOps};
 use limelight::checkpoint::Dtype;
@@ -85,7 +86,7 @@ fn rows_range(rows: &Rows, start: usize, end: usize) -> Rows {
 }
 
 fn hidden_rows(h: &Matrix, start: usize, count: usize) -> Matrix {
-    Cpu.tower_act_rows(h, start, count)
+    Cpu.act_rows(h, start, count)
 }
 
 /// Relative L2 in f64; NaN (never `<=` anything) fails every bound.

@@ -8,12 +8,15 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use limelight::engine::generate::{AudioSink, FinishReason, Finished, GenerateError, GenerateOptions};
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+
+use limelight::engine::generate::{FinishReason, GenerateError, GenerateOptions, PREFILL_CHUNK, Stepped};
 use limelight::engine::sampling::SamplingParams;
 use limelight::model::frame::Rows;
 use limelight::scheduler::{
-    Job, JobEvent, JobStream, Loader, MemoryUse, ModelHost, Readiness, Scheduler, SubmitError, SynthError, Synthesizer,
-    WorkerConfig, cpu_loader,
+    BatchLimits, Job, JobEvent, JobStream, Loader, MemoryUse, ModelHost, Readiness, Scheduler, StreamId, SubmitError,
+    SynthError, Synthesizer, WorkerConfig, cpu_loader,
 };
 
 const TEXT: &str = "Hello there, how are you today?";
@@ -62,12 +65,14 @@ async fn ready(scheduler: &Scheduler) {
 }
 
 /// The CPU engine behind a wrapper that fails on cue and records how each generation ended.
-/// Seed 666 fails the job; seed 13 fails it and breaks the engine (its health check fails from
-/// then on, as a GPU context does after a fault).
+/// Seed 666 fails the job's first step; seed 13 fails it and breaks the engine (its health
+/// check fails from then on, as a GPU context does after a fault).
 struct Faulty<'m> {
     inner: &'m dyn Synthesizer,
     ends: Arc<Mutex<Vec<(FinishReason, usize)>>>,
-    broken: std::cell::Cell<bool>,
+    broken: Cell<bool>,
+    /// Open streams' seeds, and how each finished (if it did).
+    open: RefCell<HashMap<StreamId, (u64, Option<FinishReason>)>>,
 }
 
 impl Synthesizer for Faulty<'_> {
@@ -87,24 +92,51 @@ impl Synthesizer for Faulty<'_> {
         assert!(text != "panic", "injected panic");
         self.inner.prompt(text)
     }
-    fn generate(
-        &self,
-        rows: &Rows,
-        options: &GenerateOptions,
-        on_audio: &mut dyn AudioSink,
-    ) -> Result<Finished, SynthError> {
-        if options.seed == 666 {
-            return Err(GenerateError::EmptyPrompt.into());
+    fn max_batch(&self) -> usize {
+        self.inner.max_batch()
+    }
+    fn open(&self, rows: &Rows, options: &GenerateOptions) -> Result<StreamId, SynthError> {
+        let id = self.inner.open(rows, options)?;
+        self.open.borrow_mut().insert(id, (options.seed, None));
+        Ok(id)
+    }
+    fn prefill(&self, id: StreamId) -> Result<bool, SynthError> {
+        self.inner.prefill(id)
+    }
+    fn step(&self, ids: &[StreamId]) -> Vec<Result<Stepped, SynthError>> {
+        let seed = |id: &StreamId| self.open.borrow()[id].0;
+        let healthy: Vec<StreamId> = ids.iter().copied().filter(|id| ![666, 13].contains(&seed(id))).collect();
+        let mut stepped = self.inner.step(&healthy).into_iter();
+        let results: Vec<Result<Stepped, SynthError>> = (ids.iter())
+            .map(|id| match seed(id) {
+                666 => Err(GenerateError::EmptyPrompt.into()),
+                13 => {
+                    // Long enough for the test to queue a job behind this one (submitting takes µs).
+                    std::thread::sleep(Duration::from_millis(200));
+                    self.broken.set(true);
+                    Err(GenerateError::EmptyPrompt.into())
+                }
+                _ => stepped.next().expect("one result per healthy stream"),
+            })
+            .collect();
+        for (id, result) in ids.iter().zip(&results) {
+            if let Ok(Stepped { finished: Some(reason), .. }) = result {
+                self.open.borrow_mut().get_mut(id).expect("open").1 = Some(*reason);
+            }
         }
-        if options.seed == 13 {
-            // Long enough for the test to queue a job behind this one (submitting takes µs).
-            std::thread::sleep(Duration::from_millis(200));
-            self.broken.set(true);
-            return Err(GenerateError::EmptyPrompt.into());
+        results
+    }
+    fn cancel(&self, id: StreamId) -> Result<Vec<f32>, SynthError> {
+        self.inner.cancel(id)
+    }
+    fn close(&self, id: StreamId) -> usize {
+        let frames = self.inner.close(id);
+        if let Some((seed, finished)) = self.open.borrow_mut().remove(&id)
+            && ![666, 13].contains(&seed)
+        {
+            self.ends.lock().unwrap().push((finished.unwrap_or(FinishReason::Cancelled), frames));
         }
-        let finished = self.inner.generate(rows, options, on_audio)?;
-        self.ends.lock().unwrap().push((finished.reason, finished.frames));
-        Ok(finished)
+        frames
     }
 }
 
@@ -119,12 +151,19 @@ impl ModelHost for Wrap<'_> {
         self.host.progress(stage);
     }
     fn serve(&mut self, model: &dyn Synthesizer) {
-        self.host.serve(&Faulty { inner: model, ends: self.ends.clone(), broken: std::cell::Cell::new(false) });
+        let faulty =
+            Faulty { inner: model, ends: self.ends.clone(), broken: Cell::new(false), open: RefCell::default() };
+        self.host.serve(&faulty);
     }
 }
 
-fn faulty_loader(dir: PathBuf, ends: Arc<Mutex<Vec<(FinishReason, usize)>>>) -> Loader {
-    Box::new(move |host: &mut dyn ModelHost| cpu_loader(dir, 2048)(&mut Wrap { host, ends }))
+/// The CPU engine with `max_batch` slots.
+fn loader(dir: PathBuf, max_batch: usize) -> Loader {
+    cpu_loader(dir, 2048, BatchLimits { max_batch: Some(max_batch), prefill_chunk: PREFILL_CHUNK })
+}
+
+fn faulty_loader(dir: PathBuf, max_batch: usize, ends: Arc<Mutex<Vec<(FinishReason, usize)>>>) -> Loader {
+    Box::new(move |host: &mut dyn ModelHost| loader(dir, max_batch)(&mut Wrap { host, ends }))
 }
 
 #[tokio::test]
@@ -157,7 +196,7 @@ async fn a_full_queue_refuses_and_a_dropped_stream_frees_the_engine() {
     let dir = common::tiny_checkpoint();
     let ends = Arc::new(Mutex::new(Vec::new()));
     let scheduler =
-        Scheduler::start_with(config(dir.path().to_owned(), 1), faulty_loader(dir.path().into(), ends.clone()));
+        Scheduler::start_with(config(dir.path().to_owned(), 1), faulty_loader(dir.path().into(), 1, ends.clone()));
     tokio::time::timeout(LIMIT, async {
         ready(&scheduler).await;
         // A runs and, unread, soon blocks the worker on its full reply channel.
@@ -192,7 +231,7 @@ async fn a_full_queue_refuses_and_a_dropped_stream_frees_the_engine() {
 async fn a_failing_or_panicking_job_fails_alone() {
     let dir = common::tiny_checkpoint();
     let ends = Arc::new(Mutex::new(Vec::new()));
-    let scheduler = Scheduler::start_with(config(dir.path().to_owned(), 4), faulty_loader(dir.path().into(), ends));
+    let scheduler = Scheduler::start_with(config(dir.path().to_owned(), 4), faulty_loader(dir.path().into(), 4, ends));
     tokio::time::timeout(LIMIT, async {
         ready(&scheduler).await;
         let mut panicking = scheduler.submit(job("panic", 6)).unwrap();
@@ -223,7 +262,8 @@ async fn a_failing_or_panicking_job_fails_alone() {
 async fn a_job_that_breaks_the_engine_fails_the_queue_and_reports_the_engine_lost() {
     let dir = common::tiny_checkpoint();
     let ends = Arc::new(Mutex::new(Vec::new()));
-    let scheduler = Scheduler::start_with(config(dir.path().to_owned(), 4), faulty_loader(dir.path().into(), ends));
+    // One slot, so the job behind the breaking one waits in the queue.
+    let scheduler = Scheduler::start_with(config(dir.path().to_owned(), 4), faulty_loader(dir.path().into(), 1, ends));
     tokio::time::timeout(LIMIT, async {
         ready(&scheduler).await;
         let mut fine = scheduler.submit(job(TEXT, 2)).unwrap();
@@ -280,7 +320,8 @@ async fn drain_refuses_new_jobs_and_lets_admitted_ones_finish() {
 #[tokio::test]
 async fn cancel_all_ends_running_and_queued_jobs_as_cancelled() {
     let dir = common::tiny_checkpoint();
-    let scheduler = Scheduler::start(config(dir.path().to_owned(), 4));
+    // One slot: A runs, B waits in the queue.
+    let scheduler = Scheduler::start_with(config(dir.path().to_owned(), 4), loader(dir.path().into(), 1));
     tokio::time::timeout(LIMIT, async {
         ready(&scheduler).await;
         let mut a = scheduler.submit(job(TEXT, 2048)).unwrap();
@@ -310,7 +351,7 @@ async fn readiness_goes_from_loading_to_ready_or_failed() {
     let gated: Loader = Box::new(move |host: &mut dyn ModelHost| {
         host.progress("waiting for the test");
         gate_rx.recv().expect("the test opens the gate");
-        cpu_loader(model_dir, 2048)(host)
+        loader(model_dir, 8)(host)
     });
     let scheduler = Scheduler::start_with(config(dir.path().to_owned(), 4), gated);
     tokio::time::timeout(LIMIT, async {

@@ -152,6 +152,50 @@ pub trait BackboneOps: BackendTypes {
     /// shared expert (`backbone.md` §5).
     fn moe(&self, shape: &MoeShape, w: &MoeWeights<Self::Weight>, x: &Self::Act) -> Self::Act;
 
+    /// [`Self::gdn_decode`] of one row per request: row `i` of `x` continues `states[i]`.
+    ///
+    /// The decode batch's contract (for this and every `*_rows` op, and the row-wise norms and
+    /// adds it also calls): each output row depends only on its own input row and state, bit for
+    /// bit, whatever other rows share the call. That is what makes a request's bytes the same
+    /// alone or in any batch. The default runs each row alone.
+    fn gdn_decode_rows(
+        &self,
+        shape: &GdnShape,
+        w: &GdnWeights<Self::Weight>,
+        x: &Self::Act,
+        states: &mut [&mut Self::GdnState],
+    ) -> Self::Act {
+        assert_eq!(self.rows(x), states.len(), "gdn_decode_rows: one state per row");
+        let parts: Vec<Self::Act> = (states.iter_mut().enumerate())
+            .map(|(i, state)| self.gdn_decode(shape, w, &self.act_rows(x, i, 1), state))
+            .collect();
+        self.stack_rows(&parts)
+    }
+
+    /// [`Self::attention_decode`] of one row per request: row `i` of `x` continues `caches[i]`
+    /// (the contract of [`Self::gdn_decode_rows`]). The default runs each row alone.
+    fn attention_decode_rows(
+        &self,
+        shape: &AttentionShape,
+        w: &AttentionWeights<Self::Weight>,
+        x: &Self::Act,
+        caches: &mut [&mut Self::KvCache],
+    ) -> Self::Act {
+        assert_eq!(self.rows(x), caches.len(), "attention_decode_rows: one cache per row");
+        let parts: Vec<Self::Act> = (caches.iter_mut().enumerate())
+            .map(|(i, cache)| self.attention_decode(shape, w, &self.act_rows(x, i, 1), cache))
+            .collect();
+        self.stack_rows(&parts)
+    }
+
+    /// [`Self::moe`] under the decode batch's contract (see [`Self::gdn_decode_rows`]): whatever
+    /// path a backend picks by row count for prompts, these rows take one that does not depend
+    /// on how many there are. The default is `moe`, right for a backend whose `moe` is already
+    /// row by row (the CPU's).
+    fn moe_rows(&self, shape: &MoeShape, w: &MoeWeights<Self::Weight>, x: &Self::Act) -> Self::Act {
+        self.moe(shape, w, x)
+    }
+
     /// Logits of row `row` of `hidden` for the `lm_head` rows `token_ids`, in that order, on the host.
     fn restricted_logits(&self, lm_head: &Self::Weight, token_ids: &[u32], hidden: &Self::Act, row: usize) -> Vec<f32>;
 

@@ -32,6 +32,12 @@ pub trait BackendTypes {
 
     /// Copies activations to the host (for traces and comparisons, never on the hot path).
     fn to_host(&self, a: &Self::Act) -> cpu::Matrix;
+
+    /// Rows `start..start + count` of an activation, as a new activation.
+    fn act_rows(&self, a: &Self::Act, start: usize, count: usize) -> Self::Act;
+
+    /// The rows of `parts` stacked in order (all of one width) into one activation.
+    fn stack_rows(&self, parts: &[Self::Act]) -> Self::Act;
 }
 
 /// Everything the engine needs from a backend: one sub-trait per model part.

@@ -95,6 +95,20 @@ impl<A> TowerLayerInput<'_, A> {
     }
 }
 
+/// One tower layer's input for one row per request (each at its own position).
+pub struct TowerRowsInput<'a, A> {
+    /// `[n, dim]`: each request's backbone final-norm row (layer 0) or previous layer output.
+    pub hidden: &'a A,
+    /// The code each row embeds with the layer's own table.
+    pub codes: &'a [u32],
+    /// Whether each row's label is semantic.
+    pub label_semantic: &'a [bool],
+    /// `[n, dim]`: the unseen-codes vectors (layer 0 only).
+    pub unseen: Option<&'a A>,
+    /// The position each row is written at in its own cache.
+    pub starts: &'a [usize],
+}
+
 /// The codes that did not enter the backbone input, for the unseen-codes vector of `n` rows.
 pub struct UnseenCodes<'a> {
     /// `[n, codebooks]` row-major: each row's c0..c(codebooks-1).
@@ -148,11 +162,46 @@ pub trait TowerOps: BackendTypes {
     /// A codebook head: logits `[n, V]` from `[n, dim]`.
     fn tower_head(&self, head: &Self::Weight, hidden: &Self::Act) -> Self::Act;
 
+    /// One tower layer over one row per request: row `i` is at position `starts[i]` of
+    /// `kvs[i]`. Under the decode batch's contract (`BackboneOps::gdn_decode_rows`): each output
+    /// row depends only on its own inputs and cache, bit for bit. The default runs each row alone.
+    fn tower_layer_rows(
+        &self,
+        shape: &TowerShape,
+        layer: &TowerLayer<Self::Weight>,
+        kvs: &mut [&mut Self::TowerKv],
+        input: TowerRowsInput<'_, Self::Act>,
+    ) -> Result<Self::Act, TowerError> {
+        let n = kvs.len();
+        let check = |what, found| if found == n { Ok(()) } else { Err(TowerError::Length { what, expected: n, found }) };
+        check("hidden rows", self.tower_act_shape(input.hidden).0)?;
+        check("codes", input.codes.len())?;
+        check("label mask", input.label_semantic.len())?;
+        check("positions", input.starts.len())?;
+        let unseen: Option<Vec<Self::Act>> = input.unseen.map(|u| (0..n).map(|i| self.act_rows(u, i, 1)).collect());
+        let mut parts = Vec::with_capacity(n);
+        for (i, kv) in kvs.iter_mut().enumerate() {
+            let hidden = self.act_rows(input.hidden, i, 1);
+            let row = TowerLayerInput {
+                hidden: &hidden,
+                codes: &input.codes[i..=i],
+                label_semantic: &input.label_semantic[i..=i],
+                unseen: unseen.as_ref().map(|u| &u[i]),
+                start: input.starts[i],
+            };
+            parts.push(self.tower_layer(shape, layer, kv, row)?);
+        }
+        Ok(self.stack_rows(&parts))
+    }
+
+    /// [`Self::tower_head`] under the decode batch's contract: a path that does not depend on
+    /// the row count. The default is `tower_head`, right where that is already row by row.
+    fn tower_head_rows(&self, head: &Self::Weight, hidden: &Self::Act) -> Self::Act {
+        self.tower_head(head, hidden)
+    }
+
     /// `(rows, cols)` of an activation.
     fn tower_act_shape(&self, a: &Self::Act) -> (usize, usize);
-
-    /// Rows `start..start + count` of an activation.
-    fn tower_act_rows(&self, a: &Self::Act, start: usize, count: usize) -> Self::Act;
 
     /// An activation's values on the host, row-major (sampling and traces read these).
     fn tower_act_host(&self, a: &Self::Act) -> Vec<f32>;

@@ -71,7 +71,7 @@ pub fn bench_engine(args: &BenchEngineArgs) -> anyhow::Result<EngineBench> {
     let t = Instant::now();
     let frames = CudaFrames::for_model(&cuda, &ckpt, &model)?;
     let graph_capture_ms = t.elapsed().as_secs_f64() * 1e3;
-    let graph = Engine::new(&cuda, &ckpt, &model)?.with_device_frames(Box::new(frames));
+    let graph = Engine::new(&cuda, &ckpt, &model)?.with_device_frames(&frames);
 
     let opts = GenerateOptions { params: SamplingParams::default(), seed: 7, max_frames: args.frames };
     // Warm-up of both paths (lazily built tables, the pool's size classes, the codec).

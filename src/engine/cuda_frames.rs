@@ -262,7 +262,7 @@ impl<'w> CudaFrames<'w> {
 }
 
 impl DeviceFrames for CudaFrames<'_> {
-    fn start<'a>(&'a self, rows: &Rows, opts: &GenerateOptions) -> Result<Box<dyn FrameSource + 'a>, GenerateError> {
+    fn start(&self, rows: &Rows, opts: &GenerateOptions) -> Result<Box<dyn FrameSource + '_>, GenerateError> {
         let mut st = self.state.borrow_mut();
         self.begin(&mut st, rows, opts)?;
         Ok(Box::new(GraphFrames { frames: self, st }))

@@ -5,14 +5,15 @@
 
 use std::ops::ControlFlow;
 
-use super::sampling::{MainCandidates, RasWindow, SamplingError, SamplingParams, sample_head, sample_main};
+use super::batch::Stream;
+use super::sampling::{MainCandidates, SamplingError, SamplingParams};
 use crate::backend::Backend;
 use crate::backend::tower::TowerError;
-use crate::model::backbone::{Backbone, BackboneConfig, BackboneError, BackboneState};
+use crate::model::backbone::{Backbone, BackboneConfig, BackboneError};
 use crate::model::codec::{CodecError, CodecModel, StreamingDecoder};
 use crate::model::frame::Rows;
 use crate::model::load::Checkpoint;
-use crate::model::tower::{Tower, TowerState};
+use crate::model::tower::Tower;
 use crate::model::weights::{ModelWeights, WeightError};
 
 /// Per-request generation options.
@@ -71,6 +72,9 @@ pub enum GenerateError {
     ContextFull { prompt_rows: usize, context: usize },
     #[error("{prompt_rows} prompt rows + {max_frames} frames exceed the engine's context of {context} positions")]
     FramesPastContext { prompt_rows: usize, max_frames: usize, context: usize },
+    /// The step's shared computation failed, so every stream in it did (the first error's text).
+    #[error("the batch step failed: {0}")]
+    Batch(String),
 }
 
 /// The frames of one request, one per call, each `[main, c0..c9]` (the EOS frame included: the
@@ -85,7 +89,7 @@ pub trait FrameSource {
 /// A backend's own way of producing frames (e.g. the whole per-frame step as one CUDA graph).
 pub trait DeviceFrames {
     /// Runs the prompt and returns the request's frames.
-    fn start<'a>(&'a self, rows: &Rows, opts: &GenerateOptions) -> Result<Box<dyn FrameSource + 'a>, GenerateError>;
+    fn start(&self, rows: &Rows, opts: &GenerateOptions) -> Result<Box<dyn FrameSource + '_>, GenerateError>;
 }
 
 /// Where generated audio goes, and whether to go on.
@@ -156,10 +160,10 @@ pub struct Engine<'w, B: Backend> {
     pub codec: &'w CodecModel<B>,
     pub candidates: MainCandidates,
     /// For candidate `i`, the index of its token in the backbone's restricted logits.
-    logit_index: Vec<usize>,
+    pub(super) logit_index: Vec<usize>,
     pub eos: u32,
-    /// The backend's device-side frames, when it has them; else the host loop runs.
-    device: Option<Box<dyn DeviceFrames + 'w>>,
+    /// The backend's device-side frames, when it has them; else the decode batch runs.
+    device: Option<&'w dyn DeviceFrames>,
 }
 
 impl<'w, B: Backend> Engine<'w, B> {
@@ -192,13 +196,13 @@ impl<'w, B: Backend> Engine<'w, B> {
     }
 
     /// Produces frames with `device` instead of the host loop (same decisions, fewer round trips).
-    pub fn with_device_frames(mut self, device: Box<dyn DeviceFrames + 'w>) -> Self {
+    pub fn with_device_frames(mut self, device: &'w dyn DeviceFrames) -> Self {
         self.set_device_frames(device);
         self
     }
 
     /// [`Self::with_device_frames`] in place.
-    pub fn set_device_frames(&mut self, device: Box<dyn DeviceFrames + 'w>) {
+    pub fn set_device_frames(&mut self, device: &'w dyn DeviceFrames) {
         self.device = Some(device);
     }
 
@@ -208,7 +212,7 @@ impl<'w, B: Backend> Engine<'w, B> {
     }
 
     /// Runs the prompt and returns the request's frames, from the device-side step if the engine
-    /// has one, else from the host loop (what `generate` consumes; benches time it directly).
+    /// has one, else from the batched step over this one stream (benches time it directly).
     pub fn frames<'a>(
         &'a self,
         rows: &Rows,
@@ -219,112 +223,196 @@ impl<'w, B: Backend> Engine<'w, B> {
         }
         match &self.device {
             Some(device) => device.start(rows, opts),
-            None => Ok(Box::new(HostFrames::start(self, rows, opts)?)),
+            None => {
+                let mut stream = self.stream(rows, opts)?;
+                while !self.prefill(&mut stream, PREFILL_CHUNK)? {}
+                Ok(Box::new(HostFrames { engine: self, stream }))
+            }
         }
     }
 
+    /// Starts one request's generation. With a device-side step the prompt runs here (that step
+    /// serves one request at a time); otherwise [`Engine::prefill_generation`] runs it in chunks.
+    pub fn start(&self, rows: &Rows, opts: &GenerateOptions) -> Result<Generation<'w, B>, GenerateError> {
+        let source = match &self.device {
+            Some(device) => Source::Device(device.start(rows, opts)?, opts.max_frames),
+            None => Source::Batch(Box::new(self.stream(rows, opts)?)),
+        };
+        Ok(Generation {
+            source,
+            audio: AudioOut::new(self.codec, self.backend),
+            produced: Rows::new(rows.codebooks()),
+            done: false,
+        })
+    }
+
+    /// Runs the next prompt chunk of `generation` (at most `chunk` rows); returns whether it can
+    /// take frames.
+    pub fn prefill_generation(&self, generation: &mut Generation<'_, B>, chunk: usize) -> Result<bool, GenerateError> {
+        match &mut generation.source {
+            Source::Device(..) => Ok(true),
+            Source::Batch(stream) => self.prefill(stream, chunk),
+        }
+    }
+
+    /// One frame of each generation (all prefilled, none done): the streams step together, the
+    /// codec turns each one's frames into PCM. A failure fails its generation alone (its result
+    /// is `Err`, and it must be dropped); the others go on.
+    ///
+    /// # Panics
+    /// If a generation is not prefilled or is done.
+    pub fn step(&self, generations: &mut [&mut Generation<'_, B>]) -> Vec<Result<Stepped, GenerateError>> {
+        let mut rows: Vec<Option<Result<Vec<u32>, GenerateError>>> = (0..generations.len()).map(|_| None).collect();
+        let mut batch: Vec<usize> = Vec::with_capacity(generations.len());
+        for (i, g) in generations.iter_mut().enumerate() {
+            assert!(!g.done, "step on a finished generation");
+            match &mut g.source {
+                Source::Device(frames, max_frames) => {
+                    let last = g.produced.len() + 1 >= *max_frames;
+                    rows[i] = Some(frames.next_frame(last));
+                }
+                Source::Batch(_) => batch.push(i),
+            }
+        }
+        if !batch.is_empty() {
+            let mut streams: Vec<&mut Stream<B>> = (generations.iter_mut())
+                .filter_map(|g| match &mut g.source {
+                    Source::Batch(stream) => Some(&mut **stream),
+                    Source::Device(..) => None,
+                })
+                .collect();
+            for (i, row) in batch.iter().zip(self.next_frames(&mut streams)) {
+                rows[*i] = Some(row);
+            }
+        }
+        (generations.iter_mut().zip(rows))
+            .map(|(g, row)| g.take_frame(row.expect("every generation got a row")?, self.eos))
+            .collect()
+    }
+
     /// Generates speech for prompt `rows`; `sink` receives PCM as the codec produces it and may
-    /// stop the generation between frames.
+    /// stop the generation between frames. The same step as a batch, over this one request.
     pub fn generate(
         &self,
         rows: &Rows,
         opts: &GenerateOptions,
         sink: &mut dyn AudioSink,
     ) -> Result<Finished, GenerateError> {
-        let mut frames = self.frames(rows, opts)?;
-        let mut produced = Rows::new(rows.codebooks());
-        let mut audio = AudioOut::new(self.codec, self.backend);
-        let mut reason = FinishReason::Length;
-        for frame in 0..opts.max_frames {
-            let row = frames.next_frame(frame + 1 == opts.max_frames)?;
-            if row[0] == self.eos {
-                reason = FinishReason::Stop;
-                break;
+        let mut generation = self.start(rows, opts)?;
+        if opts.max_frames == 0 {
+            return Ok(generation.finish(FinishReason::Length));
+        }
+        while !self.prefill_generation(&mut generation, PREFILL_CHUNK)? {}
+        loop {
+            let stepped = self.step(&mut [&mut generation]).pop().expect("one result per generation")?;
+            if !stepped.pcm.is_empty() && sink.audio(&stepped.pcm).is_break() {
+                return Ok(generation.finish(FinishReason::Cancelled));
             }
-            produced.push_row(&row);
-            if audio.push(&row[1..], sink)?.is_break() {
-                reason = FinishReason::Cancelled;
-                break;
+            if let Some(reason) = stepped.finished {
+                return Ok(generation.finish(reason));
             }
             if sink.keep_going().is_break() {
                 // Frames already produced keep their audio, so `frames` always counts delivered audio.
-                let _ = audio.flush(sink)?;
-                reason = FinishReason::Cancelled;
-                break;
+                let pcm = generation.cancel()?;
+                if !pcm.is_empty() {
+                    let _ = sink.audio(&pcm);
+                }
+                return Ok(generation.finish(FinishReason::Cancelled));
             }
         }
-        if reason != FinishReason::Cancelled {
-            let _ = audio.flush(sink)?;
-        }
-        Ok(Finished { reason, frames: produced.len(), rows: produced })
     }
 }
 
-/// The host-driven frame loop (`model.md` §8.1), for any backend: restricted head → main draw
-/// with RAS on the host → the tower's 13 layers with a host draw per head → the row into the
-/// backbone.
+/// Prompt rows per prefill chunk. A multiple of the GDN's 64-row chunk; the chunks of a prompt
+/// depend on its length alone, so its state never depends on the load.
+pub const PREFILL_CHUNK: usize = 256;
+
+/// Where a generation's frames come from.
+enum Source<'a, B: Backend> {
+    /// A stream of the decode batch.
+    Batch(Box<Stream<B>>),
+    /// A backend's device-side step (one request at a time), and the request's `max_frames`.
+    Device(Box<dyn FrameSource + 'a>, usize),
+}
+
+/// One request's generation: its frames, the codec's grouping of them into PCM, and when it
+/// ends (EOS, `max_frames`, or the caller cancelling it).
+pub struct Generation<'a, B: Backend> {
+    source: Source<'a, B>,
+    audio: AudioOut<'a, B>,
+    produced: Rows,
+    done: bool,
+}
+
+/// What one step gave a generation.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Stepped {
+    /// PCM the codec produced this step (often none: frames are grouped).
+    pub pcm: Vec<f32>,
+    /// Set when this step ended the generation (its PCM is then all flushed).
+    pub finished: Option<FinishReason>,
+}
+
+impl<B: Backend> Generation<'_, B> {
+    /// Whether its prompt is done (it can step).
+    pub fn ready(&self) -> bool {
+        match &self.source {
+            Source::Batch(stream) => stream.ready(),
+            Source::Device(..) => true,
+        }
+    }
+
+    /// Audio frames produced so far.
+    pub fn frames(&self) -> usize {
+        self.produced.len()
+    }
+
+    fn take_frame(&mut self, row: Vec<u32>, eos: u32) -> Result<Stepped, GenerateError> {
+        let max_frames = match &self.source {
+            Source::Batch(stream) => stream.opts.max_frames,
+            Source::Device(_, max_frames) => *max_frames,
+        };
+        let mut pcm = Vec::new();
+        let finished = if row[0] == eos {
+            Some(FinishReason::Stop)
+        } else {
+            self.produced.push_row(&row);
+            pcm = self.audio.push(&row[1..])?;
+            (self.produced.len() >= max_frames).then_some(FinishReason::Length)
+        };
+        if finished.is_some() {
+            pcm.extend(self.audio.flush()?);
+            self.done = true;
+        }
+        Ok(Stepped { pcm, finished })
+    }
+
+    /// Ends it before its last frame: returns the PCM of frames produced but not yet decoded.
+    pub fn cancel(&mut self) -> Result<Vec<f32>, GenerateError> {
+        self.done = true;
+        Ok(self.audio.flush()?)
+    }
+
+    /// What it produced, ending with `reason`.
+    pub fn finish(self, reason: FinishReason) -> Finished {
+        Finished { reason, frames: self.produced.len(), rows: self.produced }
+    }
+}
+
+/// One stream's frames from the batched step, one frame per call (the host-driven loop).
 struct HostFrames<'e, 'w, B: Backend> {
     engine: &'e Engine<'w, B>,
-    opts: &'e GenerateOptions,
-    backbone_state: BackboneState<B>,
-    tower_state: TowerState<B>,
-    /// The backbone's final-norm row for `input_row`.
-    hidden: B::Act,
-    input_row: Vec<u32>,
-    window: RasWindow,
-    frame: usize,
-}
-
-impl<'e, 'w, B: Backend> HostFrames<'e, 'w, B> {
-    fn start(engine: &'e Engine<'w, B>, rows: &Rows, opts: &'e GenerateOptions) -> Result<Self, GenerateError> {
-        let mut backbone_state = engine.backbone.new_state();
-        let mut tower_state = engine.tower.new_state();
-        let prompt_hidden = engine.backbone.prefill(&mut backbone_state, rows)?;
-        engine.tower.prefill(&mut tower_state, &prompt_hidden, rows)?;
-        Ok(HostFrames {
-            engine,
-            opts,
-            backbone_state,
-            tower_state,
-            hidden: engine.backend.tower_act_rows(&prompt_hidden, rows.len() - 1, 1),
-            input_row: rows.row(rows.len() - 1).to_vec(),
-            window: RasWindow::from_prompt(rows),
-            frame: 0,
-        })
-    }
+    stream: Stream<B>,
 }
 
 impl<B: Backend> FrameSource for HostFrames<'_, '_, B> {
-    fn next_frame(&mut self, last: bool) -> Result<Vec<u32>, GenerateError> {
-        let (e, opts, frame) = (self.engine, self.opts, self.frame as u64);
-        let head = e.backbone.restricted_logits(&self.hidden, 0);
-        let logits: Vec<f32> = e.logit_index.iter().map(|&i| head[i]).collect();
-        let pick = sample_main(&logits, &e.candidates, &self.window, &opts.params, opts.seed, frame)?;
-        self.window.push(pick.token);
-        // The reference runs every tower layer for the EOS frame too; its codes are discarded.
-        let mut head_error = None;
-        let codes = e.tower.frame(&mut self.tower_state, &self.hidden, &self.input_row, pick.token, &mut |r, l| {
-            sample_head(l, r, &opts.params, opts.seed, frame).unwrap_or_else(|err| {
-                head_error.get_or_insert(err);
-                0
-            })
-        })?;
-        if let Some(err) = head_error {
-            return Err(err.into());
-        }
-        let mut row = Vec::with_capacity(1 + codes.len());
-        row.push(pick.token);
-        row.extend_from_slice(&codes);
-        if !last && pick.token != e.eos {
-            self.hidden = e.backbone.decode(&mut self.backbone_state, &row)?;
-            self.input_row.clone_from(&row);
-        }
-        self.frame += 1;
-        Ok(row)
+    fn next_frame(&mut self, _last: bool) -> Result<Vec<u32>, GenerateError> {
+        self.engine.next_frames(&mut [&mut self.stream]).pop().expect("one result per stream")
     }
 }
 
-/// Groups frames for the streaming codec and hands its PCM on.
+/// Groups a generation's frames for the streaming codec: the first frame alone, then groups
+/// of [`codec_group`] frames.
 struct AudioOut<'m, B: Backend> {
     decoder: StreamingDecoder<'m, B>,
     pending: Vec<u32>,
@@ -337,24 +425,26 @@ impl<'m, B: Backend> AudioOut<'m, B> {
         AudioOut { decoder: StreamingDecoder::new(codec, backend), pending: Vec::new(), pending_frames: 0, groups: 0 }
     }
 
-    fn push(&mut self, codes: &[u32], sink: &mut dyn AudioSink) -> Result<ControlFlow<()>, CodecError> {
+    /// Adds one frame's codes; returns PCM when a group is complete (else nothing).
+    fn push(&mut self, codes: &[u32]) -> Result<Vec<f32>, CodecError> {
         self.pending.extend_from_slice(codes);
         self.pending_frames += 1;
         if self.pending_frames < codec_group(self.groups) {
-            return Ok(ControlFlow::Continue(()));
+            return Ok(Vec::new());
         }
-        self.flush(sink)
+        self.flush()
     }
 
-    fn flush(&mut self, sink: &mut dyn AudioSink) -> Result<ControlFlow<()>, CodecError> {
+    /// Decodes whatever frames are pending.
+    fn flush(&mut self) -> Result<Vec<f32>, CodecError> {
         if self.pending_frames == 0 {
-            return Ok(ControlFlow::Continue(()));
+            return Ok(Vec::new());
         }
         let pcm = self.decoder.push(&self.pending)?;
         self.pending.clear();
         self.pending_frames = 0;
         self.groups += 1;
-        Ok(sink.audio(&pcm))
+        Ok(pcm)
     }
 }
 

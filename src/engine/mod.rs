@@ -4,6 +4,7 @@
 
 #[cfg(feature = "cuda")]
 pub mod cuda_frames;
+pub mod batch;
 pub mod generate;
 pub mod rng;
 pub mod sampling;

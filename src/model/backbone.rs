@@ -114,6 +114,8 @@ pub enum BackboneError {
     Codebooks { k: usize, needed: usize, codebooks: usize },
     #[error("the state was made for another backbone ({found} layers, expected {expected})")]
     ForeignState { found: usize, expected: usize },
+    #[error("{rows} rows for {states} request states: a decode step takes one row per request")]
+    StatesPerRow { rows: usize, states: usize },
 }
 
 /// A point of the forward pass an observer sees (for tests and stage-by-stage checks).
@@ -335,42 +337,104 @@ impl<'a, B: BackboneOps> Backbone<'a, B> {
     fn forward_embedded(
         &self,
         state: &mut BackboneState<B>,
-        mut x: B::Act,
+        x: B::Act,
         pass: Pass,
         observe: &mut dyn FnMut(Stage, &B::Act),
     ) -> Result<B::Act, BackboneError> {
         self.check_state(state)?;
+        let (b, c) = (self.backend, &self.config);
+        let rows = b.rows(&x);
+        let layers = &mut state.layers;
+        let out = self.layers(x, false, observe, &mut |l, mixer, h| match (mixer, &mut layers[l]) {
+            (Mixer::GatedDeltaNet(w), LayerState::Gdn(s)) => match pass {
+                Pass::Prefill => b.gdn_prefill(&c.gdn, w, h, s),
+                Pass::Decode => b.gdn_decode(&c.gdn, w, h, s),
+            },
+            (Mixer::Attention(w), LayerState::Attention(cache)) => match pass {
+                Pass::Prefill => b.attention_prefill(&c.attention, w, h, cache),
+                Pass::Decode => b.attention_decode(&c.attention, w, h, cache),
+            },
+            // `new` and `check_state` matched every layer's kind to the config.
+            _ => unreachable!("layer kinds were checked against the config"),
+        });
+        state.position += rows;
+        Ok(out)
+    }
+
+    /// One decode step of several requests at once: `rows[i]` continues `states[i]`. Returns the
+    /// final-norm hidden `[n, hidden]`, row `i` for request `i`. Every operation runs under the
+    /// decode batch's contract (`BackboneOps::gdn_decode_rows`), so each request's row is bit for
+    /// bit what it would be with any other set of requests beside it.
+    pub fn decode_rows(&self, states: &mut [&mut BackboneState<B>], rows: &[&[u32]]) -> Result<B::Act, BackboneError> {
+        if rows.len() != states.len() {
+            return Err(BackboneError::StatesPerRow { rows: rows.len(), states: states.len() });
+        }
+        let expected = 1 + self.config.codebooks;
+        let mut flat = Vec::with_capacity(rows.len() * expected);
+        for (i, row) in rows.iter().enumerate() {
+            if row.len() != expected {
+                return Err(BackboneError::RowWidth { row: i, found: row.len(), expected });
+            }
+            flat.extend_from_slice(row);
+        }
+        for state in states.iter() {
+            self.check_state(state)?;
+        }
+        let x = self.embed(&Rows::from_flat(self.config.codebooks, flat))?;
+        let (b, c) = (self.backend, &self.config);
+        let out = self.layers(x, true, &mut |_, _| {}, &mut |l, mixer, h| match mixer {
+            Mixer::GatedDeltaNet(w) => {
+                let mut gdn: Vec<&mut B::GdnState> = (states.iter_mut())
+                    .map(|s| match &mut s.layers[l] {
+                        LayerState::Gdn(g) => g,
+                        LayerState::Attention(_) => unreachable!("layer kinds were checked against the config"),
+                    })
+                    .collect();
+                b.gdn_decode_rows(&c.gdn, w, h, &mut gdn)
+            }
+            Mixer::Attention(w) => {
+                let mut caches: Vec<&mut B::KvCache> = (states.iter_mut())
+                    .map(|s| match &mut s.layers[l] {
+                        LayerState::Attention(cache) => cache,
+                        LayerState::Gdn(_) => unreachable!("layer kinds were checked against the config"),
+                    })
+                    .collect();
+                b.attention_decode_rows(&c.attention, w, h, &mut caches)
+            }
+        });
+        for state in states.iter_mut() {
+            state.position += 1;
+        }
+        Ok(out)
+    }
+
+    /// The hybrid layer loop over embedded rows `x` (`backbone.md` §2.1); `mix(l, mixer, h)` runs
+    /// layer `l`'s mixer on its normed input. `rows_contract`: the MoE runs under the decode
+    /// batch's contract (`moe_rows`).
+    fn layers(
+        &self,
+        mut x: B::Act,
+        rows_contract: bool,
+        observe: &mut dyn FnMut(Stage, &B::Act),
+        mix: &mut dyn FnMut(usize, &Mixer<B::Weight>, &B::Act) -> B::Act,
+    ) -> B::Act {
         let b = self.backend;
         let c = &self.config;
-        let rows = b.rows(&x);
         observe(Stage::Embedding, &x);
         // Each residual add is fused with the norm that reads its result (the next mixer's or
         // MoE's input norm, or the final norm), so `h` is always the normed input of the next op.
         let layers = &self.weights.layers;
         let mut h = b.rms_norm(&x, &layers[0].input_norm, c.norm_eps);
-        for (l, (layer, st)) in layers.iter().zip(state.layers.iter_mut()).enumerate() {
-            let mixed = match (&layer.mixer, st) {
-                (Mixer::GatedDeltaNet(w), LayerState::Gdn(s)) => match pass {
-                    Pass::Prefill => b.gdn_prefill(&c.gdn, w, &h, s),
-                    Pass::Decode => b.gdn_decode(&c.gdn, w, &h, s),
-                },
-                (Mixer::Attention(w), LayerState::Attention(cache)) => match pass {
-                    Pass::Prefill => b.attention_prefill(&c.attention, w, &h, cache),
-                    Pass::Decode => b.attention_decode(&c.attention, w, &h, cache),
-                },
-                // `new` and `check_state` matched every layer's kind to the config.
-                _ => unreachable!("layer kinds were checked against the config"),
-            };
+        for (l, layer) in layers.iter().enumerate() {
+            let mixed = mix(l, &layer.mixer, &h);
             h = b.add_rms_norm(&mut x, &mixed, &layer.post_attention_norm, c.norm_eps);
-            let moe = b.moe(&c.moe, &layer.moe, &h);
+            let moe = if rows_contract { b.moe_rows(&c.moe, &layer.moe, &h) } else { b.moe(&c.moe, &layer.moe, &h) };
             let next_norm = layers.get(l + 1).map_or(&self.weights.final_norm, |next| &next.input_norm);
             h = b.add_rms_norm(&mut x, &moe, next_norm, c.norm_eps);
             observe(Stage::Layer(l), &x);
         }
-        let out = h;
-        observe(Stage::FinalNorm, &out);
-        state.position += rows;
-        Ok(out)
+        observe(Stage::FinalNorm, &h);
+        h
     }
 }
 

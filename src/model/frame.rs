@@ -53,6 +53,12 @@ impl Rows {
         &self.data
     }
 
+    /// Rows `range` as their own [`Rows`].
+    pub fn slice(&self, range: std::ops::Range<usize>) -> Rows {
+        let w = self.width();
+        Rows::from_flat(self.codebooks(), self.data[range.start * w..range.end * w].to_vec())
+    }
+
     /// Appends a text row `[token, 0, …, 0]`.
     pub fn push_text(&mut self, token: u32) {
         self.data.push(token);

@@ -13,7 +13,7 @@
 
 use std::ops::RangeInclusive;
 
-use crate::backend::tower::{TowerError, TowerLayerInput, TowerOps, TowerShape, UnseenCodes};
+use crate::backend::tower::{TowerError, TowerLayerInput, TowerOps, TowerRowsInput, TowerShape, UnseenCodes};
 use crate::model::config::ModelConfig;
 use crate::model::frame::Rows;
 use crate::model::weights::TowerWeights;
@@ -168,7 +168,7 @@ impl<'w, B: TowerOps> Tower<'w, B> {
         if n == 0 {
             return Ok(());
         }
-        let hidden = self.backend.tower_act_rows(hidden, 0, n);
+        let hidden = self.backend.act_rows(hidden, 0, n);
         let inputs: Vec<&[u32]> = (0..n).map(|p| rows.row(p)).collect();
         let labels: Vec<&[u32]> = (1..=n).map(|p| rows.row(p)).collect();
         let mask: Vec<bool> = labels.iter().map(|l| self.is_semantic(l[0])).collect();
@@ -252,6 +252,77 @@ impl<'w, B: TowerOps> Tower<'w, B> {
             codes.push(code);
         }
         state.len += 1;
+        Ok(codes)
+    }
+
+    /// One generated frame for each of several requests at once (the decode batch; [`Tower::frame`]
+    /// is the same for one). `h` row `i` is request `i`'s backbone final-norm row for
+    /// `input_rows[i]`, `mains[i]` its sampled main token, and `sample_head(i, r, logits)` picks
+    /// its c_{r+1}. Every operation runs under the decode batch's contract (`tower_layer_rows`),
+    /// so each request's codes are what they would be beside any others. Returns each `[c0..c9]`.
+    pub fn frame_rows(
+        &self,
+        states: &mut [&mut TowerState<B>],
+        h: &B::Act,
+        input_rows: &[&[u32]],
+        mains: &[u32],
+        sample_head: &mut dyn FnMut(usize, usize, &[f32]) -> u32,
+    ) -> Result<Vec<Vec<u32>>, TowerError> {
+        let n = states.len();
+        let check = |what, found| if found == n { Ok(()) } else { Err(TowerError::Length { what, expected: n, found }) };
+        check("backbone rows", self.backend.tower_act_shape(h).0)?;
+        check("input rows", input_rows.len())?;
+        check("main tokens", mains.len())?;
+        for row in input_rows {
+            self.check_width(row.len().saturating_sub(1))?;
+        }
+        let vocab = self.shape.codebook_vocab;
+        let mask: Vec<bool> = mains.iter().map(|&m| self.is_semantic(m)).collect();
+        let starts: Vec<usize> = states.iter().map(|s| s.len).collect();
+        let mut codes: Vec<Vec<u32>> =
+            mains.iter().map(|&m| vec![m.saturating_sub(*self.semantic.start()).min(vocab as u32 - 1)]).collect();
+        let flat: Vec<u32> = input_rows.iter().flat_map(|row| row[1..].iter().copied()).collect();
+        let row_semantic: Vec<bool> = input_rows.iter().map(|row| self.is_semantic(row[0])).collect();
+        let unseen = self.backend.tower_unseen(
+            &self.weights.codebook_embeddings,
+            &self.shape,
+            &UnseenCodes {
+                codes: &flat,
+                codebooks: self.codebooks,
+                first: self.backbone_codebooks + 1,
+                row_semantic: &row_semantic,
+            },
+        );
+        // Shared layers embed c0 (layer 0 adds the unseen codes); residual layer r embeds c_r.
+        let mut hidden: Option<B::Act> = None;
+        for index in 0..self.weights.layers.len() {
+            let r = index.checked_sub(self.shared_layers);
+            let labels: Vec<u32> = codes.iter().map(|c| c[r.unwrap_or(0)]).collect();
+            let mut kvs: Vec<&mut B::TowerKv> = states.iter_mut().map(|s| &mut s.caches[index]).collect();
+            let input = TowerRowsInput {
+                hidden: hidden.as_ref().unwrap_or(h),
+                codes: &labels,
+                label_semantic: &mask,
+                unseen: (index == 0).then_some(&unseen),
+                starts: &starts,
+            };
+            let out = self.backend.tower_layer_rows(&self.shape, &self.weights.layers[index], &mut kvs, input)?;
+            if let Some(r) = r {
+                // Head r reads residual layer r's output and picks c_{r+1} of every row.
+                let logits = self.backend.tower_act_host(&self.backend.tower_head_rows(&self.weights.heads[r], &out));
+                for (i, row_codes) in codes.iter_mut().enumerate() {
+                    let code = sample_head(i, r, &logits[i * vocab..(i + 1) * vocab]);
+                    if code as usize >= vocab {
+                        return Err(TowerError::CodeOutOfRange { head: r, code, vocab });
+                    }
+                    row_codes.push(code);
+                }
+            }
+            hidden = Some(out);
+        }
+        for state in states.iter_mut() {
+            state.len += 1;
+        }
         Ok(codes)
     }
 

@@ -5,10 +5,12 @@
 
 use std::path::PathBuf;
 
-use super::{Loader, MemoryUse, ModelHost, SynthError, Synthesizer};
+use super::{Loader, MemoryUse, ModelHost, StreamId, SynthError, Synthesizer};
 use crate::backend::Backend;
 use crate::backend::cpu::Cpu;
-use crate::engine::generate::{AudioSink, Engine, Finished, GenerateError, GenerateOptions, ResidentModel};
+use std::cell::RefCell;
+
+use crate::engine::generate::{Engine, GenerateError, GenerateOptions, Generation, ResidentModel, Stepped};
 use crate::inspect::device_budget;
 use crate::model::frame::Rows;
 use crate::model::load::Checkpoint;
@@ -29,29 +31,45 @@ pub struct GpuOptions {
     pub graph: bool,
 }
 
+/// How the decode batch is sized (`serve --max-batch`, `--prefill-chunk`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchLimits {
+    /// Streams stepped together; `None`: the engine's default (the CPU's, or what the GPU budget holds).
+    pub max_batch: Option<usize>,
+    /// Prompt rows per prefill call.
+    pub prefill_chunk: usize,
+}
+
 /// The CPU reference engine: checkpoint → resident weights → engine, then serve.
-pub fn cpu_loader(model_dir: PathBuf, max_frames: usize) -> Loader {
+pub fn cpu_loader(model_dir: PathBuf, max_frames: usize, limits: BatchLimits) -> Loader {
     Box::new(move |host: &mut dyn ModelHost| {
         host.progress(&format!("opening checkpoint {}", model_dir.display()));
         let ckpt = Checkpoint::open(&model_dir)?;
         host.progress("loading weights");
         let model = ResidentModel::load(&ckpt, &Cpu)?;
         host.progress("building the engine");
+        let max_batch = limits.max_batch.unwrap_or(crate::config::CPU_MAX_BATCH);
         let budget = device_budget(&ckpt, max_frames + PROMPT_ROWS_ALLOWANCE);
-        let memory = MemoryUse { in_use: budget.model_weights + budget.codec_weights, budget: budget.total(1) };
-        let engine = EngineModel::new(&Cpu, &ckpt, &model, None, Box::new(move || memory))?;
+        let memory = MemoryUse { in_use: budget.model_weights + budget.codec_weights, budget: budget.total(max_batch) };
+        let batch = BatchOptions { max_batch, prefill_chunk: limits.prefill_chunk, context: None };
+        let engine = EngineModel::new(&Cpu, &ckpt, &model, batch, Box::new(move || memory))?;
+        tracing::info!(max_batch, prefill_chunk = limits.prefill_chunk, "engine: decode batch");
         host.serve(&engine);
         Ok(())
     })
 }
 
-/// A loaded engine on backend `B` as the worker's [`Synthesizer`].
+/// A loaded engine on backend `B` as the worker's [`Synthesizer`]: its streams live in slots.
 pub struct EngineModel<'w, B: Backend> {
     engine: Engine<'w, B>,
     prompt: PromptBuilder<'w>,
     samples_per_frame: usize,
     /// Positions a request's caches hold, where they are fixed (the GPU's); `None`: unbounded.
     context: Option<usize>,
+    max_batch: usize,
+    /// Prompt rows run per prefill call (`--prefill-chunk`).
+    prefill_chunk: usize,
+    slots: RefCell<Vec<Option<Generation<'w, B>>>>,
     memory: Box<dyn Fn() -> MemoryUse + 'w>,
     health: Option<Box<dyn Fn() -> Result<(), String> + 'w>>,
 }
@@ -61,22 +79,29 @@ impl<'w, B: Backend> EngineModel<'w, B> {
         backend: &'w B,
         ckpt: &'w Checkpoint,
         model: &'w ResidentModel<B>,
-        context: Option<usize>,
+        batch: BatchOptions,
         memory: Box<dyn Fn() -> MemoryUse + 'w>,
     ) -> Result<Self, crate::engine::generate::LoadModelError> {
+        assert!(batch.max_batch > 0 && batch.prefill_chunk > 0, "a batch of no streams or a prefill of no rows");
         Ok(EngineModel {
             engine: Engine::new(backend, ckpt, model)?,
             prompt: PromptBuilder::for_checkpoint(ckpt),
             samples_per_frame: ckpt.codec_dims.samples_per_frame(),
-            context,
+            context: batch.context,
+            max_batch: batch.max_batch,
+            prefill_chunk: batch.prefill_chunk,
+            slots: RefCell::new((0..batch.max_batch).map(|_| None).collect()),
             memory,
             health: None,
         })
     }
 
-    /// Produces frames with a backend's device-side step (see [`Engine::set_device_frames`]).
-    pub fn with_device_frames(mut self, device: Box<dyn crate::engine::generate::DeviceFrames + 'w>) -> Self {
+    /// Produces frames with a backend's device-side step (see [`Engine::set_device_frames`]); it
+    /// serves one request at a time, so the engine's batch becomes one.
+    pub fn with_device_frames(mut self, device: &'w dyn crate::engine::generate::DeviceFrames) -> Self {
         self.engine.set_device_frames(device);
+        self.max_batch = 1;
+        self.slots.get_mut().truncate(1);
         self
     }
 
@@ -86,6 +111,21 @@ impl<'w, B: Backend> EngineModel<'w, B> {
         self.health = Some(check);
         self
     }
+
+    fn with_slot<R>(&self, id: StreamId, f: impl FnOnce(&mut Generation<'w, B>) -> R) -> R {
+        let mut slots = self.slots.borrow_mut();
+        f(slots.get_mut(id).and_then(Option::as_mut).unwrap_or_else(|| panic!("stream {id} is not open")))
+    }
+}
+
+/// How many streams an engine steps together, and how its prompts are cut.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchOptions {
+    pub max_batch: usize,
+    /// Prompt rows per prefill call.
+    pub prefill_chunk: usize,
+    /// Positions a request's caches hold, where fixed (the GPU's).
+    pub context: Option<usize>,
 }
 
 impl<B: Backend> Synthesizer for EngineModel<'_, B> {
@@ -109,12 +149,11 @@ impl<B: Backend> Synthesizer for EngineModel<'_, B> {
         self.health.as_ref().map_or(Ok(()), |check| check())
     }
 
-    fn generate(
-        &self,
-        rows: &Rows,
-        options: &GenerateOptions,
-        sink: &mut dyn AudioSink,
-    ) -> Result<Finished, SynthError> {
+    fn max_batch(&self) -> usize {
+        self.max_batch
+    }
+
+    fn open(&self, rows: &Rows, options: &GenerateOptions) -> Result<StreamId, SynthError> {
         let mut options = options.clone();
         if let Some(context) = self.context {
             // As the reference: frames stop where the context ends ("length"), and a prompt
@@ -124,7 +163,34 @@ impl<B: Backend> Synthesizer for EngineModel<'_, B> {
             }
             options.max_frames = options.max_frames.min(context - rows.len());
         }
-        Ok(self.engine.generate(rows, &options, sink)?)
+        let generation = self.engine.start(rows, &options)?;
+        let mut slots = self.slots.borrow_mut();
+        let id = slots.iter().position(Option::is_none).expect("the worker keeps at most max_batch streams open");
+        slots[id] = Some(generation);
+        Ok(id)
+    }
+
+    fn prefill(&self, id: StreamId) -> Result<bool, SynthError> {
+        Ok(self.with_slot(id, |g| self.engine.prefill_generation(g, self.prefill_chunk))?)
+    }
+
+    fn step(&self, ids: &[StreamId]) -> Vec<Result<Stepped, SynthError>> {
+        let mut slots = self.slots.borrow_mut();
+        // Each id's generation, in the order of `ids` (distinct open slots).
+        let mut by_slot: Vec<Option<&mut Generation<'_, B>>> = slots.iter_mut().map(Option::as_mut).collect();
+        let mut generations: Vec<&mut Generation<'_, B>> = (ids.iter())
+            .map(|&id| by_slot.get_mut(id).and_then(Option::take).unwrap_or_else(|| panic!("stream {id} is not open")))
+            .collect();
+        let results = self.engine.step(&mut generations);
+        results.into_iter().map(|r| r.map_err(SynthError::from)).collect()
+    }
+
+    fn cancel(&self, id: StreamId) -> Result<Vec<f32>, SynthError> {
+        Ok(self.with_slot(id, Generation::cancel)?)
+    }
+
+    fn close(&self, id: StreamId) -> usize {
+        self.slots.borrow_mut().get_mut(id).and_then(Option::take).map_or(0, |g| g.frames())
     }
 }
 
@@ -135,7 +201,7 @@ pub use gpu::cuda_loader;
 mod gpu {
     use std::path::PathBuf;
 
-    use super::{EngineModel, GpuOptions};
+    use super::{BatchLimits, BatchOptions, EngineModel, GpuOptions};
     use crate::backend::cuda::admission::{MemoryPlan, admit};
     use crate::backend::cuda::{Cuda, CudaOptions};
     use crate::engine::cuda_frames::CudaFrames;
@@ -143,9 +209,13 @@ mod gpu {
     use crate::model::load::Checkpoint;
     use crate::scheduler::{Loader, MemoryUse, ModelHost, ModelLoadError};
 
+    /// Slots the GPU engine plans for at most when `--max-batch` is not given.
+    const MAX_BATCH_CAP: usize = 256;
+
     /// The CUDA engine: opens the GPU on the worker thread (which then owns its context and
-    /// stream), admits the model against the budget, uploads the weights and serves.
-    pub fn cuda_loader(model_dir: PathBuf, gpu: GpuOptions, max_prompt_rows: usize) -> Loader {
+    /// stream), sizes the decode batch to the budget (or admits the one asked for), uploads the
+    /// weights and serves. With `--max-batch 1` and the CUDA graph on, the graph step serves.
+    pub fn cuda_loader(model_dir: PathBuf, gpu: GpuOptions, max_prompt_rows: usize, limits: BatchLimits) -> Loader {
         Box::new(move |host: &mut dyn ModelHost| {
             host.progress(&format!("opening GPU {}", gpu.ordinal));
             let options = CudaOptions {
@@ -157,11 +227,19 @@ mod gpu {
             let cuda = Cuda::open(&options).map_err(|e| ModelLoadError::Gpu(e.to_string()))?;
             host.progress(&format!("opening checkpoint {}", model_dir.display()));
             let ckpt = Checkpoint::open(&model_dir)?;
-            let plan = MemoryPlan::for_engine(&ckpt, gpu.context, max_prompt_rows.min(gpu.context));
+            let graph = gpu.graph && limits.max_batch == Some(1);
+            // The graph step runs a whole prompt at once; the batch runs prompts in chunks.
+            let prefill_rows =
+                if graph { max_prompt_rows } else { limits.prefill_chunk.min(max_prompt_rows) }.min(gpu.context);
+            let free = cuda.budget().cap() - cuda.budget().used();
+            let max_batch = limits.max_batch.unwrap_or_else(|| {
+                MemoryPlan::max_streams(&ckpt, gpu.context, prefill_rows, free, MAX_BATCH_CAP).max(1)
+            });
+            let plan = MemoryPlan::for_engine_streams(&ckpt, gpu.context, prefill_rows, max_batch);
             let source =
                 if gpu.memory_budget.is_some() { "--gpu-memory-budget" } else { "free memory minus the reserve" };
-            admit(&plan, cuda.budget().cap() - cuda.budget().used(), source)
-                .map_err(|e| ModelLoadError::Gpu(e.to_string()))?;
+            admit(&plan, free, source).map_err(|e| ModelLoadError::Gpu(e.to_string()))?;
+            tracing::info!(max_batch, context = gpu.context, cuda_graph = graph, plan = %plan, "engine: memory plan");
             host.progress(&format!("uploading weights to {}", cuda.info().name));
             let model = ResidentModel::load(&ckpt, &cuda)?;
             cuda.synchronize();
@@ -170,15 +248,18 @@ mod gpu {
             let memory = Box::new(move || MemoryUse { in_use: budget.used() as usize, budget: budget.cap() as usize });
             // A fault sticks to the context: every later call fails, the first sync reports it.
             let health = Box::new(|| cuda.device().synchronize().map_err(|e| format!("the GPU reports {e}")));
-            let mut engine =
-                EngineModel::new(&cuda, &ckpt, &model, Some(gpu.context), memory)?.with_health_check(health);
-            if gpu.graph {
+            let frames = if graph {
                 host.progress("capturing the frame step as a CUDA graph");
-                let frames =
-                    CudaFrames::for_model(&cuda, &ckpt, &model).map_err(|e| ModelLoadError::Gpu(e.to_string()))?;
-                engine = engine.with_device_frames(Box::new(frames));
+                Some(CudaFrames::for_model(&cuda, &ckpt, &model).map_err(|e| ModelLoadError::Gpu(e.to_string()))?)
+            } else {
+                None
+            };
+            let batch = BatchOptions { max_batch, prefill_chunk: limits.prefill_chunk, context: Some(gpu.context) };
+            let engine = EngineModel::new(&cuda, &ckpt, &model, batch, memory)?.with_health_check(health);
+            match &frames {
+                Some(frames) => host.serve(&engine.with_device_frames(frames)),
+                None => host.serve(&engine),
             }
-            host.serve(&engine);
             Ok(())
         })
     }

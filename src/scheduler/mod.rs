@@ -19,10 +19,10 @@ use tokio::sync::{Notify, watch};
 
 #[cfg(feature = "cuda")]
 pub use engines::cuda_loader;
-pub use engines::{EngineModel, GpuOptions, cpu_loader};
+pub use engines::{BatchLimits, BatchOptions, EngineModel, GpuOptions, cpu_loader};
 pub use job::{Job, JobEvent, JobStream, REPLY_CAPACITY};
 
-use crate::engine::generate::{AudioSink, Finished, GenerateError, GenerateOptions, LoadModelError};
+use crate::engine::generate::{GenerateError, GenerateOptions, LoadModelError, Stepped};
 use crate::model::frame::Rows;
 use crate::model::load::LoadError;
 use crate::request::prompt::PromptError;
@@ -117,8 +117,12 @@ pub enum ModelLoadError {
     Gpu(String),
 }
 
-/// A loaded model the worker runs jobs on (`EngineModel` over either backend). Implementations
-/// need no locking: only the worker thread calls them.
+/// A stream's handle inside a [`Synthesizer`] (its slot).
+pub type StreamId = usize;
+
+/// A loaded model the worker runs jobs on (`EngineModel` over either backend): streams that are
+/// opened, prefilled in chunks, stepped together and closed. Implementations need no locking:
+/// only the worker thread calls them.
 pub trait Synthesizer {
     fn sample_rate(&self) -> u32;
     fn samples_per_frame(&self) -> usize;
@@ -130,14 +134,19 @@ pub trait Synthesizer {
     fn health(&self) -> Result<(), String> {
         Ok(())
     }
-    /// Generates speech for `rows`, handing PCM to `sink` as it is produced; `Break` from the
-    /// sink stops it between frames with reason `Cancelled`.
-    fn generate(
-        &self,
-        rows: &Rows,
-        options: &GenerateOptions,
-        sink: &mut dyn AudioSink,
-    ) -> Result<Finished, SynthError>;
+    /// Streams it steps together at most (slots).
+    fn max_batch(&self) -> usize;
+    /// Opens a stream for `rows` in a free slot (the caller keeps at most `max_batch` open).
+    /// Nothing runs yet; a request the engine cannot take is refused here.
+    fn open(&self, rows: &Rows, options: &GenerateOptions) -> Result<StreamId, SynthError>;
+    /// Runs the next chunk of the stream's prompt; `true` once it can step.
+    fn prefill(&self, id: StreamId) -> Result<bool, SynthError>;
+    /// One frame of each stream (all prefilled): each result is that stream's alone.
+    fn step(&self, ids: &[StreamId]) -> Vec<Result<Stepped, SynthError>>;
+    /// Ends a stream before its last frame: the PCM of its frames not yet decoded.
+    fn cancel(&self, id: StreamId) -> Result<Vec<f32>, SynthError>;
+    /// Frees the stream's slot; returns its audio frames.
+    fn close(&self, id: StreamId) -> usize;
 }
 
 /// What a [`Loader`] reports to and hands its model to.
@@ -192,7 +201,8 @@ enum LoadState {
 impl Scheduler {
     /// Starts the worker thread, which loads the CPU engine from `config.model_dir`.
     pub fn start(config: WorkerConfig) -> Scheduler {
-        let loader = cpu_loader(config.model_dir.clone(), config.default_max_frames);
+        let limits = BatchLimits { max_batch: None, prefill_chunk: crate::engine::generate::PREFILL_CHUNK };
+        let loader = cpu_loader(config.model_dir.clone(), config.default_max_frames, limits);
         Scheduler::start_with(config, loader)
     }
 

@@ -1,36 +1,50 @@
-//! The worker thread: loads the model, then runs admitted jobs one at a time, each inside
-//! `catch_unwind`, so a failing or panicking request fails alone and the next one runs.
+//! The worker thread: loads the model, then runs the decode batch. It owns the model (and on the
+//! GPU the CUDA context) and is the only thread that touches it.
 //!
-//! It is the single owner of the model: jobs arrive over a bounded channel and events go back
-//! over each job's own bounded channel. A job whose client is gone stops at the next audio
-//! chunk; a client that stops reading is given up after `stall_timeout`.
+//! Each turn of its loop:
+//! 1. **admits** queued jobs into free slots, first come first served: the prompt is built and a
+//!    stream opened (a job refused here fails alone);
+//! 2. runs **one prefill chunk** of the oldest stream still on its prompt (the chunk bounds how
+//!    long a new prompt holds up the streams already speaking);
+//! 3. **steps** every stream that is generating and whose client is keeping up: one frame each;
+//! 4. **delivers** each stream's events to its client without ever waiting: a client that reads
+//!    slowly has its events buffered (up to [`OUTBOX_EVENTS`]; its stream pauses while the buffer
+//!    is full) and is given up after `stall_timeout` without progress, while the batch goes on;
+//! 5. **retires** streams that ended, failed, or whose client left: the slot is free at once.
+//!
+//! A failure inside one stream (a sampler fault on its row, a panic in its prompt) fails that
+//! job alone. After any failure the worker asks the engine's health: a GPU fault that poisoned
+//! the context fails every job and turns readiness to failed, and `serve` exits for a restart.
 
 use std::any::Any;
-use std::ops::ControlFlow;
+use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{Receiver, SyncSender};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use tokio::sync::mpsc::error::TrySendError;
 use tracing::{debug, error, info, warn};
 
 use super::job::{JobEvent, Queued, Reply};
-use super::{LoadState, Loader, ModelHost, ModelInfo, Shared, SynthError, Synthesizer, WorkerConfig};
-use crate::engine::generate::{AudioSink, FinishReason, GenerateOptions};
+use super::{LoadState, Loader, ModelHost, ModelInfo, Shared, StreamId, SynthError, Synthesizer, WorkerConfig};
+use crate::engine::generate::FinishReason;
 use crate::telemetry;
+
+/// Events buffered per stream beyond its reply channel before the stream pauses (each event
+/// holds at most one codec group, 8 frames ≈ 0.37 s): about 12 s of audio.
+pub const OUTBOX_EVENTS: usize = 32;
+/// How long an idle worker waits for a job or a reader before it looks again.
+const IDLE_POLL: Duration = Duration::from_millis(2);
 
 /// Starts the worker thread; returns the sending end of its job queue (`max_queue` deep).
 pub(super) fn spawn(config: WorkerConfig, loader: Loader, shared: Arc<Shared>) -> SyncSender<Queued> {
     let (tx, rx) = std::sync::mpsc::sync_channel(config.max_queue);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .expect("a current-thread runtime with only a timer cannot fail to build");
     std::thread::Builder::new()
         .name(String::from("limelight-worker"))
         .spawn(move || {
-            let mut host = Host { config, shared, jobs: rx, runtime };
+            let mut host = Host { config, shared, jobs: rx };
             let outcome = catch_unwind(AssertUnwindSafe(|| loader(&mut host)));
             let failure = match outcome {
                 Ok(Ok(())) => None,
@@ -54,12 +68,80 @@ struct Host {
     config: WorkerConfig,
     shared: Arc<Shared>,
     jobs: Receiver<Queued>,
-    /// Only for waiting on a full reply channel with a deadline; never runs tasks.
-    runtime: tokio::runtime::Runtime,
 }
 
-/// The client is gone or stalled: nothing more can be told to it.
-struct Gone;
+/// One admitted job: its stream in the model (while it has one), its client, and the events the
+/// client has not taken yet.
+struct Active {
+    /// The model's stream; `None` once it ended (the slot is free) while events still drain.
+    stream: Option<StreamId>,
+    /// Its prompt is done: it takes a frame every step.
+    prefilled: bool,
+    reply: Reply,
+    span: tracing::Span,
+    outbox: VecDeque<JobEvent>,
+    /// Since when events have waited for a client that takes none (for `stall_timeout`).
+    blocked_since: Option<Instant>,
+    prompt_rows: usize,
+    /// When it joined the batch.
+    joined: Instant,
+    /// The job is over for the worker: its client left or stalled (nothing more is sent).
+    gone: bool,
+    /// The last event was queued: retire once the outbox is empty.
+    ended: bool,
+}
+
+impl Active {
+    /// Frees its slot, if it still holds one, counting its frames; returns them (0 if it held none).
+    fn close(&mut self, model: &dyn Synthesizer) -> usize {
+        let Some(id) = self.stream.take() else { return 0 };
+        let frames = model.close(id);
+        metrics::counter!(telemetry::FRAMES_GENERATED).increment(frames as u64);
+        let audio_secs = (frames * model.samples_per_frame()) as f64 / f64::from(model.sample_rate());
+        if audio_secs > 0.0 {
+            let rtf = self.joined.elapsed().as_secs_f64() / audio_secs;
+            metrics::histogram!(telemetry::STREAM_REAL_TIME_FACTOR).record(rtf);
+        }
+        frames
+    }
+
+    /// Closes its stream and queues `last`, the job's final event (unless its client is gone).
+    fn end(&mut self, model: &dyn Synthesizer, last: JobEvent) {
+        self.close(model);
+        if !self.gone {
+            self.outbox.push_back(last);
+        }
+        self.ended = true;
+    }
+
+    /// Hands waiting events to the client without blocking; gives the client up once it has
+    /// taken nothing for `stall`.
+    fn deliver(&mut self, stall: Duration, now: Instant) {
+        while let Some(event) = self.outbox.pop_front() {
+            match self.reply.tx.try_send(event) {
+                Ok(()) => self.blocked_since = None,
+                Err(TrySendError::Full(event)) => {
+                    self.outbox.push_front(event);
+                    break;
+                }
+                Err(TrySendError::Closed(_)) => {
+                    self.gone = true;
+                    break;
+                }
+            }
+        }
+        if self.gone || self.outbox.is_empty() {
+            self.blocked_since = None;
+            return;
+        }
+        let since = *self.blocked_since.get_or_insert(now);
+        if now.duration_since(since) >= stall {
+            let _enter = self.span.enter();
+            warn!(stall_secs = stall.as_secs_f64(), "client stopped reading; job given up");
+            self.gone = true;
+        }
+    }
+}
 
 impl ModelHost for Host {
     fn progress(&self, stage: &str) {
@@ -81,171 +163,269 @@ impl ModelHost for Host {
             model_dir: self.config.model_dir.clone(),
         };
         let _ = self.shared.info.set(info);
-        let memory = model.memory();
-        metrics::gauge!(telemetry::MEMORY_IN_USE_BYTES).set(memory.in_use as f64);
-        metrics::gauge!(telemetry::MEMORY_BUDGET_BYTES).set(memory.budget as f64);
+        self.publish_memory(model);
         self.progress("ready");
         self.shared.load.send_replace(LoadState::Ready);
-        // Ends when every Scheduler handle is dropped.
-        while let Ok(queued) = self.jobs.recv() {
-            self.shared.queued.fetch_sub(1, Ordering::SeqCst);
-            self.shared.active.fetch_add(1, Ordering::SeqCst);
-            self.shared.publish_gauges();
-            let started = Instant::now();
-            // `run_job` contains the job's own failures; this catches one in reporting them, so
-            // even then only this job is lost and the worker goes on.
-            let failed = catch_unwind(AssertUnwindSafe(|| self.run_job(model, queued))).unwrap_or_else(|_| {
-                error!("a job's failure could not be reported");
-                true
-            });
-            self.shared.record_job_secs(started.elapsed().as_secs_f64());
-            // The GPU's activation pool grows to what jobs need (and keeps it): report it.
-            metrics::gauge!(telemetry::MEMORY_IN_USE_BYTES).set(model.memory().in_use as f64);
-            self.shared.active.fetch_sub(1, Ordering::SeqCst);
-            self.shared.publish_gauges();
-            self.shared.job_left();
+        let mut batch: Vec<Active> = Vec::new();
+        loop {
+            if !self.admit(model, &mut batch) {
+                return; // every Scheduler handle is gone
+            }
+            let mut failed = self.prefill_one(model, &mut batch);
+            let stepped = self.step(model, &mut batch, &mut failed);
+            let now = Instant::now();
+            for job in &mut batch {
+                job.deliver(self.config.stall_timeout, now);
+            }
+            self.retire(model, &mut batch);
             // A failure that broke the engine itself (a GPU fault poisons its context) would fail
             // every later job: stop serving instead, so the service is restarted.
             if failed && let Err(why) = model.health() {
-                self.engine_lost(&why);
+                self.engine_lost(&mut batch, &why);
                 return;
+            }
+            if !stepped && !batch.is_empty() {
+                // Every stream waits on its client: let the readers catch up.
+                std::thread::sleep(IDLE_POLL);
             }
         }
     }
 }
 
 impl Host {
-    /// The engine cannot run jobs any more: readiness turns to failed (new requests get 503) and
-    /// the queued jobs fail with the reason; `serve` sees the state and exits non-zero.
-    fn engine_lost(&self, why: &str) {
+    /// Moves queued jobs into free slots (waiting for one when the batch is empty). Returns
+    /// `false` once the queue is closed and nothing is left to run.
+    fn admit(&self, model: &dyn Synthesizer, batch: &mut Vec<Active>) -> bool {
+        loop {
+            let open = batch.iter().filter(|a| a.stream.is_some()).count();
+            if open >= model.max_batch() {
+                return true;
+            }
+            let queued = if batch.is_empty() {
+                match self.jobs.recv_timeout(Duration::from_secs(1)) {
+                    Ok(queued) => queued,
+                    Err(RecvTimeoutError::Timeout) => continue,
+                    Err(RecvTimeoutError::Disconnected) => return false,
+                }
+            } else {
+                match self.jobs.try_recv() {
+                    Ok(queued) => queued,
+                    Err(TryRecvError::Empty) => return true,
+                    Err(TryRecvError::Disconnected) => return !batch.is_empty(),
+                }
+            };
+            self.shared.queued.fetch_sub(1, Ordering::SeqCst);
+            if let Some(active) = self.join(model, queued) {
+                self.shared.active.fetch_add(1, Ordering::SeqCst);
+                batch.push(active);
+            } else {
+                self.shared.job_left();
+            }
+            self.shared.publish_gauges();
+        }
+    }
+
+    /// A queued job into the batch: its prompt built and its stream opened. `None` when it ends
+    /// here (client gone, draining past the deadline, or refused, which it is told).
+    fn join(&self, model: &dyn Synthesizer, queued: Queued) -> Option<Active> {
+        let Queued { job, reply, admitted } = queued;
+        let _span = job.span.enter();
+        metrics::histogram!(telemetry::QUEUE_WAIT_SECONDS).record(admitted.elapsed().as_secs_f64());
+        if reply.cancelled() {
+            debug!("client left before the job started");
+            return None;
+        }
+        if self.shared.aborting.load(Ordering::SeqCst) {
+            let end = JobEvent::Finished { reason: FinishReason::Cancelled, frames: 0, prompt_rows: 0 };
+            let _ = reply.tx.try_send(end);
+            return None;
+        }
+        debug!(waited_ms = admitted.elapsed().as_millis() as u64, "job joins the batch");
+        let opened = catch_unwind(AssertUnwindSafe(|| -> Result<_, SynthError> {
+            let rows = model.prompt(&job.text)?;
+            let id = model.open(&rows, &job.options)?;
+            Ok((id, rows.len()))
+        }));
+        let failure = match opened {
+            Ok(Ok((id, prompt_rows))) => {
+                let mut outbox = VecDeque::new();
+                outbox.push_back(JobEvent::Started { prompt_rows });
+                return Some(Active {
+                    stream: Some(id),
+                    prefilled: false,
+                    reply,
+                    span: job.span.clone(),
+                    outbox,
+                    blocked_since: None,
+                    prompt_rows,
+                    joined: Instant::now(),
+                    gone: false,
+                    ended: false,
+                });
+            }
+            Ok(Err(e)) => e.to_string(),
+            Err(panic) => format!("the engine panicked: {}", panic_message(&*panic)),
+        };
+        error!(error = %failure, "job failed");
+        let _ = reply.tx.try_send(JobEvent::Failed { message: failure });
+        None
+    }
+
+    /// One prefill chunk of the oldest stream still on its prompt. Returns whether a job failed.
+    fn prefill_one(&self, model: &dyn Synthesizer, batch: &mut [Active]) -> bool {
+        let Some(job) = batch.iter_mut().find(|a| a.stream.is_some() && !a.prefilled) else {
+            return false;
+        };
+        let id = job.stream.expect("found with a stream");
+        if let Some(last) = self.interrupted(job, model) {
+            job.end(model, last);
+            return false;
+        }
+        let span = job.span.clone();
+        let _enter = span.enter();
+        match catch_unwind(AssertUnwindSafe(|| model.prefill(id))) {
+            Ok(Ok(done)) => {
+                job.prefilled = done;
+                false
+            }
+            Ok(Err(e)) => {
+                error!(error = %e, "job failed");
+                job.end(model, JobEvent::Failed { message: e.to_string() });
+                true
+            }
+            Err(panic) => {
+                let message = format!("the engine panicked: {}", panic_message(&*panic));
+                error!(reason = %message, "job failed");
+                job.end(model, JobEvent::Failed { message });
+                true
+            }
+        }
+    }
+
+    /// Whether the job must stop before its next frame: its client left (nothing more is said),
+    /// or the drain deadline passed (it ends `cancelled`, keeping the audio of its frames).
+    /// Returns the final event to queue.
+    fn interrupted(&self, job: &mut Active, model: &dyn Synthesizer) -> Option<JobEvent> {
+        if job.reply.cancelled() {
+            let _enter = job.span.enter();
+            debug!("client gone; job stopped");
+            job.gone = true;
+            return Some(JobEvent::Failed { message: String::from("client gone") });
+        }
+        if !self.shared.aborting.load(Ordering::SeqCst) {
+            return None;
+        }
+        let id = job.stream.expect("asked only of jobs with a stream");
+        if let Ok(pcm) = model.cancel(id)
+            && !pcm.is_empty()
+        {
+            job.outbox.push_back(JobEvent::Audio(pcm));
+        }
+        let frames = job.close(model);
+        Some(JobEvent::Finished { reason: FinishReason::Cancelled, frames, prompt_rows: job.prompt_rows })
+    }
+
+    /// One frame of every prefilled stream whose client keeps up. Returns whether any stepped.
+    fn step(&self, model: &dyn Synthesizer, batch: &mut [Active], failed: &mut bool) -> bool {
+        let mut members: Vec<usize> = Vec::with_capacity(batch.len());
+        for (i, job) in batch.iter_mut().enumerate() {
+            if job.stream.is_none() || !job.prefilled {
+                continue;
+            }
+            if let Some(last) = self.interrupted(job, model) {
+                job.end(model, last);
+            } else if job.outbox.len() < OUTBOX_EVENTS {
+                members.push(i);
+            }
+        }
+        if members.is_empty() {
+            return false;
+        }
+        let ids: Vec<StreamId> = members.iter().map(|&i| batch[i].stream.expect("a member has a stream")).collect();
+        let started = Instant::now();
+        let results = match catch_unwind(AssertUnwindSafe(|| model.step(&ids))) {
+            Ok(results) => results.into_iter().map(|r| r.map_err(|e| e.to_string())).collect(),
+            Err(panic) => {
+                let message = format!("the engine panicked: {}", panic_message(&*panic));
+                vec![Err(message); ids.len()]
+            }
+        };
+        metrics::histogram!(telemetry::STEP_SECONDS).record(started.elapsed().as_secs_f64());
+        metrics::histogram!(telemetry::BATCH_SIZE).record(ids.len() as f64);
+        for (&i, result) in members.iter().zip(results) {
+            let job = &mut batch[i];
+            match result {
+                Ok(stepped) => {
+                    if !stepped.pcm.is_empty() {
+                        job.outbox.push_back(JobEvent::Audio(stepped.pcm));
+                    }
+                    if let Some(reason) = stepped.finished {
+                        let frames = job.close(model);
+                        let prompt_rows = job.prompt_rows;
+                        job.end(model, JobEvent::Finished { reason, frames, prompt_rows });
+                    }
+                }
+                Err(message) => {
+                    job.span.in_scope(|| error!(error = %message, "job failed"));
+                    *failed = true;
+                    job.end(model, JobEvent::Failed { message });
+                }
+            }
+        }
+        true
+    }
+
+    /// Drops jobs that are over: ended with every event delivered, or whose client is gone.
+    fn retire(&self, model: &dyn Synthesizer, batch: &mut Vec<Active>) {
+        let before = batch.len();
+        batch.retain_mut(|job| {
+            let over = job.gone || (job.ended && job.outbox.is_empty());
+            if over {
+                job.close(model);
+                // A slot frees when a job ends: `Retry-After` follows their wall time.
+                self.shared.record_job_secs(job.joined.elapsed().as_secs_f64());
+            }
+            !over
+        });
+        let left = before - batch.len();
+        if left > 0 {
+            self.shared.active.fetch_sub(left, Ordering::SeqCst);
+            for _ in 0..left {
+                self.shared.job_left();
+            }
+            self.publish_memory(model);
+            self.shared.publish_gauges();
+        }
+    }
+
+    /// The engine cannot run jobs any more: readiness turns to failed (new requests get 503),
+    /// the batch's and the queued jobs fail with the reason; `serve` sees the state and exits
+    /// non-zero.
+    fn engine_lost(&self, batch: &mut Vec<Active>, why: &str) {
         let message = format!("the engine is unusable after a failed request: {why}");
         error!(reason = %message, "engine lost");
         self.shared.load.send_replace(LoadState::Failed(message.clone()));
+        // Their streams are not touched again: the engine is unusable.
+        for job in batch.iter() {
+            let _ = job.reply.tx.try_send(JobEvent::Failed { message: message.clone() });
+        }
+        self.shared.active.fetch_sub(batch.len(), Ordering::SeqCst);
+        for _ in batch.drain(..) {
+            self.shared.job_left();
+        }
         while let Ok(queued) = self.jobs.try_recv() {
             self.shared.queued.fetch_sub(1, Ordering::SeqCst);
-            let _ = self.send(&queued.reply, JobEvent::Failed { message: message.clone() });
+            let _ = queued.reply.tx.try_send(JobEvent::Failed { message: message.clone() });
             self.shared.job_left();
         }
         self.shared.publish_gauges();
     }
 
-    /// Runs one job to its end and tells the client how it ended; contains every failure.
-    /// Returns whether the job failed inside the engine.
-    fn run_job(&self, model: &dyn Synthesizer, queued: Queued) -> bool {
-        let Queued { job, reply, admitted } = queued;
-        let _span = job.span.enter();
-        if reply.cancelled() {
-            debug!("client left before the job started");
-            return false;
-        }
-        if self.shared.aborting.load(Ordering::SeqCst) {
-            let _ =
-                self.send(&reply, JobEvent::Finished { reason: FinishReason::Cancelled, frames: 0, prompt_rows: 0 });
-            return false;
-        }
-        debug!(waited_ms = admitted.elapsed().as_millis() as u64, "job started");
-        let outcome = catch_unwind(AssertUnwindSafe(|| self.generate(model, &job.text, &job.options, &reply)));
-        let (last, failed) = match outcome {
-            Ok(Ok(finished)) => (finished, false),
-            Ok(Err(JobError::Gone)) => {
-                debug!("client gone; job stopped");
-                return false;
-            }
-            Ok(Err(JobError::Synth(e))) => {
-                error!(error = %e, "job failed");
-                (JobEvent::Failed { message: e.to_string() }, true)
-            }
-            Err(panic) => {
-                let message = format!("the engine panicked: {}", panic_message(&*panic));
-                error!(reason = %message, "job failed");
-                (JobEvent::Failed { message }, true)
-            }
-        };
-        let _ = self.send(&reply, last);
-        failed
-    }
-
-    fn generate(
-        &self,
-        model: &dyn Synthesizer,
-        text: &str,
-        options: &GenerateOptions,
-        reply: &Reply,
-    ) -> Result<JobEvent, JobError> {
-        let rows = model.prompt(text)?;
-        let prompt_rows = rows.len();
-        self.send(reply, JobEvent::Started { prompt_rows })?;
-        let mut sink = ReplySink { worker: self, reply, gone: false };
-        let finished = model.generate(&rows, options, &mut sink)?;
-        metrics::counter!(telemetry::FRAMES_GENERATED).increment(finished.frames as u64);
-        if sink.gone {
-            return Err(JobError::Gone);
-        }
-        Ok(JobEvent::Finished { reason: finished.reason, frames: finished.frames, prompt_rows })
-    }
-
-    /// Sends one event, waiting at most `stall_timeout` for room in the client's channel.
-    fn send(&self, reply: &Reply, event: JobEvent) -> Result<(), Gone> {
-        if reply.cancelled() {
-            return Err(Gone);
-        }
-        let stall = self.config.stall_timeout;
-        // The timer must be created inside the runtime, hence the async block.
-        match self.runtime.block_on(async { tokio::time::timeout(stall, reply.tx.send(event)).await }) {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(_closed)) => Err(Gone),
-            Err(_elapsed) => {
-                warn!(stall_secs = stall.as_secs_f64(), "client stopped reading; job given up");
-                Err(Gone)
-            }
-        }
-    }
-}
-
-/// Sends a job's audio to its client and stops the engine, within a frame, once the client is
-/// gone or the drain deadline has passed.
-struct ReplySink<'a> {
-    worker: &'a Host,
-    reply: &'a Reply,
-    gone: bool,
-}
-
-impl AudioSink for ReplySink<'_> {
-    fn audio(&mut self, pcm: &[f32]) -> ControlFlow<()> {
-        if self.worker.send(self.reply, JobEvent::Audio(pcm.to_vec())).is_err() {
-            self.gone = true;
-            return ControlFlow::Break(());
-        }
-        self.keep_going()
-    }
-
-    fn keep_going(&mut self) -> ControlFlow<()> {
-        if self.reply.cancelled() {
-            self.gone = true;
-            return ControlFlow::Break(());
-        }
-        // The drain deadline passed: stop, and still tell the client how it ended.
-        if self.worker.shared.aborting.load(Ordering::SeqCst) {
-            return ControlFlow::Break(());
-        }
-        ControlFlow::Continue(())
-    }
-}
-
-enum JobError {
-    Gone,
-    Synth(SynthError),
-}
-
-impl From<Gone> for JobError {
-    fn from(_: Gone) -> JobError {
-        JobError::Gone
-    }
-}
-
-impl From<SynthError> for JobError {
-    fn from(e: SynthError) -> JobError {
-        JobError::Synth(e)
+    /// The GPU's activation pool grows to what jobs need (and keeps it): report it.
+    fn publish_memory(&self, model: &dyn Synthesizer) {
+        let memory = model.memory();
+        metrics::gauge!(telemetry::MEMORY_IN_USE_BYTES).set(memory.in_use as f64);
+        metrics::gauge!(telemetry::MEMORY_BUDGET_BYTES).set(memory.budget as f64);
     }
 }
 

@@ -37,7 +37,7 @@ pub fn run(ctx: &mut Ctx) {
     let gpu_model = ResidentModel::load(&ckpt, cuda).expect("GPU upload");
     let host_loop = Engine::new(cuda, &ckpt, &gpu_model).expect("GPU engine");
     let frames = CudaFrames::for_model(cuda, &ckpt, &gpu_model).expect("capturing the frame step");
-    let gpu = Engine::new(cuda, &ckpt, &gpu_model).expect("GPU engine").with_device_frames(Box::new(frames));
+    let gpu = Engine::new(cuda, &ckpt, &gpu_model).expect("GPU engine").with_device_frames(&frames);
     let prompt = PromptBuilder::for_checkpoint(&ckpt).build(TEXT, &[]).expect("prompt");
     let other = PromptBuilder::for_checkpoint(&ckpt).build("Another, shorter one.", &[]).expect("prompt");
     // No EOS stop in the first frames is likely but not certain; min() below handles either.

@@ -1,7 +1,8 @@
 //! Fixtures of `tests/http_contract.rs`: the tiny checkpoint, schedulers on the CPU engine (plain,
 //! or wrapped to hold, fail or never end on the test's word), and request/response helpers.
 
-use std::ops::ControlFlow;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
@@ -15,12 +16,12 @@ use serde_json::{Value, json};
 use tower::ServiceExt;
 
 use crate::common;
-use limelight::engine::generate::{AudioSink, FinishReason, Finished, GenerateError, GenerateOptions};
+use limelight::engine::generate::{GenerateError, GenerateOptions, PREFILL_CHUNK, Stepped};
 use limelight::http::{AppState, HttpConfig, router};
 use limelight::model::frame::Rows;
 use limelight::request::validate::SpeechPolicy;
 use limelight::scheduler::{
-    Loader, MemoryUse, ModelHost, Scheduler, SynthError, Synthesizer, WorkerConfig, cpu_loader,
+    BatchLimits, Loader, MemoryUse, ModelHost, Scheduler, StreamId, SynthError, Synthesizer, WorkerConfig, cpu_loader,
 };
 
 pub const MODEL: &str = "drama-3";
@@ -66,6 +67,11 @@ pub fn app_with_keys(scheduler: Scheduler, api_keys: Vec<&str>) -> Router {
     router(AppState::new(scheduler, config))
 }
 
+/// The CPU engine's decode batch in these tests.
+fn limits() -> BatchLimits {
+    BatchLimits { max_batch: Some(4), prefill_chunk: PREFILL_CHUNK }
+}
+
 /// One scheduler on the plain CPU engine, shared by the tests that need nothing special.
 pub async fn shared_scheduler() -> Scheduler {
     static SCHEDULER: OnceLock<Scheduler> = OnceLock::new();
@@ -79,16 +85,16 @@ pub async fn shared() -> Router {
 }
 
 pub fn plain_scheduler(config: WorkerConfig) -> Scheduler {
-    let loader = cpu_loader(config.model_dir.clone(), config.default_max_frames);
+    let loader = cpu_loader(config.model_dir.clone(), config.default_max_frames, limits());
     Scheduler::start_with(config, loader)
 }
 
 /// What the wrapped engine does differently.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Mode {
-    /// Each job waits for `Control::open` before generating.
+    /// Each job waits for `Control::open` before its prompt runs.
     Gated,
-    /// Fails before any audio.
+    /// Fails at its first step, before any audio.
     FailAtOnce,
     /// Sends the first audio chunk, then fails.
     FailAfterFirstAudio,
@@ -122,11 +128,23 @@ impl Control {
     }
 }
 
+/// A wrapped stream: the inner stream (replaced when an endless one restarts), what it was
+/// opened with, and whether it produced audio yet.
+struct Opened {
+    inner: StreamId,
+    rows: Rows,
+    options: GenerateOptions,
+    audio: bool,
+    finished: bool,
+}
+
 /// The CPU engine behind a wrapper that misbehaves as `mode` says.
 pub struct Wrapped<'m> {
     model: &'m dyn Synthesizer,
     mode: Mode,
     control: Control,
+    streams: RefCell<HashMap<StreamId, Opened>>,
+    next_id: Cell<StreamId>,
 }
 
 impl Synthesizer for Wrapped<'_> {
@@ -142,34 +160,61 @@ impl Synthesizer for Wrapped<'_> {
     fn prompt(&self, text: &str) -> Result<Rows, SynthError> {
         self.model.prompt(text)
     }
-    fn generate(
-        &self,
-        rows: &Rows,
-        options: &GenerateOptions,
-        on_audio: &mut dyn AudioSink,
-    ) -> Result<Finished, SynthError> {
-        let failure = || SynthError::Generate(GenerateError::EmptyPrompt);
-        match self.mode {
-            Mode::Gated => {
-                self.control.wait();
-                self.model.generate(rows, options, on_audio)
-            }
-            Mode::FailAtOnce => Err(failure()),
-            Mode::Endless => loop {
-                let finished = self.model.generate(rows, options, on_audio)?;
-                if finished.reason == FinishReason::Cancelled {
-                    self.control.cancelled.store(true, Ordering::SeqCst);
-                    return Ok(finished);
-                }
-            },
-            Mode::FailAfterFirstAudio => {
-                self.model.generate(rows, options, &mut |pcm: &[f32]| {
-                    let _ = on_audio.audio(pcm);
-                    ControlFlow::Break(())
-                })?;
-                Err(failure())
-            }
+    fn max_batch(&self) -> usize {
+        self.model.max_batch()
+    }
+    fn open(&self, rows: &Rows, options: &GenerateOptions) -> Result<StreamId, SynthError> {
+        let inner = self.model.open(rows, options)?;
+        let id = self.next_id.replace(self.next_id.get() + 1);
+        let opened = Opened { inner, rows: rows.clone(), options: options.clone(), audio: false, finished: false };
+        self.streams.borrow_mut().insert(id, opened);
+        Ok(id)
+    }
+    fn prefill(&self, id: StreamId) -> Result<bool, SynthError> {
+        if self.mode == Mode::Gated {
+            self.control.wait();
         }
+        self.model.prefill(self.streams.borrow()[&id].inner)
+    }
+    fn step(&self, ids: &[StreamId]) -> Vec<Result<Stepped, SynthError>> {
+        let failure = || SynthError::Generate(GenerateError::EmptyPrompt);
+        let mut streams = self.streams.borrow_mut();
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            let s = streams.get_mut(id).expect("open");
+            if self.mode == Mode::FailAtOnce || (self.mode == Mode::FailAfterFirstAudio && s.audio) {
+                out.push(Err(failure()));
+                continue;
+            }
+            let mut stepped = match self.model.step(&[s.inner]).pop().expect("one result") {
+                Ok(stepped) => stepped,
+                Err(e) => {
+                    out.push(Err(e));
+                    continue;
+                }
+            };
+            s.audio |= !stepped.pcm.is_empty();
+            if self.mode == Mode::Endless && stepped.finished.is_some() {
+                // Start over in a fresh stream: only the client leaving ends it.
+                self.model.close(s.inner);
+                s.inner = self.model.open(&s.rows, &s.options).expect("reopens");
+                while !self.model.prefill(s.inner).expect("prefills") {}
+                stepped.finished = None;
+            }
+            s.finished = stepped.finished.is_some();
+            out.push(Ok(stepped));
+        }
+        out
+    }
+    fn cancel(&self, id: StreamId) -> Result<Vec<f32>, SynthError> {
+        self.model.cancel(self.streams.borrow()[&id].inner)
+    }
+    fn close(&self, id: StreamId) -> usize {
+        let s = self.streams.borrow_mut().remove(&id).expect("open");
+        if !s.finished {
+            self.control.cancelled.store(true, Ordering::SeqCst);
+        }
+        self.model.close(s.inner)
     }
 }
 
@@ -184,13 +229,20 @@ impl ModelHost for WrappingHost<'_> {
         self.host.progress(stage);
     }
     fn serve(&mut self, model: &dyn Synthesizer) {
-        self.host.serve(&Wrapped { model, mode: self.mode, control: self.control.clone() });
+        let wrapped = Wrapped {
+            model,
+            mode: self.mode,
+            control: self.control.clone(),
+            streams: RefCell::default(),
+            next_id: Cell::new(0),
+        };
+        self.host.serve(&wrapped);
     }
 }
 
 /// A scheduler whose engine behaves as `mode` says; `load_gate`, if given, holds loading.
 pub fn wrapped(mode: Mode, max_queue: usize, control: Control, load_gate: Option<Control>) -> Scheduler {
-    let inner = cpu_loader(checkpoint().to_owned(), MAX_FRAMES);
+    let inner = cpu_loader(checkpoint().to_owned(), MAX_FRAMES, limits());
     let loader: Loader = Box::new(move |host: &mut dyn ModelHost| {
         if let Some(load_gate) = load_gate {
             load_gate.wait();

@@ -78,4 +78,15 @@ impl BackendTypes for Cpu {
     fn to_host(&self, a: &Matrix) -> Matrix {
         a.clone()
     }
+
+    fn act_rows(&self, a: &Matrix, start: usize, count: usize) -> Matrix {
+        Matrix::from_vec(count, a.cols, a.data[start * a.cols..(start + count) * a.cols].to_vec())
+    }
+
+    fn stack_rows(&self, parts: &[Matrix]) -> Matrix {
+        let cols = parts.first().map_or(0, |p| p.cols);
+        assert!(parts.iter().all(|p| p.cols == cols), "stack_rows: parts of different widths");
+        let data: Vec<f32> = parts.iter().flat_map(|p| p.data.iter().copied()).collect();
+        Matrix::from_vec(data.len().checked_div(cols).unwrap_or(0), cols, data)
+    }
 }

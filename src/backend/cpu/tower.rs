@@ -146,10 +146,6 @@ impl TowerOps for Cpu {
         (a.rows, a.cols)
     }
 
-    fn tower_act_rows(&self, a: &Matrix, start: usize, count: usize) -> Matrix {
-        Matrix::from_vec(count, a.cols, a.data[start * a.cols..(start + count) * a.cols].to_vec())
-    }
-
     fn tower_act_host(&self, a: &Matrix) -> Vec<f32> {
         a.data.clone()
     }

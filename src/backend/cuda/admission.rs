@@ -31,6 +31,8 @@ pub struct MemoryPlan {
     pub workspace: u64,
     pub context: usize,
     pub prefill_rows: usize,
+    /// Streams whose states (KV caches, GDN states) are counted: the decode batch's slots.
+    pub streams: usize,
 }
 
 impl MemoryPlan {
@@ -47,28 +49,56 @@ impl MemoryPlan {
     /// Backbone and tower for one request at a time with `context` positions and prompts of up
     /// to `prefill_rows` rows.
     pub fn for_model(dims: &Dims, context: usize, prefill_rows: usize) -> MemoryPlan {
+        MemoryPlan::for_streams(dims, context, prefill_rows, 1)
+    }
+
+    /// [`MemoryPlan::for_model`] with `streams` requests' states and a decode batch of as many rows.
+    pub fn for_streams(dims: &Dims, context: usize, prefill_rows: usize, streams: usize) -> MemoryPlan {
+        let n = streams as u64;
         MemoryPlan {
             weights: arena_bytes(dims),
-            kv_cache: kv_cache_bytes(dims, context),
-            tower_kv_cache: tower_kv_cache_bytes(dims, context),
-            recurrent_state: recurrent_state_bytes(dims) as u64,
-            activations: activation_bytes(dims, prefill_rows),
+            kv_cache: n * kv_cache_bytes(dims, context),
+            tower_kv_cache: n * tower_kv_cache_bytes(dims, context),
+            recurrent_state: n * recurrent_state_bytes(dims) as u64,
+            activations: activation_bytes(dims, prefill_rows.max(streams)),
             codec: 0,
             workspace: WORKSPACE_BYTES,
             context,
             prefill_rows,
+            streams,
         }
     }
 
     /// [`MemoryPlan::for_model`] plus the codec: the whole engine `serve` runs.
     pub fn for_engine(ckpt: &Checkpoint, context: usize, prefill_rows: usize) -> MemoryPlan {
+        MemoryPlan::for_engine_streams(ckpt, context, prefill_rows, 1)
+    }
+
+    /// [`MemoryPlan::for_engine`] for a decode batch of `streams` slots.
+    pub fn for_engine_streams(ckpt: &Checkpoint, context: usize, prefill_rows: usize, streams: usize) -> MemoryPlan {
         let codec_weights = device_budget(ckpt, context).codec_weights as u64;
         MemoryPlan {
-            codec: codec_weights + CODEC_SCRATCH_BYTES,
-            ..MemoryPlan::for_model(&ckpt.dims, context, prefill_rows)
+            codec: codec_weights + CODEC_SCRATCH_BYTES + streams as u64 * CODEC_STREAM_BYTES,
+            ..MemoryPlan::for_streams(&ckpt.dims, context, prefill_rows, streams)
         }
     }
+
+    /// The most slots (up to `cap`) whose plan fits `budget` bytes; 0 if not even one does.
+    pub fn max_streams(ckpt: &Checkpoint, context: usize, prefill_rows: usize, budget: u64, cap: usize) -> usize {
+        let fits = |n| MemoryPlan::for_engine_streams(ckpt, context, prefill_rows, n).total() <= budget;
+        let (mut lo, mut hi) = (0, cap);
+        // The plan grows with n: the largest n that fits, by bisection.
+        while lo < hi {
+            let mid = (lo + hi).div_ceil(2);
+            if fits(mid) { lo = mid } else { hi = mid - 1 }
+        }
+        lo
+    }
 }
+
+/// Each stream's codec state (conv histories, attention windows, pending frames): an allowance
+/// (the full-size codec's streaming state is a few MiB), counted per slot.
+const CODEC_STREAM_BYTES: u64 = 16 << 20;
 
 /// The codec's streaming state and the activations of its largest frame group (a generous
 /// round figure: at full size a group of 8 frames peaks near 40 MiB of FP16 activations).
@@ -155,10 +185,11 @@ impl fmt::Display for MemoryPlan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "weights {} + KV cache {} ({} positions) + tower KV cache {} + GDN state {} + activations {} \
-             ({}-row prefill) + codec {} + workspace {}",
+            "weights {} + KV cache {} ({} streams × {} positions) + tower KV cache {} + GDN state {} + \
+             activations {} ({}-row prefill) + codec {} + workspace {}",
             gib(self.weights),
             gib(self.kv_cache),
+            self.streams,
             self.context,
             gib(self.tower_kv_cache),
             gib(self.recurrent_state),

@@ -83,6 +83,10 @@ impl BackboneOps for Cuda {
         moe::moe(self, shape, w, x)
     }
 
+    fn moe_rows(&self, shape: &MoeShape, w: &MoeWeights<GpuWeight>, x: &GpuMatrix) -> GpuMatrix {
+        moe::moe_with(self, shape, w, x, moe::MoePath::Rows)
+    }
+
     fn restricted_logits(&self, lm_head: &GpuWeight, token_ids: &[u32], hidden: &GpuMatrix, row: usize) -> Vec<f32> {
         self.with_restricted_head(token_ids, |head| head.logits_to_host(self, lm_head, hidden, row))
     }

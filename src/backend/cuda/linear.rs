@@ -115,6 +115,16 @@ pub fn linear(cuda: &Cuda, x: &GpuMatrix, w: &GpuWeight) -> GpuMatrix {
     })
 }
 
+/// [`linear`] under the decode batch's contract (`BackboneOps::gdn_decode_rows`): the GEMV at any
+/// row count (groups of up to 8 rows, each row's sums in the same lane order whatever its
+/// group), or where the GEMV cannot run the tiled kernel (whose per-output order does not depend
+/// on the row count either); never cuBLASLt, whose algorithm changes with the row count.
+pub fn linear_rows(cuda: &Cuda, x: &GpuMatrix, w: &GpuWeight) -> GpuMatrix {
+    let k = w.matrix_dims().1;
+    let path = if gemv_group(x.rows.min(GEMV_MAX_ROWS), k).is_some() { Path::Gemv } else { Path::Tiled };
+    linear_via(cuda, x, w, path).expect("the GEMV and tiled paths have no failure path")
+}
+
 /// [`linear`] on a given path (checks compare the paths). Only `Blas` can fail (the library
 /// refused the problem); `linear` then falls back to `Tiled`.
 ///

@@ -236,8 +236,13 @@ impl Cuda {
 
     /// An uninitialised f16 matrix from the pool (the codec's activations; same panics).
     pub fn matrix_f16(&self, rows: usize, cols: usize) -> GpuMatrix {
-        GpuMatrix::uninit_of(&self.pool, rows, cols, Elem::F16)
-            .unwrap_or_else(|e| panic!("f16 activation [{rows}, {cols}]: {e}"))
+        self.matrix_of(rows, cols, Elem::F16)
+    }
+
+    /// An uninitialised matrix of `elem` from the pool (same panics).
+    pub fn matrix_of(&self, rows: usize, cols: usize, elem: Elem) -> GpuMatrix {
+        GpuMatrix::uninit_of(&self.pool, rows, cols, elem)
+            .unwrap_or_else(|e| panic!("{elem:?} activation [{rows}, {cols}]: {e}"))
     }
 
     /// Uninitialised scratch of `bytes` from the pool (same panics as [`Cuda::matrix`]).
@@ -372,5 +377,26 @@ impl BackendTypes for Cuda {
             Elem::F16 => self.copy_to_host::<f16>(a.ptr(), a.len()).iter().map(|v| v.to_f32()).collect(),
         };
         Matrix::from_vec(a.rows, a.cols, data)
+    }
+
+    fn act_rows(&self, a: &GpuMatrix, start: usize, count: usize) -> GpuMatrix {
+        assert!(start + count <= a.rows, "rows {start}..{} of {}", start + count, a.rows);
+        let out = self.matrix_of(count, a.cols, a.elem);
+        if count > 0 {
+            self.copy_device_to_device(out.ptr(), a.row_ptr(start), count * a.cols * 2);
+        }
+        out
+    }
+
+    fn stack_rows(&self, parts: &[GpuMatrix]) -> GpuMatrix {
+        let first = parts.first().map_or((0, Elem::Bf16), |p| (p.cols, p.elem));
+        assert!(parts.iter().all(|p| (p.cols, p.elem) == first), "stack_rows: parts of different widths or types");
+        let out = self.matrix_of(parts.iter().map(|p| p.rows).sum(), first.0, first.1);
+        let mut row = 0;
+        for p in parts.iter().filter(|p| p.rows > 0) {
+            self.copy_device_to_device(out.row_ptr(row), p.ptr(), p.rows * p.cols * 2);
+            row += p.rows;
+        }
+        out
     }
 }

@@ -101,6 +101,9 @@ pub enum MoePath {
     PerPair,
     /// Pairs grouped by expert, tiled GEMMs.
     Grouped,
+    /// The decode batch's (`BackboneOps::moe_rows`): per-pair GEMVs and GEMV projections at any
+    /// row count, so each row's sums run in one order whatever else is in the call.
+    Rows,
 }
 
 /// The router's decision for each row, on the device.
@@ -135,7 +138,7 @@ pub fn moe_with(cuda: &Cuda, s: &MoeShape, w: &MoeWeights<GpuWeight>, x: &GpuMat
     }
     let table = expert_table(cuda, s, w);
     let routing = route(cuda, s, w, x);
-    let shared = shared_expert(cuda, w, x);
+    let shared = shared_expert(cuda, w, x, path == MoePath::Rows);
     let quantised = (s.activations == ExpertActivations::Fp8Dynamic).then(|| quantise_rows(cuda, x));
     let input = match &quantised {
         Some(q) => Input { ptr: q.codes.ptr(), scales: q.scales.ptr(), kind: ACT_E4M3, elem: 1 },
@@ -143,7 +146,7 @@ pub fn moe_with(cuda: &Cuda, s: &MoeShape, w: &MoeWeights<GpuWeight>, x: &GpuMat
     };
     let grouped = match path {
         MoePath::Auto => x.rows > DECODE_MAX_ROWS,
-        MoePath::PerPair => false,
+        MoePath::PerPair | MoePath::Rows => false,
         MoePath::Grouped => true,
     };
     let job =
@@ -256,11 +259,13 @@ fn expert_table(cuda: &Cuda, s: &MoeShape, w: &MoeWeights<GpuWeight>) -> u64 {
 }
 
 /// `down(SiLU(gate x) ⊙ up x)` of the shared expert, bf16 at each projection output (unscaled).
-fn shared_expert(cuda: &Cuda, w: &MoeWeights<GpuWeight>, x: &GpuMatrix) -> GpuMatrix {
+/// `rows`: projections under the decode batch's contract (`linear::linear_rows`).
+fn shared_expert(cuda: &Cuda, w: &MoeWeights<GpuWeight>, x: &GpuMatrix, rows: bool) -> GpuMatrix {
     let se = &w.shared_expert;
-    let gate = linear::linear(cuda, x, &se.gate_proj);
-    let up = linear::linear(cuda, x, &se.up_proj);
-    linear::linear(cuda, &swiglu(cuda, &gate, &up), &se.down_proj)
+    let project = if rows { linear::linear_rows } else { linear::linear };
+    let gate = project(cuda, x, &se.gate_proj);
+    let up = project(cuda, x, &se.up_proj);
+    project(cuda, &swiglu(cuda, &gate, &up), &se.down_proj)
 }
 
 /// `bf16(SiLU(gate) ⊙ up)` elementwise (also the tower's SwiGLU).

@@ -12,7 +12,7 @@ use cudarc::driver::CudaContext;
 
 use super::attention::{self, GpuKvCache};
 use super::launch::{Dims, Kernel, KernelError, Module, embedded};
-use super::linear::linear;
+use super::linear::{linear, linear_rows};
 use super::memory::PoolBuf;
 use super::tensor::{GpuMatrix, GpuWeight};
 use super::{Cuda, moe, norm};
@@ -127,17 +127,12 @@ impl TowerOps for Cuda {
         linear(self, hidden, head)
     }
 
-    fn tower_act_shape(&self, a: &GpuMatrix) -> (usize, usize) {
-        (a.rows, a.cols)
+    fn tower_head_rows(&self, head: &GpuWeight, hidden: &GpuMatrix) -> GpuMatrix {
+        linear_rows(self, hidden, head)
     }
 
-    fn tower_act_rows(&self, a: &GpuMatrix, start: usize, count: usize) -> GpuMatrix {
-        assert!(start + count <= a.rows, "rows {start}..{} of {}", start + count, a.rows);
-        let out = self.matrix(count, a.cols);
-        if count > 0 {
-            self.copy_device_to_device(out.ptr(), a.row_ptr(start), count * a.cols * 2);
-        }
-        out
+    fn tower_act_shape(&self, a: &GpuMatrix) -> (usize, usize) {
+        (a.rows, a.cols)
     }
 
     fn tower_act_host(&self, a: &GpuMatrix) -> Vec<f32> {

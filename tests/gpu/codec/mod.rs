@@ -192,6 +192,14 @@ impl BackendTypes for F16Cpu {
     fn to_host(&self, a: &Matrix) -> Matrix {
         a.clone()
     }
+
+    fn act_rows(&self, a: &Matrix, start: usize, count: usize) -> Matrix {
+        Cpu.act_rows(a, start, count)
+    }
+
+    fn stack_rows(&self, parts: &[Matrix]) -> Matrix {
+        Cpu.stack_rows(parts)
+    }
 }
 
 impl CodecOps for F16Cpu {

@@ -1,0 +1,228 @@
+//! The decode batch: many requests' frames produced by one step (`model.md` §8.1 over B rows).
+//!
+//! A [`Stream`] is one request's model state — backbone KV caches and GDN states, tower caches,
+//! the RAS window, the frame counter, the row the next frame starts from — and nothing else, so
+//! the engine can advance any set of streams together. [`Engine::next_frames`] takes one frame
+//! of each:
+//!
+//! restricted head → main draw with RAS (per row, on the host) → the tower's 13 layers over the
+//! batch, a head draw per row after each residual layer → the backbone's decode of every row that
+//! goes on.
+//!
+//! Batch invariance: every operation here runs under the decode batch's contract
+//! (`BackboneOps::gdn_decode_rows`): each row's result depends only on that row's inputs and
+//! state, never on which other rows share the call or how many there are. The draws are keyed by
+//! (seed, frame, stream) alone. So a request's frames are bit for bit the same alone, beside any
+//! others, joining at any step.
+//!
+//! Prompts are run in chunks ([`Engine::prefill`]) so a long prompt can be interleaved with the
+//! batch's steps; the chunks depend on the prompt alone (never on the load), so the prompt's
+//! state does too.
+
+use super::generate::{Engine, GenerateError, GenerateOptions};
+use super::sampling::{RasWindow, SamplingError, sample_head, sample_main};
+use crate::backend::Backend;
+use crate::model::backbone::BackboneState;
+use crate::model::frame::Rows;
+use crate::model::tower::TowerState;
+
+/// One request's model state between frames.
+pub struct Stream<B: Backend> {
+    pub(crate) opts: GenerateOptions,
+    backbone: BackboneState<B>,
+    tower: TowerState<B>,
+    prompt: Rows,
+    /// Prompt rows already run through the backbone (and, but for the last, the tower).
+    prefilled: usize,
+    /// The backbone's final-norm row for `input_row`; `None` until the prompt is done.
+    hidden: Option<B::Act>,
+    input_row: Vec<u32>,
+    window: RasWindow,
+    /// Frames produced so far (the next frame's index, which keys its draws).
+    frame: usize,
+    /// `max_frames` frames were produced.
+    ended: bool,
+}
+
+impl<B: Backend> Stream<B> {
+    /// Rows of the prompt.
+    pub fn prompt_rows(&self) -> usize {
+        self.prompt.len()
+    }
+
+    /// Whether the prompt is done, so the stream can take frames.
+    pub fn ready(&self) -> bool {
+        self.hidden.is_some()
+    }
+
+    /// Frames produced so far.
+    pub fn frames(&self) -> usize {
+        self.frame
+    }
+}
+
+impl<'w, B: Backend> Engine<'w, B> {
+    /// A new stream for prompt `rows`; nothing runs until [`Engine::prefill`].
+    pub fn stream(&self, rows: &Rows, opts: &GenerateOptions) -> Result<Stream<B>, GenerateError> {
+        if rows.is_empty() {
+            return Err(GenerateError::EmptyPrompt);
+        }
+        Ok(Stream {
+            opts: opts.clone(),
+            backbone: self.backbone.new_state(),
+            tower: self.tower.new_state(),
+            prompt: rows.clone(),
+            prefilled: 0,
+            hidden: None,
+            input_row: rows.row(rows.len() - 1).to_vec(),
+            window: RasWindow::from_prompt(rows),
+            frame: 0,
+            ended: false,
+        })
+    }
+
+    /// Runs the next `chunk` rows (at most) of the stream's prompt; returns whether the prompt
+    /// is done. Each chunk's rows go through the backbone, then the tower writes the rows before
+    /// the chunk's last, labelled by their successors (the last prompt row is written by the
+    /// first frame).
+    ///
+    /// # Panics
+    /// If `chunk` is 0.
+    pub fn prefill(&self, stream: &mut Stream<B>, chunk: usize) -> Result<bool, GenerateError> {
+        assert!(chunk > 0, "prefill chunks of no rows");
+        let total = stream.prompt.len();
+        if stream.prefilled == total {
+            return Ok(true);
+        }
+        let (start, end) = (stream.prefilled, (stream.prefilled + chunk).min(total));
+        let hidden = self.backbone.prefill(&mut stream.backbone, &stream.prompt.slice(start..end))?;
+        // Rows start..end−1 are labelled by their successors; the last prompt row waits for the
+        // first frame, so the final chunk writes one row fewer.
+        let labels = stream.prompt.slice(start..(end + 1).min(total));
+        self.tower.prefill(&mut stream.tower, &hidden, &labels)?;
+        stream.prefilled = end;
+        if end == total {
+            stream.hidden = Some(self.backend.act_rows(&hidden, end - start - 1, 1));
+        }
+        Ok(end == total)
+    }
+
+    /// One frame `[main, c0..c9]` of each stream (the EOS frame included: the caller ends the
+    /// stream on it). A stream that fails (e.g. a sampler fault on its row) gets its error and
+    /// the others go on; an error of the shared computation fails every stream of the step.
+    ///
+    /// # Panics
+    /// If a stream's prompt is not done or the stream has ended.
+    pub fn next_frames(&self, streams: &mut [&mut Stream<B>]) -> Vec<Result<Vec<u32>, GenerateError>> {
+        for s in streams.iter() {
+            assert!(s.ready() && !s.ended, "next_frames on a stream that is not ready or has ended");
+        }
+        let mut results: Vec<Option<Result<Vec<u32>, GenerateError>>> = (0..streams.len()).map(|_| None).collect();
+        // The main draw, row by row; a fault leaves that stream out of the rest of the step.
+        let mut mains = Vec::with_capacity(streams.len());
+        let mut live: Vec<usize> = Vec::with_capacity(streams.len());
+        for (i, s) in streams.iter_mut().enumerate() {
+            let hidden = s.hidden.as_ref().expect("checked ready");
+            let head = self.backbone.restricted_logits(hidden, 0);
+            let logits: Vec<f32> = self.logit_index.iter().map(|&j| head[j]).collect();
+            let (params, seed, frame) = (&s.opts.params, s.opts.seed, s.frame as u64);
+            match sample_main(&logits, &self.candidates, &s.window, params, seed, frame) {
+                Ok(pick) => {
+                    s.window.push(pick.token);
+                    mains.push(pick.token);
+                    live.push(i);
+                }
+                Err(e) => results[i] = Some(Err(e.into())),
+            }
+        }
+        if let Err(e) = self.tower_and_backbone(streams, &live, &mains, &mut results) {
+            let message = e.to_string();
+            for &i in &live {
+                results[i] = Some(Err(GenerateError::Batch(message.clone())));
+            }
+        }
+        results.into_iter().map(|r| r.expect("every stream got a result")).collect()
+    }
+
+    /// The tower over the `live` streams (each with its main token), then the backbone decode of
+    /// every row that goes on. Per-row faults go into `results`; an `Err` is the whole batch's.
+    fn tower_and_backbone(
+        &self,
+        streams: &mut [&mut Stream<B>],
+        live: &[usize],
+        mains: &[u32],
+        results: &mut [Option<Result<Vec<u32>, GenerateError>>],
+    ) -> Result<(), GenerateError> {
+        if live.is_empty() {
+            return Ok(());
+        }
+        let mut head_errors: Vec<Option<SamplingError>> = vec![None; live.len()];
+        let codes = {
+            let hidden: Vec<B::Act> =
+                live.iter().map(|&i| streams[i].hidden.clone().expect("checked ready")).collect();
+            let hidden = self.backend.stack_rows(&hidden);
+            let inputs: Vec<Vec<u32>> = live.iter().map(|&i| streams[i].input_row.clone()).collect();
+            let inputs: Vec<&[u32]> = inputs.iter().map(Vec::as_slice).collect();
+            let opts: Vec<(GenerateOptions, u64)> =
+                live.iter().map(|&i| (streams[i].opts.clone(), streams[i].frame as u64)).collect();
+            let mut states = pick_mut(streams, live);
+            let mut towers: Vec<&mut TowerState<B>> = states.iter_mut().map(|s| &mut s.tower).collect();
+            self.tower.frame_rows(&mut towers, &hidden, &inputs, mains, &mut |j, r, logits| {
+                let (o, frame) = &opts[j];
+                sample_head(logits, r, &o.params, o.seed, *frame).unwrap_or_else(|e| {
+                    head_errors[j].get_or_insert(e);
+                    0
+                })
+            })?
+        };
+        // Rows that go on into the backbone: not EOS, not the last frame, no fault.
+        let mut decode: Vec<usize> = Vec::with_capacity(live.len());
+        let mut rows: Vec<Vec<u32>> = Vec::with_capacity(live.len());
+        for (j, (&i, codes)) in live.iter().zip(codes).enumerate() {
+            if let Some(e) = head_errors[j].take() {
+                results[i] = Some(Err(e.into()));
+                continue;
+            }
+            let s = &mut streams[i];
+            let mut row = Vec::with_capacity(1 + codes.len());
+            row.push(mains[j]);
+            row.extend_from_slice(&codes);
+            s.frame += 1;
+            s.ended = s.frame >= s.opts.max_frames;
+            // After EOS the generation ends; a bench that asks on gets frames from the same row.
+            if !s.ended && mains[j] != self.eos {
+                decode.push(i);
+                rows.push(row.clone());
+            }
+            results[i] = Some(Ok(row));
+        }
+        if decode.is_empty() {
+            return Ok(());
+        }
+        let row_refs: Vec<&[u32]> = rows.iter().map(Vec::as_slice).collect();
+        let mut states = pick_mut(streams, &decode);
+        let mut backbones: Vec<&mut BackboneState<B>> = states.iter_mut().map(|s| &mut s.backbone).collect();
+        let out = self.backbone.decode_rows(&mut backbones, &row_refs)?;
+        for (j, s) in states.into_iter().enumerate() {
+            s.hidden = Some(self.backend.act_rows(&out, j, 1));
+            s.input_row.clone_from(&rows[j]);
+        }
+        Ok(())
+    }
+}
+
+/// Mutable references to `streams[i]` for each index of `picked` (ascending, distinct).
+fn pick_mut<'s, 'a, B: Backend>(streams: &'s mut [&'a mut Stream<B>], picked: &[usize]) -> Vec<&'s mut Stream<B>> {
+    debug_assert!(picked.windows(2).all(|w| w[0] < w[1]), "indices ascending and distinct");
+    let mut out = Vec::with_capacity(picked.len());
+    let mut rest: &mut [&'a mut Stream<B>] = streams;
+    let mut offset = 0;
+    for &i in picked {
+        let (_, tail) = std::mem::take(&mut rest).split_at_mut(i - offset);
+        let (first, tail) = tail.split_first_mut().expect("index in range");
+        out.push(&mut **first);
+        rest = tail;
+        offset = i + 1;
+    }
+    out
+}
