@@ -479,3 +479,70 @@ fn serve_drains_on_sigterm_and_exits_zero() {
     assert!(log.iter().any(|l| l.contains("\"drained\"")), "{log:#?}");
     assert!(log.iter().any(|l| l.contains("limelight::request") && l.contains("\"status\":200")), "{log:#?}");
 }
+
+/// Every job's audio through the worker's batch is what it is alone: the same jobs on one slot,
+/// one after another, and on four slots all at once give the same PCM, bit for bit.
+#[tokio::test]
+async fn batched_jobs_get_the_audio_they_get_alone() {
+    let dir = common::tiny_checkpoint();
+    let jobs = || {
+        [(3, 10), (5, 7), (8, 12), (21, 5), (34, 9)]
+            .map(|(seed, frames)| Job { options: GenerateOptions { seed, ..job(TEXT, frames).options }, ..job(TEXT, frames) })
+    };
+    let audio_of = |scheduler: Scheduler| async move {
+        ready(&scheduler).await;
+        let mut streams: Vec<JobStream> = jobs().into_iter().map(|j| scheduler.submit(j).unwrap()).collect();
+        let mut out = Vec::new();
+        for stream in &mut streams {
+            let mut pcm: Vec<u32> = Vec::new();
+            while let Some(event) = stream.next().await {
+                if let JobEvent::Audio(chunk) = event {
+                    pcm.extend(chunk.iter().map(|x| x.to_bits()));
+                }
+            }
+            out.push(pcm);
+        }
+        out
+    };
+    tokio::time::timeout(LIMIT, async {
+        let alone = audio_of(Scheduler::start_with(config(dir.path().to_owned(), 8), loader(dir.path().into(), 1))).await;
+        let together =
+            audio_of(Scheduler::start_with(config(dir.path().to_owned(), 8), loader(dir.path().into(), 4))).await;
+        for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
+            assert!(!a.is_empty(), "job {i} produced audio");
+            assert!(a == t, "job {i}: {} samples alone, {} in the batch, or different bits", a.len(), t.len());
+        }
+    })
+    .await
+    .expect("bounded");
+}
+
+/// A client that stops reading pauses only its own stream: another stream in the batch runs to
+/// its end meanwhile, and after the stall timeout the stalled job is given up and its slot freed.
+#[tokio::test]
+async fn a_stalled_client_never_stalls_the_batch() {
+    let dir = common::tiny_checkpoint();
+    let stalling = WorkerConfig { stall_timeout: Duration::from_secs(1), ..config(dir.path().to_owned(), 4) };
+    let scheduler = Scheduler::start_with(stalling, loader(dir.path().into(), 2));
+    tokio::time::timeout(LIMIT, async {
+        ready(&scheduler).await;
+        let mut stalled = scheduler.submit(job(TEXT, 2048)).unwrap();
+        assert!(matches!(stalled.next().await, Some(JobEvent::Started { .. })));
+        // The stalled client reads nothing more; a second client reads its whole stream.
+        let mut reader = scheduler.submit(job(TEXT, 40)).unwrap();
+        let (events, samples, _) = collect(&mut reader).await;
+        assert!(matches!(events[..], [JobEvent::Started { .. }, JobEvent::Finished { frames: 40, .. }]), "{events:?}");
+        assert_eq!(samples, 40 * 2048);
+        // Given up after the stall timeout: its slot is free and its stream ends without `Finished`.
+        let given_up = Instant::now();
+        while scheduler.active() != 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(given_up.elapsed() < Duration::from_secs(10), "given up after {:?}", given_up.elapsed());
+        let (events, samples, _) = collect(&mut stalled).await;
+        assert!(events.is_empty(), "no end event for a client that stopped reading: {events:?}");
+        assert!(samples > 0 && samples < 2048 * 2048, "only the buffered audio: {samples} samples");
+    })
+    .await
+    .expect("bounded");
+}

@@ -16,7 +16,7 @@ use half::bf16;
 
 use super::Cuda;
 use super::launch::{Dims, Kernel, KernelError, Module, embedded};
-use super::linear::linear;
+use super::linear::{linear, linear_rows};
 use super::memory::PoolBuf;
 use super::tensor::{DType, GpuMatrix, GpuWeight};
 use crate::backend::backbone::AttentionShape;
@@ -258,28 +258,65 @@ fn project_and_append(
     what: &str,
 ) -> (GpuMatrix, PoolBuf) {
     check_shape(s);
-    assert_eq!(cache.shape, *s, "{what}: the KV cache was made for another attention shape");
     check_weights(s, w, x.cols);
-    assert!(x.rows > 0, "{what} of no rows");
-    assert!(
-        cache.len + x.rows <= cache.capacity,
-        "{what}: {} positions + {} rows exceed the KV cache capacity {}",
-        cache.len,
-        x.rows,
-        cache.capacity
-    );
-    let (h, hkv, hd) = (s.heads, s.kv_heads, s.head_dim);
     let qg = linear(cuda, x, &w.q_proj);
     let k = linear(cuda, x, &w.k_proj);
     let v = linear(cuda, x, &w.v_proj);
-    let q = cuda.scratch(x.rows * h * hd * 4);
+    let q = prep(cuda, s, w, Projected { qg: qg.ptr(), k: k.ptr(), v: v.ptr(), rows: x.rows }, cache, what);
+    (qg, q)
+}
+
+/// Device addresses of `rows` consecutive projected rows: q|gate `[rows, 2·H·HD]`, k and v
+/// `[rows, Hkv·HD]` (bf16).
+#[derive(Clone, Copy)]
+struct Projected {
+    qg: u64,
+    k: u64,
+    v: u64,
+    rows: usize,
+}
+
+impl Projected {
+    /// Row `r` of each (one row of a decode batch).
+    fn row(self, s: &AttentionShape, r: usize) -> Projected {
+        let (q_width, kv_width) = (2 * s.heads * s.head_dim, s.kv_heads * s.head_dim);
+        Projected {
+            qg: self.qg + (r * q_width * 2) as u64,
+            k: self.k + (r * kv_width * 2) as u64,
+            v: self.v + (r * kv_width * 2) as u64,
+            rows: 1,
+        }
+    }
+}
+
+/// The prep kernel over projected rows at `cache.len ..`: q (normed, rotated, scaled by
+/// `log2(e)/√HD`) into f32 scratch `[rows, H, HD]`, K/V normed, rotated and appended to the cache.
+fn prep(
+    cuda: &Cuda,
+    s: &AttentionShape,
+    w: &AttentionWeights<GpuWeight>,
+    p: Projected,
+    cache: &mut GpuKvCache,
+    what: &str,
+) -> PoolBuf {
+    assert_eq!(cache.shape, *s, "{what}: the KV cache was made for another attention shape");
+    assert!(p.rows > 0, "{what} of no rows");
+    assert!(
+        cache.len + p.rows <= cache.capacity,
+        "{what}: {} positions + {} rows exceed the KV cache capacity {}",
+        cache.len,
+        p.rows,
+        cache.capacity
+    );
+    let (h, hkv, hd) = (s.heads, s.kv_heads, s.head_dim);
+    let q = cuda.scratch(p.rows * h * hd * 4);
     // Scores come out in log2 units: the softmax uses exp2.
     let q_scale = (std::f64::consts::LOG2_E / (hd as f64).sqrt()) as f32;
     let (counter, start) = cache.position_args(cache.len);
     let args = [
-        qg.ptr().into(),
-        k.ptr().into(),
-        v.ptr().into(),
+        p.qg.into(),
+        p.k.into(),
+        p.v.into(),
         w.q_norm.ptr.into(),
         w.k_norm.ptr.into(),
         cache.inv_freq.ptr().into(),
@@ -294,10 +331,10 @@ fn project_and_append(
         (s.norm_eps as f32).into(),
         q_scale.into(),
     ];
-    let dims = Dims::grid(((h + hkv) as u32, x.rows as u32, 1), hd as u32);
+    let dims = Dims::grid(((h + hkv) as u32, p.rows as u32, 1), hd as u32);
     cuda.kernels.attention.prep.launch(cuda.stream(), dims, &args);
-    cache.len += x.rows;
-    (qg, q)
+    cache.len += p.rows;
+    q
 }
 
 /// Gated attention over `x`'s rows at positions `cache.len ..` (causal within the call and over
@@ -372,6 +409,33 @@ pub fn decode(
     linear(cuda, &gated, &w.o_proj)
 }
 
+/// [`decode`] of one row per request (`BackboneOps::attention_decode_rows`): the projections run
+/// once over every row (`linear_rows`), the prep and the attention per row over its own cache,
+/// each row exactly as [`decode`] computes it alone.
+pub fn decode_rows(
+    cuda: &Cuda,
+    s: &AttentionShape,
+    w: &AttentionWeights<GpuWeight>,
+    x: &GpuMatrix,
+    caches: &mut [&mut GpuKvCache],
+) -> GpuMatrix {
+    check_shape(s);
+    check_weights(s, w, x.cols);
+    assert_eq!(x.rows, caches.len(), "attention decode rows: one cache per row");
+    let qg = linear_rows(cuda, x, &w.q_proj);
+    let k = linear_rows(cuda, x, &w.k_proj);
+    let v = linear_rows(cuda, x, &w.v_proj);
+    let projected = Projected { qg: qg.ptr(), k: k.ptr(), v: v.ptr(), rows: x.rows };
+    let gated = cuda.matrix(x.rows, s.heads * s.head_dim);
+    for (r, cache) in caches.iter_mut().enumerate() {
+        let start = cache.len;
+        let row = projected.row(s, r);
+        let q = prep(cuda, s, w, row, cache, "attention decode");
+        attend_decode_into(cuda, s, &q, row.qg, cache, 1, start, gated.row_ptr(r));
+    }
+    linear_rows(cuda, &gated, &w.o_proj)
+}
+
 /// [`attend_prefill`]'s contract for one or a few rows: the keys split over `cache.splits` CTAs
 /// per (kv head, row), then merged. No host sync; pool requests of the same sizes every step.
 pub(super) fn attend_decode(
@@ -383,6 +447,23 @@ pub(super) fn attend_decode(
     rows: usize,
     start: usize,
 ) -> GpuMatrix {
+    let gated = cuda.matrix(rows, shape.heads * shape.head_dim);
+    attend_decode_into(cuda, shape, q, qg.ptr(), cache, rows, start, gated.ptr());
+    gated
+}
+
+/// [`attend_decode`] reading the gates at `qg` and writing the gated rows `[rows, H·HD]` at `out`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn attend_decode_into(
+    cuda: &Cuda,
+    shape: &AttentionShape,
+    q: &PoolBuf,
+    qg: u64,
+    cache: &GpuKvCache,
+    rows: usize,
+    start: usize,
+    out: u64,
+) {
     let (h, hkv, hd, t, splits) = (shape.heads, shape.kv_heads, shape.head_dim, rows, cache.splits);
     let part_o = cuda.scratch(t * h * splits * hd * 4);
     let part_ml = cuda.scratch(t * h * splits * 2 * 4);
@@ -401,16 +482,7 @@ pub(super) fn attend_decode(
         splits.into(),
     ];
     cuda.kernels.attention.variant(hd).decode.launch(cuda.stream(), dims, &args);
-    let gated = cuda.matrix(t, h * hd);
-    let args = [
-        part_o.ptr().into(),
-        part_ml.ptr().into(),
-        qg.ptr().into(),
-        gated.ptr().into(),
-        h.into(),
-        hd.into(),
-        splits.into(),
-    ];
+    let args =
+        [part_o.ptr().into(), part_ml.ptr().into(), qg.into(), out.into(), h.into(), hd.into(), splits.into()];
     cuda.kernels.attention.combine.launch(cuda.stream(), Dims::grid((h as u32, t as u32, 1), hd as u32), &args);
-    gated
 }

@@ -59,6 +59,26 @@ impl BackboneOps for Cuda {
         gdn::decode(self, shape, w, x, state)
     }
 
+    fn gdn_decode_rows(
+        &self,
+        shape: &GdnShape,
+        w: &GdnWeights<GpuWeight>,
+        x: &GpuMatrix,
+        states: &mut [&mut gdn::GpuGdnState],
+    ) -> GpuMatrix {
+        gdn::decode_rows(self, shape, w, x, states)
+    }
+
+    fn attention_decode_rows(
+        &self,
+        shape: &AttentionShape,
+        w: &AttentionWeights<GpuWeight>,
+        x: &GpuMatrix,
+        caches: &mut [&mut attention::GpuKvCache],
+    ) -> GpuMatrix {
+        attention::decode_rows(self, shape, w, x, caches)
+    }
+
     fn attention_prefill(
         &self,
         shape: &AttentionShape,

@@ -14,7 +14,7 @@ use cudarc::driver::CudaContext;
 
 use super::Cuda;
 use super::launch::{Dims, Kernel, KernelError, Module, embedded};
-use super::linear::linear;
+use super::linear::{linear, linear_rows};
 use super::memory::PoolBuf;
 use super::tensor::{DType, GpuMatrix, GpuWeight};
 use crate::backend::backbone::GdnShape;
@@ -162,22 +162,84 @@ fn mixer(
     check_weights(shape, w);
     state.check(shape);
     assert!(x.rows > 0, "GDN mixer over zero rows");
-    let rows = x.rows;
-    let (hv, dv) = (shape.value_heads, shape.value_dim);
-    let qkv = linear(cuda, x, &w.in_proj_qkv);
-    let z = linear(cuda, x, &w.in_proj_z);
-    let b = linear(cuda, x, &w.in_proj_b);
-    let a = linear(cuda, x, &w.in_proj_a);
+    let p = Projected::new(linear, cuda, w, x);
+    let o = cuda.scratch(x.rows * shape.value_heads * shape.value_dim * 4);
+    run_core(cuda, shape, w, &p, 0, x.rows, state, o.ptr(), core);
+    finish(cuda, shape, w, &p, &o, linear)
+}
 
+/// [`decode`] of one row per request (`BackboneOps::gdn_decode_rows`): the projections, the
+/// gated norm and `out_proj` run once over every row (`linear_rows`), the conv and recurrence per
+/// row over its own state, each row exactly as [`decode`] computes it alone.
+pub fn decode_rows(
+    cuda: &Cuda,
+    shape: &GdnShape,
+    w: &GdnWeights<GpuWeight>,
+    x: &GpuMatrix,
+    states: &mut [&mut GpuGdnState],
+) -> GpuMatrix {
+    check_shape(shape);
+    check_weights(shape, w);
+    assert_eq!(x.rows, states.len(), "GDN decode rows: one state per row");
+    let p = Projected::new(linear_rows, cuda, w, x);
+    let o = cuda.scratch(x.rows * shape.value_heads * shape.value_dim * 4);
+    for (r, state) in states.iter_mut().enumerate() {
+        state.check(shape);
+        run_core(cuda, shape, w, &p, r, 1, state, o.ptr(), Core::Recurrent);
+    }
+    finish(cuda, shape, w, &p, &o, linear_rows)
+}
+
+/// The four input projections of a GDN mixer over `x`'s rows.
+struct Projected {
+    qkv: GpuMatrix,
+    z: GpuMatrix,
+    b: GpuMatrix,
+    a: GpuMatrix,
+}
+
+impl Projected {
+    fn new(
+        project: fn(&Cuda, &GpuMatrix, &GpuWeight) -> GpuMatrix,
+        cuda: &Cuda,
+        w: &GdnWeights<GpuWeight>,
+        x: &GpuMatrix,
+    ) -> Projected {
+        Projected {
+            qkv: project(cuda, x, &w.in_proj_qkv),
+            z: project(cuda, x, &w.in_proj_z),
+            b: project(cuda, x, &w.in_proj_b),
+            a: project(cuda, x, &w.in_proj_a),
+        }
+    }
+}
+
+/// Conv (with the carried window), gates, and the chunked or recurrent core for projected rows
+/// `first..first + rows` continuing `state`; the core's f32 output goes to rows `first..` of `o`
+/// (`[.., Hv·Dv]`).
+#[allow(clippy::too_many_arguments)]
+fn run_core(
+    cuda: &Cuda,
+    shape: &GdnShape,
+    w: &GdnWeights<GpuWeight>,
+    p: &Projected,
+    first: usize,
+    rows: usize,
+    state: &mut GpuGdnState,
+    o: u64,
+    core: Core,
+) {
+    let (hv, dv) = (shape.value_heads, shape.value_dim);
     let channels = shape.qkv_dim();
+    let qkv = p.qkv.row_ptr(first);
     let prep = cuda.scratch(rows * channels * 4);
     let gates = cuda.scratch(2 * rows * hv * 4);
     let args = [
-        qkv.ptr().into(),
+        qkv.into(),
         state.conv.ptr().into(),
         w.conv1d.ptr.into(),
-        b.ptr().into(),
-        a.ptr().into(),
+        p.b.row_ptr(first).into(),
+        p.a.row_ptr(first).into(),
         w.a_log.ptr.into(),
         w.dt_bias.ptr.into(),
         prep.ptr().into(),
@@ -191,17 +253,16 @@ fn mixer(
         ((1.0 / (shape.key_dim as f64).sqrt()) as f32).into(),
     ];
     cuda.kernels.gdn.conv_prepare.launch(cuda.stream(), Dims::linear(rows, THREADS), &args);
-    let args =
-        [state.conv.ptr().into(), qkv.ptr().into(), rows.into(), channels.into(), (shape.conv_kernel - 1).into()];
+    let args = [state.conv.ptr().into(), qkv.into(), rows.into(), channels.into(), (shape.conv_kernel - 1).into()];
     let blocks = channels.div_ceil(THREADS as usize);
     cuda.kernels.gdn.conv_state_update.launch(cuda.stream(), Dims::linear(blocks, THREADS), &args);
 
-    let o = cuda.scratch(rows * hv * dv * 4);
+    let out = o + (first * hv * dv * 4) as u64;
     let args = [
         prep.ptr().into(),
         gates.ptr().into(),
         state.recurrent.ptr().into(),
-        o.ptr().into(),
+        out.into(),
         rows.into(),
         shape.key_heads.into(),
         hv.into(),
@@ -216,12 +277,23 @@ fn mixer(
         }
         Core::Recurrent => cuda.kernels.gdn.recurrent_core.launch(cuda.stream(), Dims::grid(grid, THREADS), &args),
     }
+}
 
+/// The gated RMSNorm of the core's output with `z`, then `out_proj`, over every row.
+fn finish(
+    cuda: &Cuda,
+    shape: &GdnShape,
+    w: &GdnWeights<GpuWeight>,
+    p: &Projected,
+    o: &PoolBuf,
+    project: fn(&Cuda, &GpuMatrix, &GpuWeight) -> GpuMatrix,
+) -> GpuMatrix {
+    let (hv, dv, rows) = (shape.value_heads, shape.value_dim, p.z.rows);
     let gated = cuda.matrix(rows, hv * dv);
     let pairs = rows * hv;
     let args = [
         o.ptr().into(),
-        z.ptr().into(),
+        p.z.ptr().into(),
         w.norm.ptr.into(),
         gated.ptr().into(),
         pairs.into(),
@@ -230,7 +302,7 @@ fn mixer(
     ];
     let blocks = pairs.div_ceil(NORM_PAIRS_PER_BLOCK);
     cuda.kernels.gdn.gated_norm.launch(cuda.stream(), Dims::linear(blocks, THREADS), &args);
-    linear(cuda, &gated, &w.out_proj)
+    project(cuda, &gated, &w.out_proj)
 }
 
 fn zero(cuda: &Cuda, buf: &PoolBuf, n: usize) {

@@ -18,7 +18,7 @@ use super::tensor::{GpuMatrix, GpuWeight};
 use super::{Cuda, moe, norm};
 use crate::backend::backbone::AttentionShape;
 use crate::backend::cpu::Matrix;
-use crate::backend::tower::{TowerError, TowerLayerInput, TowerOps, TowerShape, UnseenCodes};
+use crate::backend::tower::{TowerError, TowerLayerInput, TowerOps, TowerRowsInput, TowerShape, UnseenCodes};
 use crate::model::weights::TowerLayer;
 
 pub struct TowerKernels {
@@ -127,6 +127,16 @@ impl TowerOps for Cuda {
         linear(self, hidden, head)
     }
 
+    fn tower_layer_rows(
+        &self,
+        s: &TowerShape,
+        w: &TowerLayer<GpuWeight>,
+        kvs: &mut [&mut GpuTowerKv],
+        input: TowerRowsInput<'_, GpuMatrix>,
+    ) -> Result<GpuMatrix, TowerError> {
+        self.tower_layer_batch(s, w, kvs, input)
+    }
+
     fn tower_head_rows(&self, head: &GpuWeight, hidden: &GpuMatrix) -> GpuMatrix {
         linear_rows(self, hidden, head)
     }
@@ -186,14 +196,68 @@ impl Cuda {
     ) -> GpuMatrix {
         let DeviceLayerInput { hidden, labels, unseen, start } = input;
         let cache = &mut kv.cache;
-        let (n, dim) = (hidden.rows, s.dim);
-        assert_eq!(hidden.cols, dim, "tower hidden width");
-        assert!(unseen.is_none_or(|u| u.rows == n && u.cols == dim), "tower unseen vector shape");
+        let n = hidden.rows;
         assert!(
             start + n <= cache.capacity,
             "tower: {start} positions + {n} rows exceed the KV cache capacity {}",
             cache.capacity
         );
+        self.layer_with(s, w, hidden, labels, unseen, linear, &mut |qkv| self.attend(s, w, qkv, cache, start))
+    }
+
+    /// [`TowerOps::tower_layer_rows`]: one row per request, each at its own position of its own
+    /// cache. The mix, projections, norms and SwiGLU run once over every row (`linear_rows`), the
+    /// attention per row, each row exactly as [`Cuda::tower_layer_device`] computes it alone.
+    fn tower_layer_batch(
+        &self,
+        s: &TowerShape,
+        w: &TowerLayer<GpuWeight>,
+        kvs: &mut [&mut GpuTowerKv],
+        input: TowerRowsInput<'_, GpuMatrix>,
+    ) -> Result<GpuMatrix, TowerError> {
+        let n = kvs.len();
+        for (r, kv) in kvs.iter().enumerate() {
+            let start = input.starts[r];
+            if start > kv.cache.len {
+                return Err(TowerError::PositionGap { start, cached: kv.cache.len });
+            }
+            assert!(start < kv.cache.capacity, "tower: position {start} past the KV cache capacity");
+        }
+        let check = |what, found| if found == n { Ok(()) } else { Err(TowerError::Length { what, expected: n, found }) };
+        check("hidden rows", input.hidden.rows)?;
+        check("codes", input.codes.len())?;
+        check("label mask", input.label_semantic.len())?;
+        check("positions", input.starts.len())?;
+        let codes = stage_u32(self, input.codes);
+        let mask = stage_u32(self, &flags(input.label_semantic));
+        let labels = DeviceLabels { codes: codes.ptr(), mask: mask.ptr() };
+        let (h, hd) = (s.heads, s.head_dim);
+        let mut attend = |qkv: &GpuMatrix| {
+            let gated = self.matrix(n, h * hd);
+            for (r, kv) in kvs.iter_mut().enumerate() {
+                self.attend_row(s, w, qkv.row_ptr(r), &mut kv.cache, input.starts[r], gated.row_ptr(r));
+            }
+            gated
+        };
+        Ok(self.layer_with(s, w, input.hidden, labels, input.unseen, linear_rows, &mut attend))
+    }
+
+    /// One tower layer over `hidden`'s rows (`model.md` §6 steps 1–5), projecting with `project`
+    /// and attending with `attend` (the wqkv rows in, the gated rows out).
+    #[allow(clippy::too_many_arguments)]
+    fn layer_with(
+        &self,
+        s: &TowerShape,
+        w: &TowerLayer<GpuWeight>,
+        hidden: &GpuMatrix,
+        labels: DeviceLabels,
+        unseen: Option<&GpuMatrix>,
+        project: fn(&Cuda, &GpuMatrix, &GpuWeight) -> GpuMatrix,
+        attend: &mut dyn FnMut(&GpuMatrix) -> GpuMatrix,
+    ) -> GpuMatrix {
+        let (n, dim) = (hidden.rows, s.dim);
+        assert_eq!(hidden.cols, dim, "tower hidden width");
+        assert!(unseen.is_none_or(|u| u.rows == n && u.cols == dim), "tower unseen vector shape");
 
         // 1–2. eh_proj(concat(enorm(mask ? Emb[code] : 0 (+ U)), hnorm(h))).
         let eh = self.matrix(n, 2 * dim);
@@ -211,18 +275,19 @@ impl Cuda {
             (s.norm_eps as f32).into(),
         ];
         self.kernels.tower.mix.launch(self.stream(), Dims::linear(n, THREADS), &args);
-        let mut x = linear(self, &eh, &w.eh_proj);
+        let mut x = project(self, &eh, &w.eh_proj);
 
         // 3. Gated attention over this layer's cache, rows written at start.. (replacing any).
         let a = norm::rms_norm(self, &x, &w.attention_norm, s.norm_eps);
-        let qkv = linear(self, &a, &w.wqkv);
-        let gated = self.attend(s, w, &qkv, cache, start);
-        let attn = linear(self, &gated, &w.wo);
+        let qkv = project(self, &a, &w.wqkv);
+        assert_eq!(qkv.cols, s.qkv_rows(), "tower wqkv output width");
+        let gated = attend(&qkv);
+        let attn = project(self, &gated, &w.wo);
 
         // 4. SwiGLU block (x += attn fused with ffn_norm), 5. final_layernorm (fused with x += down).
         let f = norm::add_rms_norm(self, &mut x, &attn, &w.ffn_norm, s.norm_eps);
-        let act = moe::swiglu(self, &linear(self, &f, &w.w1), &linear(self, &f, &w.w3));
-        let down = linear(self, &act, &w.w2);
+        let act = moe::swiglu(self, &project(self, &f, &w.w1), &project(self, &f, &w.w3));
+        let down = project(self, &act, &w.w2);
         norm::add_rms_norm(self, &mut x, &down, &w.final_norm, s.norm_eps)
     }
 
@@ -256,14 +321,47 @@ impl Cuda {
         start: usize,
     ) -> GpuMatrix {
         let shape = attention_shape(s);
-        let (n, h, hkv, hd) = (qkv.rows, s.heads, s.kv_heads, s.head_dim);
-        assert_eq!(qkv.cols, s.qkv_rows(), "tower wqkv output width");
+        let n = qkv.rows;
+        let (q, qg) = self.prep(s, w, qkv.ptr(), n, cache, start);
+        if n <= DECODE_ROWS {
+            attention::attend_decode(self, &shape, &q, &qg, cache, n, start)
+        } else {
+            attention::attend_prefill(self, &shape, &q, &qg, cache, n, start)
+        }
+    }
+
+    /// [`Cuda::attend`] of one decode row (its wqkv row at `qkv`), the gated row written at `out`.
+    fn attend_row(
+        &self,
+        s: &TowerShape,
+        w: &TowerLayer<GpuWeight>,
+        qkv: u64,
+        cache: &mut GpuKvCache,
+        start: usize,
+        out: u64,
+    ) {
+        let (q, qg) = self.prep(s, w, qkv, 1, cache, start);
+        attention::attend_decode_into(self, &attention_shape(s), &q, qg.ptr(), cache, 1, start, out);
+    }
+
+    /// The q/k norm, interleaved RoPE and cache write of `n` wqkv rows at `qkv` for positions
+    /// `start..`: returns q (f32, scaled for exp2 scores) and q|gate (bf16, the gates read later).
+    fn prep(
+        &self,
+        s: &TowerShape,
+        w: &TowerLayer<GpuWeight>,
+        qkv: u64,
+        n: usize,
+        cache: &mut GpuKvCache,
+        start: usize,
+    ) -> (PoolBuf, GpuMatrix) {
+        let (h, hkv, hd) = (s.heads, s.kv_heads, s.head_dim);
         let q = self.scratch(n * h * hd * 4);
         let qg = self.matrix(n, 2 * h * hd);
         let q_scale = (std::f64::consts::LOG2_E / (hd as f64).sqrt()) as f32;
         let (counter, first) = cache.position_args(start);
         let args = [
-            qkv.ptr().into(),
+            qkv.into(),
             w.q_norm.ptr.into(),
             w.k_norm.ptr.into(),
             cache.inv_freq.ptr().into(),
@@ -281,10 +379,6 @@ impl Cuda {
         ];
         self.kernels.tower.prep.launch(self.stream(), Dims::grid(((h + hkv) as u32, n as u32, 1), hd as u32), &args);
         cache.len = start + n;
-        if n <= DECODE_ROWS {
-            attention::attend_decode(self, &shape, &q, &qg, cache, n, start)
-        } else {
-            attention::attend_prefill(self, &shape, &q, &qg, cache, n, start)
-        }
+        (q, qg)
     }
 }
