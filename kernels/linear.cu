@@ -226,15 +226,18 @@ extern "C" __global__ void __launch_bounds__(256) embed_gather(const bf16* __res
 // Restricted lm_head: out[i] = Σ_c head[ids[i], c] · h[c] in f32, for the candidate ids only (a
 // gathered GEMV: the weight rows are read once, 16-byte loads, HEAD_UNROLL in flight per lane).
 //
-// Launch: block = 256 threads (8 warps), grid = ceil(n_ids / 8), dynamic shared memory k·2 bytes
-// (the bf16 hidden row, staged once per block). Warp w of block b computes id 8b + w. The vector
-// path needs k % 8 == 0; otherwise single elements.
+// Launch: block = 256 threads (8 warps), grid = (ceil(n_ids / 8), rows), dynamic shared memory
+// k·2 bytes (the bf16 hidden row, staged once per block). Warp w of block (b, r) computes id 8b + w
+// of hidden row r into out[r·n_ids + ·]: each row's sums are the same whatever the row count. The
+// vector path needs k % 8 == 0; otherwise single elements.
 constexpr int HEAD_UNROLL = 8;
 
 extern "C" __global__ void __launch_bounds__(256) restricted_logits(const bf16* __restrict__ head, const uint32_t* __restrict__ ids,
                                                                     const bf16* __restrict__ h, float* __restrict__ out,
                                                                     int n_ids, int k) {
     extern __shared__ uint4 hs[];  // the hidden row: k / 8 vectors (or k bf16 when k % 8 != 0)
+    h += (size_t)blockIdx.y * k;
+    out += (size_t)blockIdx.y * n_ids;
     const bool vec = (k & 7) == 0;
     if (vec) {
         for (int c = threadIdx.x; c < (k >> 3); c += blockDim.x) hs[c] = reinterpret_cast<const uint4*>(h)[c];

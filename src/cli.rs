@@ -42,6 +42,63 @@ pub enum BenchCommand {
     /// Load a checkpoint on the GPU and time the whole engine one frame at a time: the prompt,
     /// the per-frame step as a CUDA graph and as the host loop (against its floor), the codec.
     Engine(BenchEngineArgs),
+    /// Load a checkpoint on the GPU and time the decode batch: B streams stepped together, for
+    /// each batch size, against the batch's floor.
+    Batch(BenchBatchArgs),
+    /// Drive a running server with closed-loop streaming clients (a load test).
+    Serve(BenchServeArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BenchBatchArgs {
+    /// Checkpoint directory.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Batch sizes to time (comma-separated).
+    #[arg(long, value_delimiter = ',', default_values_t = [1, 8, 32, 64, 128])]
+    pub batch: Vec<usize>,
+    /// Steps timed per batch size.
+    #[arg(long, default_value_t = 32)]
+    pub frames: usize,
+    /// Positions each stream's caches are sized for.
+    #[arg(long, default_value_t = 1024)]
+    pub context_length: usize,
+    /// Hard cap on GPU memory; default: free memory at start minus 1 GiB.
+    #[arg(long, value_parser = parse_bytes)]
+    pub gpu_memory_budget: Option<u64>,
+    /// Also write every number as JSON.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchServeArgs {
+    /// The server, `http://HOST:PORT`.
+    #[arg(long, default_value = "http://127.0.0.1:8080")]
+    pub url: String,
+    /// Client counts to run, one after another (comma-separated).
+    #[arg(long, value_delimiter = ',', default_values_t = [1, 8, 32, 64, 128])]
+    pub clients: Vec<usize>,
+    /// Requests each client sends, one after another.
+    #[arg(long, default_value_t = 2)]
+    pub requests: usize,
+    /// `max_frames` of every request.
+    #[arg(long, default_value_t = 200)]
+    pub frames: usize,
+    /// The text every request speaks.
+    #[arg(long, default_value = "Hello from limelight: many listeners at once, each stream as if alone.")]
+    pub text: String,
+    /// The model name sent.
+    #[arg(long, default_value = "drama-3")]
+    pub served_model_name: String,
+    #[arg(long, env = "LIMELIGHT_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Seconds one request may take before it counts as failed.
+    #[arg(long, default_value_t = 600)]
+    pub timeout_secs: u64,
+    /// Also write every number as JSON.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

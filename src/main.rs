@@ -29,6 +29,8 @@ fn main() -> ExitCode {
         }),
         Command::Bench(BenchCommand::Backbone(args)) => commands::bench_backbone(&args),
         Command::Bench(BenchCommand::Engine(args)) => commands::bench_engine(&args),
+        Command::Bench(BenchCommand::Batch(args)) => commands::bench_batch(&args),
+        Command::Bench(BenchCommand::Serve(args)) => commands::bench_serve(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -486,8 +486,10 @@ fn serve_drains_on_sigterm_and_exits_zero() {
 async fn batched_jobs_get_the_audio_they_get_alone() {
     let dir = common::tiny_checkpoint();
     let jobs = || {
-        [(3, 10), (5, 7), (8, 12), (21, 5), (34, 9)]
-            .map(|(seed, frames)| Job { options: GenerateOptions { seed, ..job(TEXT, frames).options }, ..job(TEXT, frames) })
+        [(3, 10), (5, 7), (8, 12), (21, 5), (34, 9)].map(|(seed, frames)| Job {
+            options: GenerateOptions { seed, ..job(TEXT, frames).options },
+            ..job(TEXT, frames)
+        })
     };
     let audio_of = |scheduler: Scheduler| async move {
         ready(&scheduler).await;
@@ -505,7 +507,8 @@ async fn batched_jobs_get_the_audio_they_get_alone() {
         out
     };
     tokio::time::timeout(LIMIT, async {
-        let alone = audio_of(Scheduler::start_with(config(dir.path().to_owned(), 8), loader(dir.path().into(), 1))).await;
+        let alone =
+            audio_of(Scheduler::start_with(config(dir.path().to_owned(), 8), loader(dir.path().into(), 1))).await;
         let together =
             audio_of(Scheduler::start_with(config(dir.path().to_owned(), 8), loader(dir.path().into(), 4))).await;
         for (i, (a, t)) in alone.iter().zip(&together).enumerate() {

@@ -199,6 +199,12 @@ pub trait BackboneOps: BackendTypes {
     /// Logits of row `row` of `hidden` for the `lm_head` rows `token_ids`, in that order, on the host.
     fn restricted_logits(&self, lm_head: &Self::Weight, token_ids: &[u32], hidden: &Self::Act, row: usize) -> Vec<f32>;
 
+    /// [`Self::restricted_logits`] of every row of `hidden` (under the decode batch's contract:
+    /// each row's logits are what it gets alone). The default asks row by row.
+    fn restricted_logits_rows(&self, lm_head: &Self::Weight, token_ids: &[u32], hidden: &Self::Act) -> Vec<Vec<f32>> {
+        (0..self.rows(hidden)).map(|row| self.restricted_logits(lm_head, token_ids, hidden, row)).collect()
+    }
+
     /// Number of rows of an activation.
     fn rows(&self, x: &Self::Act) -> usize;
 }

@@ -173,7 +173,8 @@ pub trait TowerOps: BackendTypes {
         input: TowerRowsInput<'_, Self::Act>,
     ) -> Result<Self::Act, TowerError> {
         let n = kvs.len();
-        let check = |what, found| if found == n { Ok(()) } else { Err(TowerError::Length { what, expected: n, found }) };
+        let check =
+            |what, found| if found == n { Ok(()) } else { Err(TowerError::Length { what, expected: n, found }) };
         check("hidden rows", self.tower_act_shape(input.hidden).0)?;
         check("codes", input.codes.len())?;
         check("label mask", input.label_semantic.len())?;

@@ -4,7 +4,10 @@
 #[cfg(feature = "cuda")]
 pub mod bench;
 #[cfg(feature = "cuda")]
+pub mod bench_batch;
+#[cfg(feature = "cuda")]
 pub mod bench_engine;
+pub mod bench_serve;
 
 use std::ops::ControlFlow;
 use std::path::Path;
@@ -17,7 +20,7 @@ use crate::backend::cpu::Cpu;
 use crate::checkpoint::Dtype;
 use crate::checkpoint::safetensors::SafetensorsFile;
 use crate::checkpoint::safetensors_writer::{TensorHeader, f32_bytes, write_safetensors};
-use crate::cli::{BenchBackboneArgs, BenchEngineArgs, SayArgs, TraceArgs};
+use crate::cli::{BenchBackboneArgs, BenchBatchArgs, BenchEngineArgs, BenchServeArgs, SayArgs, TraceArgs};
 use crate::engine::generate::{Engine, Finished, GenerateOptions, ResidentModel};
 use crate::engine::sampling::SamplingParams;
 use crate::engine::trace::trace;
@@ -107,6 +110,38 @@ pub fn bench_engine(args: &BenchEngineArgs) -> anyhow::Result<()> {
         let _ = args;
         bail!("this binary was built without the `cuda` feature: rebuild with default features to use the GPU")
     }
+}
+
+/// `limelight bench batch`: the decode batch's step timed per batch size against its floor.
+pub fn bench_batch(args: &BenchBatchArgs) -> anyhow::Result<()> {
+    #[cfg(feature = "cuda")]
+    {
+        let result = bench_batch::bench_batch(args)?;
+        report(&result.summary(), &result, args.json.as_deref())?;
+        if result.driver_allocations() != 0 {
+            bail!("the decode batch allocated {} buffers from the driver while timed", result.driver_allocations());
+        }
+        Ok(())
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = args;
+        bail!("this binary was built without the `cuda` feature: rebuild with default features to use the GPU")
+    }
+}
+
+/// `limelight bench serve`: the load test's table, optionally as JSON too; fails if a request did.
+pub fn bench_serve(args: &BenchServeArgs) -> anyhow::Result<()> {
+    let result = bench_serve::bench_serve(args)?;
+    println!("{}", result.summary());
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&result)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if result.failed() != 0 {
+        bail!("{} requests failed", result.failed());
+    }
+    Ok(())
 }
 
 /// `limelight bench backbone`: prints the summary and optionally writes the JSON.

@@ -118,12 +118,13 @@ impl<'w, B: Backend> Engine<'w, B> {
             assert!(s.ready() && !s.ended, "next_frames on a stream that is not ready or has ended");
         }
         let mut results: Vec<Option<Result<Vec<u32>, GenerateError>>> = (0..streams.len()).map(|_| None).collect();
+        let hidden: Vec<B::Act> = streams.iter().map(|s| s.hidden.clone().expect("checked ready")).collect();
+        let hidden = self.backend.stack_rows(&hidden);
         // The main draw, row by row; a fault leaves that stream out of the rest of the step.
+        let heads = self.backbone.restricted_logits_rows(&hidden);
         let mut mains = Vec::with_capacity(streams.len());
         let mut live: Vec<usize> = Vec::with_capacity(streams.len());
-        for (i, s) in streams.iter_mut().enumerate() {
-            let hidden = s.hidden.as_ref().expect("checked ready");
-            let head = self.backbone.restricted_logits(hidden, 0);
+        for (i, (s, head)) in streams.iter_mut().zip(heads).enumerate() {
             let logits: Vec<f32> = self.logit_index.iter().map(|&j| head[j]).collect();
             let (params, seed, frame) = (&s.opts.params, s.opts.seed, s.frame as u64);
             match sample_main(&logits, &self.candidates, &s.window, params, seed, frame) {
@@ -135,7 +136,13 @@ impl<'w, B: Backend> Engine<'w, B> {
                 Err(e) => results[i] = Some(Err(e.into())),
             }
         }
-        if let Err(e) = self.tower_and_backbone(streams, &live, &mains, &mut results) {
+        let hidden = if live.len() == streams.len() {
+            hidden
+        } else {
+            let rows: Vec<B::Act> = live.iter().map(|&i| self.backend.act_rows(&hidden, i, 1)).collect();
+            self.backend.stack_rows(&rows)
+        };
+        if let Err(e) = self.tower_and_backbone(streams, &live, &mains, &hidden, &mut results) {
             let message = e.to_string();
             for &i in &live {
                 results[i] = Some(Err(GenerateError::Batch(message.clone())));
@@ -144,13 +151,15 @@ impl<'w, B: Backend> Engine<'w, B> {
         results.into_iter().map(|r| r.expect("every stream got a result")).collect()
     }
 
-    /// The tower over the `live` streams (each with its main token), then the backbone decode of
-    /// every row that goes on. Per-row faults go into `results`; an `Err` is the whole batch's.
+    /// The tower over the `live` streams (each with its main token; `hidden` their backbone rows,
+    /// stacked), then the backbone decode of every row that goes on. Per-row faults go into
+    /// `results`; an `Err` is the whole batch's.
     fn tower_and_backbone(
         &self,
         streams: &mut [&mut Stream<B>],
         live: &[usize],
         mains: &[u32],
+        hidden: &B::Act,
         results: &mut [Option<Result<Vec<u32>, GenerateError>>],
     ) -> Result<(), GenerateError> {
         if live.is_empty() {
@@ -158,16 +167,13 @@ impl<'w, B: Backend> Engine<'w, B> {
         }
         let mut head_errors: Vec<Option<SamplingError>> = vec![None; live.len()];
         let codes = {
-            let hidden: Vec<B::Act> =
-                live.iter().map(|&i| streams[i].hidden.clone().expect("checked ready")).collect();
-            let hidden = self.backend.stack_rows(&hidden);
             let inputs: Vec<Vec<u32>> = live.iter().map(|&i| streams[i].input_row.clone()).collect();
             let inputs: Vec<&[u32]> = inputs.iter().map(Vec::as_slice).collect();
             let opts: Vec<(GenerateOptions, u64)> =
                 live.iter().map(|&i| (streams[i].opts.clone(), streams[i].frame as u64)).collect();
             let mut states = pick_mut(streams, live);
             let mut towers: Vec<&mut TowerState<B>> = states.iter_mut().map(|s| &mut s.tower).collect();
-            self.tower.frame_rows(&mut towers, &hidden, &inputs, mains, &mut |j, r, logits| {
+            self.tower.frame_rows(&mut towers, hidden, &inputs, mains, &mut |j, r, logits| {
                 let (o, frame) = &opts[j];
                 sample_head(logits, r, &o.params, o.seed, *frame).unwrap_or_else(|e| {
                     head_errors[j].get_or_insert(e);

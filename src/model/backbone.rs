@@ -142,6 +142,14 @@ pub struct BackboneState<B: BackboneOps> {
     pub position: usize,
 }
 
+/// Runs layer `l`'s mixer on its normed input (see `Backbone::layers`).
+type MixerFn<'a, B> = dyn FnMut(
+        usize,
+        &Mixer<<B as crate::backend::BackendTypes>::Weight>,
+        &<B as crate::backend::BackendTypes>::Act,
+    ) -> <B as crate::backend::BackendTypes>::Act
+    + 'a;
+
 /// Which mixer algorithms run: chunked GDN for prompts, the token recurrence for decode steps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Pass {
@@ -278,6 +286,11 @@ impl<'a, B: BackboneOps> Backbone<'a, B> {
         self.backend.restricted_logits(&self.weights.lm_head, &self.restricted_ids, hidden, row)
     }
 
+    /// [`Self::restricted_logits`] of every row of `hidden` (the decode batch's rows).
+    pub fn restricted_logits_rows(&self, hidden: &B::Act) -> Vec<Vec<f32>> {
+        self.backend.restricted_logits_rows(&self.weights.lm_head, &self.restricted_ids, hidden)
+    }
+
     /// The `lm_head` weight (a device-side step runs the restricted head itself).
     pub fn lm_head(&self) -> &'a B::Weight {
         &self.weights.lm_head
@@ -345,7 +358,10 @@ impl<'a, B: BackboneOps> Backbone<'a, B> {
         let (b, c) = (self.backend, &self.config);
         let rows = b.rows(&x);
         let layers = &mut state.layers;
-        let out = self.layers(x, false, observe, &mut |l, mixer, h| match (mixer, &mut layers[l]) {
+        // Decode rows take the decode batch's paths, so one request alone (or a device-side step)
+        // computes exactly what it computes inside any batch.
+        let rows_contract = pass == Pass::Decode;
+        let out = self.layers(x, rows_contract, observe, &mut |l, mixer, h| match (mixer, &mut layers[l]) {
             (Mixer::GatedDeltaNet(w), LayerState::Gdn(s)) => match pass {
                 Pass::Prefill => b.gdn_prefill(&c.gdn, w, h, s),
                 Pass::Decode => b.gdn_decode(&c.gdn, w, h, s),
@@ -416,7 +432,7 @@ impl<'a, B: BackboneOps> Backbone<'a, B> {
         mut x: B::Act,
         rows_contract: bool,
         observe: &mut dyn FnMut(Stage, &B::Act),
-        mix: &mut dyn FnMut(usize, &Mixer<B::Weight>, &B::Act) -> B::Act,
+        mix: &mut MixerFn<'_, B>,
     ) -> B::Act {
         let b = self.backend;
         let c = &self.config;

@@ -269,7 +269,8 @@ impl<'w, B: TowerOps> Tower<'w, B> {
         sample_head: &mut dyn FnMut(usize, usize, &[f32]) -> u32,
     ) -> Result<Vec<Vec<u32>>, TowerError> {
         let n = states.len();
-        let check = |what, found| if found == n { Ok(()) } else { Err(TowerError::Length { what, expected: n, found }) };
+        let check =
+            |what, found| if found == n { Ok(()) } else { Err(TowerError::Length { what, expected: n, found }) };
         check("backbone rows", self.backend.tower_act_shape(h).0)?;
         check("input rows", input_rows.len())?;
         check("main tokens", mains.len())?;

@@ -8,6 +8,9 @@
 
 mod attention;
 mod backbone;
+mod batch;
+#[path = "../common/batch_driver.rs"]
+mod batch_driver;
 mod codec;
 mod engine;
 mod gdn;
@@ -37,6 +40,7 @@ const SECTIONS: &[Section] = &[
     ("codec", codec::run),
     ("sampling", sampling::run),
     ("engine", engine::run),
+    ("batch", batch::run),
 ];
 
 fn main() {

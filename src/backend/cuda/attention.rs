@@ -482,7 +482,6 @@ pub(super) fn attend_decode_into(
         splits.into(),
     ];
     cuda.kernels.attention.variant(hd).decode.launch(cuda.stream(), dims, &args);
-    let args =
-        [part_o.ptr().into(), part_ml.ptr().into(), qg.into(), out.into(), h.into(), hd.into(), splits.into()];
+    let args = [part_o.ptr().into(), part_ml.ptr().into(), qg.into(), out.into(), h.into(), hd.into(), splits.into()];
     cuda.kernels.attention.combine.launch(cuda.stream(), Dims::grid((h as u32, t as u32, 1), hd as u32), &args);
 }

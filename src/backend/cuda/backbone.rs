@@ -111,6 +111,11 @@ impl BackboneOps for Cuda {
         self.with_restricted_head(token_ids, |head| head.logits_to_host(self, lm_head, hidden, row))
     }
 
+    fn restricted_logits_rows(&self, lm_head: &GpuWeight, token_ids: &[u32], hidden: &GpuMatrix) -> Vec<Vec<f32>> {
+        let flat = self.with_restricted_head(token_ids, |head| head.logits_rows_to_host(self, lm_head, hidden));
+        flat.chunks(token_ids.len()).map(<[f32]>::to_vec).collect()
+    }
+
     fn rows(&self, x: &GpuMatrix) -> usize {
         x.rows
     }

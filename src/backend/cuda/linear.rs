@@ -254,14 +254,30 @@ impl RestrictedHead {
 
     /// f32 logits `[len]` of row `row` of `hidden`, in id order, left on the device (no sync).
     pub fn logits(&self, cuda: &Cuda, lm_head: &GpuWeight, hidden: &GpuMatrix, row: usize) -> PoolBuf {
+        self.logits_of(cuda, lm_head, hidden, row, 1)
+    }
+
+    /// f32 logits `[rows, len]` of every row of `hidden` (one launch, one read-back), each row
+    /// computed exactly as [`RestrictedHead::logits`] computes it alone.
+    pub fn logits_rows_to_host(&self, cuda: &Cuda, lm_head: &GpuWeight, hidden: &GpuMatrix) -> Vec<f32> {
+        if hidden.rows == 0 {
+            return Vec::new();
+        }
+        let logits = self.logits_of(cuda, lm_head, hidden, 0, hidden.rows);
+        cuda.copy_to_host(logits.ptr(), hidden.rows * self.count)
+    }
+
+    /// Logits of `rows` rows of `hidden` from row `row` on.
+    fn logits_of(&self, cuda: &Cuda, lm_head: &GpuWeight, hidden: &GpuMatrix, row: usize, rows: usize) -> PoolBuf {
         assert_eq!(lm_head.dtype, DType::Bf16, "lm_head must be bf16");
         let (vocab, k) = lm_head.matrix_dims();
         assert_eq!(hidden.cols, k, "lm_head input width");
         assert!((self.max_id as usize) < vocab, "restricted id {} of a {vocab}-row lm_head", self.max_id);
         assert!(k * 2 <= HEAD_SMEM_CAP, "lm_head width {k} above the staged hidden row's {HEAD_SMEM_CAP} bytes");
-        let out = cuda.scratch(self.count * 4);
-        let dims =
-            Dims::linear(self.count.div_ceil(HEAD_WARPS), THREADS).with_shared((k * 2).next_multiple_of(16) as u32);
+        assert!(row + rows <= hidden.rows, "restricted logits of rows {row}..{} of {}", row + rows, hidden.rows);
+        let out = cuda.scratch(rows * self.count * 4);
+        let grid = (self.count.div_ceil(HEAD_WARPS) as u32, rows as u32, 1);
+        let dims = Dims::grid(grid, THREADS).with_shared((k * 2).next_multiple_of(16) as u32);
         let args = [
             lm_head.ptr.into(),
             self.ids.ptr().into(),

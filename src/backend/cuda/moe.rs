@@ -101,8 +101,11 @@ pub enum MoePath {
     PerPair,
     /// Pairs grouped by expert, tiled GEMMs.
     Grouped,
-    /// The decode batch's (`BackboneOps::moe_rows`): per-pair GEMVs and GEMV projections at any
-    /// row count, so each row's sums run in one order whatever else is in the call.
+    /// The decode batch's (`BackboneOps::moe_rows`): the grouped experts and GEMV projections at
+    /// any row count. Each output of a grouped tile is one thread's sum over K in a fixed order,
+    /// whichever rows share its tile (the atomics only order the pairs, never a sum), and the
+    /// combine sums a row's slots in slot order: each row's result is its own, bit for bit. A
+    /// batch reads each expert its rows use once per 32 of them, not once per pair.
     Rows,
 }
 
@@ -146,8 +149,8 @@ pub fn moe_with(cuda: &Cuda, s: &MoeShape, w: &MoeWeights<GpuWeight>, x: &GpuMat
     };
     let grouped = match path {
         MoePath::Auto => x.rows > DECODE_MAX_ROWS,
-        MoePath::PerPair | MoePath::Rows => false,
-        MoePath::Grouped => true,
+        MoePath::PerPair => false,
+        MoePath::Grouped | MoePath::Rows => true,
     };
     let job =
         Job { cuda, s, table, routing: &routing, shared: &shared, input, out: &out, rows: x.rows, hidden: x.cols };

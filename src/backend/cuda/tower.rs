@@ -223,7 +223,8 @@ impl Cuda {
             }
             assert!(start < kv.cache.capacity, "tower: position {start} past the KV cache capacity");
         }
-        let check = |what, found| if found == n { Ok(()) } else { Err(TowerError::Length { what, expected: n, found }) };
+        let check =
+            |what, found| if found == n { Ok(()) } else { Err(TowerError::Length { what, expected: n, found }) };
         check("hidden rows", input.hidden.rows)?;
         check("codes", input.codes.len())?;
         check("label mask", input.label_semantic.len())?;

@@ -1,0 +1,225 @@
+//! `limelight bench batch`: the decode batch on the GPU. For each batch size B it opens B streams
+//! (one prompt, distinct seeds), runs their prompts, then times steps of all B together: the
+//! frame step alone (`Engine::next_frames`: restricted head, host draws, tower, backbone) and the
+//! whole step with each stream's codec (`Engine::step`). Each is compared with its floor: the
+//! bytes one step must read over the measured copy bandwidth. A step reads the dense weights
+//! once for every row, the routed experts its rows use (the union; expected under uniform
+//! routing, `E·(1 − (1 − k/E)^B)` per layer, as random weights route), and each row's own state.
+
+use std::time::Instant;
+
+use anyhow::Context;
+use serde::Serialize;
+
+use super::bench::decode_bytes_per_row;
+use super::bench_engine::tower_bytes_per_frame;
+use crate::backend::cuda::admission::{MemoryPlan, admit, gib};
+use crate::backend::cuda::{Cuda, CudaOptions};
+use crate::cli::BenchBatchArgs;
+use crate::engine::batch::Stream;
+use crate::engine::generate::{Engine, GenerateOptions, Generation, ResidentModel};
+use crate::engine::sampling::SamplingParams;
+use crate::model::config::{Dims, LayerType, ModelConfig};
+use crate::model::load::Checkpoint;
+use crate::request::prompt::PromptBuilder;
+
+const TEXT: &str = "Hello from limelight, streaming a random-weight Drama three from the GPU, frame by frame.";
+
+/// One batch size's timings.
+#[derive(Debug, Serialize)]
+pub struct BatchRow {
+    pub batch: usize,
+    /// The frame step over all B streams, no codec (ms per step).
+    pub frame_step_ms: f64,
+    /// The whole step: frames and each stream's codec calls (ms per step).
+    pub step_ms: f64,
+    /// Frames per second of the whole step (B frames per step).
+    pub frames_per_s: f64,
+    /// Bytes the frame step must read at least.
+    pub floor_bytes: u64,
+    pub floor_ms: f64,
+    pub frame_step_ratio_to_floor: f64,
+    pub driver_allocations_while_timed: u64,
+}
+
+/// Everything one run measured.
+#[derive(Debug, Serialize)]
+pub struct BatchBench {
+    pub gpu: String,
+    pub model: String,
+    pub context: usize,
+    pub prompt_rows: usize,
+    pub frames: usize,
+    pub copy_bandwidth_gb_per_s: f64,
+    pub rows: Vec<BatchRow>,
+    pub used_bytes: u64,
+}
+
+pub fn bench_batch(args: &BenchBatchArgs) -> anyhow::Result<BatchBench> {
+    let ckpt = Checkpoint::open(&args.model).context("checkpoint refused")?;
+    let options =
+        CudaOptions { memory_budget: args.gpu_memory_budget, context: args.context_length, ..CudaOptions::default() };
+    let cuda = Cuda::open(&options)?;
+    let prompt = PromptBuilder::for_checkpoint(&ckpt).build(TEXT, &[])?;
+    let warm_up = 2;
+    anyhow::ensure!(prompt.len() + warm_up + args.frames <= args.context_length, "--frames past --context-length");
+    let largest = args.batch.iter().copied().max().context("no --batch sizes")?;
+    let plan = MemoryPlan::for_engine_streams(&ckpt, args.context_length, prompt.len(), largest);
+    admit(&plan, cuda.budget().cap() - cuda.budget().used(), "the budget")?;
+    let model = ResidentModel::load(&ckpt, &cuda)?;
+    let engine = Engine::new(&cuda, &ckpt, &model)?;
+    let copy_bandwidth_gb_per_s = cuda.measure_copy_bandwidth(1 << 30)?;
+    let position = prompt.len() + args.frames / 2;
+    let mut rows = Vec::new();
+    for &batch in &args.batch {
+        let opts =
+            |seed| GenerateOptions { params: SamplingParams::default(), seed, max_frames: warm_up + args.frames + 1 };
+        // The frame step alone, over streams.
+        let mut streams: Vec<Stream<Cuda>> =
+            (0..batch).map(|i| engine.stream(&prompt, &opts(i as u64))).collect::<Result<_, _>>()?;
+        for s in &mut streams {
+            while !engine.prefill(s, crate::engine::generate::PREFILL_CHUNK)? {}
+        }
+        let mut refs: Vec<&mut Stream<Cuda>> = streams.iter_mut().collect();
+        for _ in 0..warm_up {
+            check(engine.next_frames(&mut refs))?;
+        }
+        cuda.synchronize();
+        let before = cuda.pool().stats().driver_allocations;
+        let t = Instant::now();
+        for _ in 0..args.frames {
+            check(engine.next_frames(&mut refs))?;
+        }
+        cuda.synchronize();
+        let frame_step_ms = t.elapsed().as_secs_f64() * 1e3 / args.frames as f64;
+        drop(refs);
+        drop(streams);
+        // The whole step, codec included, over generations.
+        let mut generations: Vec<Generation<'_, Cuda>> =
+            (0..batch).map(|i| engine.start(&prompt, &opts(i as u64))).collect::<Result<_, _>>()?;
+        for g in &mut generations {
+            while !engine.prefill_generation(g, crate::engine::generate::PREFILL_CHUNK)? {}
+        }
+        let mut refs: Vec<&mut Generation<'_, Cuda>> = generations.iter_mut().collect();
+        for _ in 0..warm_up {
+            check(engine.step(&mut refs))?;
+        }
+        cuda.synchronize();
+        let t = Instant::now();
+        for _ in 0..args.frames {
+            check(engine.step(&mut refs))?;
+        }
+        cuda.synchronize();
+        let step_ms = t.elapsed().as_secs_f64() * 1e3 / args.frames as f64;
+        let allocations = cuda.pool().stats().driver_allocations - before;
+        let floor_bytes = batch_step_bytes(&ckpt.dims, &ckpt.config, batch, position);
+        let floor_ms = floor_bytes as f64 / (copy_bandwidth_gb_per_s * 1e9) * 1e3;
+        rows.push(BatchRow {
+            batch,
+            frame_step_ms,
+            step_ms,
+            frames_per_s: batch as f64 * 1e3 / step_ms,
+            floor_bytes,
+            floor_ms,
+            frame_step_ratio_to_floor: frame_step_ms / floor_ms,
+            driver_allocations_while_timed: allocations,
+        });
+        eprintln!("{}", rows.last().map(BatchRow::line).unwrap_or_default());
+    }
+    Ok(BatchBench {
+        gpu: cuda.info().name.clone(),
+        model: args.model.display().to_string(),
+        context: args.context_length,
+        prompt_rows: prompt.len(),
+        frames: args.frames,
+        copy_bandwidth_gb_per_s,
+        rows,
+        used_bytes: cuda.budget().used(),
+    })
+}
+
+/// Every stream's result of one step, or the first failure.
+fn check<T, E: std::error::Error + Send + Sync + 'static>(results: Vec<Result<T, E>>) -> anyhow::Result<()> {
+    for r in results {
+        r?;
+    }
+    Ok(())
+}
+
+/// Bytes a decode step of `batch` rows at `position` must read at least: the dense weights once
+/// (backbone, restricted head, tower and its heads), the routed experts the rows use (their
+/// expected union under uniform routing), and each row's state (KV caches up to `position`,
+/// GDN recurrent states read and written, tower caches).
+pub fn batch_step_bytes(d: &Dims, c: &ModelConfig, batch: usize, position: usize) -> u64 {
+    let [br, bc] = d.fp8_block;
+    let fp8 = |rows: usize, cols: usize| (rows * cols + rows.div_ceil(br) * cols.div_ceil(bc) * 4) as u64;
+    let (h, i) = (d.hidden, d.expert_intermediate);
+    let expert = 2 * fp8(i, h) + fp8(h, i);
+    let layers = d.layer_types.len() as u64;
+    let gdn_layers = d.layer_types.iter().filter(|t| **t == LayerType::LinearAttention).count() as u64;
+    let gdn_state = 2 * 4 * (d.gdn_value_heads * d.gdn_key_dim * d.gdn_value_dim) as u64;
+    let kv_per_row = decode_bytes_per_row(d, position) - decode_bytes_per_row(d, 0);
+    // One row's bytes at position 0, less its experts and its GDN states: the dense weights.
+    let dense = decode_bytes_per_row(d, 0) - layers * d.experts_per_token as u64 * expert - gdn_layers * gdn_state;
+    let (e, k) = (d.experts as f64, d.experts_per_token as f64);
+    let union = e * (1.0 - (1.0 - k / e).powi(batch as i32));
+    let experts = (layers as f64 * union * expert as f64) as u64;
+    let tower_kv = tower_bytes_per_frame(c, position) - tower_bytes_per_frame(c, 0);
+    let per_row = kv_per_row + gdn_layers * gdn_state + tower_kv;
+    dense + experts + tower_bytes_per_frame(c, 0) + batch as u64 * per_row
+}
+
+impl BatchRow {
+    fn line(&self) -> String {
+        format!(
+            "B = {:>3}: frame step {:.2} ms (floor {:.2} ms, {:.1}×), with the codec {:.2} ms = {:.0} frames/s",
+            self.batch,
+            self.frame_step_ms,
+            self.floor_ms,
+            self.frame_step_ratio_to_floor,
+            self.step_ms,
+            self.frames_per_s
+        )
+    }
+}
+
+impl BatchBench {
+    pub fn summary(&self) -> String {
+        let mut out = format!(
+            "GPU {}; context {}; prompt {} rows; {} frames timed per size; copy bandwidth {:.0} GB/s\n",
+            self.gpu, self.context, self.prompt_rows, self.frames, self.copy_bandwidth_gb_per_s
+        );
+        for row in &self.rows {
+            out.push_str(&row.line());
+            out.push('\n');
+        }
+        out.push_str(&format!("device memory in use {}", gib(self.used_bytes)));
+        out
+    }
+
+    /// Driver allocations while any size was timed.
+    pub fn driver_allocations(&self) -> u64 {
+        self.rows.iter().map(|r| r.driver_allocations_while_timed).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::synth::presets::Preset;
+    use crate::synth::{SynthOptions, SynthPlan};
+
+    #[test]
+    fn the_batch_floor_reads_dense_weights_once_and_the_expert_union() {
+        let plan = SynthPlan::new(&SynthOptions { preset: Preset::Full, seed: 0, vq_backbone_codebooks: 1 });
+        let d = plan.config.dims();
+        let one = batch_step_bytes(&d, &plan.config, 1, 100);
+        let row = decode_bytes_per_row(&d, 100) + tower_bytes_per_frame(&plan.config, 100);
+        // One row: exactly one row's decode and tower frame (its 8 experts are the union).
+        assert!((one as f64 - row as f64).abs() < 1e-6 * row as f64, "{one} vs {row}");
+        // 64 rows: about 221 of 256 experts per layer, far less than 64 rows alone.
+        let many = batch_step_bytes(&d, &plan.config, 64, 100);
+        assert!(many < 8 * one && (25e9..45e9).contains(&(many as f64)), "{many} bytes at B = 64");
+        assert!(batch_step_bytes(&d, &plan.config, 128, 100) > many);
+    }
+}

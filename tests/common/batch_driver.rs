@@ -1,0 +1,114 @@
+//! Runs planned requests through one decode batch the way the worker does (shared by the CPU
+//! batch test and the GPU checks): each joins at its turn, prompts run one chunk per turn (the
+//! oldest first), every ready stream steps together, and a planned cancellation ends its request
+//! between frames. Also runs a request alone, for the comparison.
+
+#![allow(dead_code)]
+
+use std::ops::ControlFlow;
+
+use limelight::backend::Backend;
+use limelight::engine::generate::{Engine, FinishReason, Finished, GenerateOptions, Generation, PREFILL_CHUNK};
+use limelight::model::frame::Rows;
+
+/// One planned request: its prompt, knobs, the turn it joins at, and (maybe) the frame count
+/// after which its caller cancels it.
+#[derive(Clone, Debug)]
+pub struct Planned {
+    pub rows: Rows,
+    pub opts: GenerateOptions,
+    pub joins_at: usize,
+    pub cancel_after: Option<usize>,
+}
+
+/// What a request produced: how it ended, its frames and its PCM.
+#[derive(Debug)]
+pub struct Outcome {
+    pub finished: Finished,
+    pub pcm: Vec<f32>,
+}
+
+impl Outcome {
+    pub fn pcm_bits(&self) -> Vec<u32> {
+        self.pcm.iter().map(|x| x.to_bits()).collect()
+    }
+
+    /// Whether `self` (from a batch) is what `alone` produced for the same request: the same
+    /// rows, reason and PCM bits; for a request cancelled after `n` frames, exactly the first `n`
+    /// frames of the lone run and their audio.
+    pub fn matches(&self, alone: &Outcome, cancel_after: Option<usize>, samples_per_frame: usize) -> bool {
+        match cancel_after {
+            None => self.finished == alone.finished && self.pcm_bits() == alone.pcm_bits(),
+            Some(n) => {
+                let w = alone.finished.rows.width();
+                self.finished.reason == FinishReason::Cancelled
+                    && self.finished.frames == n.min(alone.finished.frames)
+                    && self.finished.rows.as_flat() == &alone.finished.rows.as_flat()[..self.finished.frames * w]
+                    && self.pcm_bits()[..] == alone.pcm_bits()[..self.finished.frames * samples_per_frame]
+            }
+        }
+    }
+}
+
+/// The request alone, through the public one-request API.
+pub fn alone<B: Backend>(engine: &Engine<'_, B>, r: &Planned) -> Outcome {
+    let mut pcm = Vec::new();
+    let finished = engine
+        .generate(&r.rows, &r.opts, &mut |chunk: &[f32]| {
+            pcm.extend_from_slice(chunk);
+            ControlFlow::Continue(())
+        })
+        .expect("generate alone");
+    Outcome { finished, pcm }
+}
+
+/// Every request through one batch; returns the outcomes in plan order and the most streams
+/// that stepped together.
+pub fn batched<B: Backend>(engine: &Engine<'_, B>, plan: &[Planned]) -> (Vec<Outcome>, usize) {
+    struct Live<'w, B: Backend> {
+        index: usize,
+        generation: Generation<'w, B>,
+        pcm: Vec<f32>,
+    }
+    let mut outcomes: Vec<Option<Outcome>> = plan.iter().map(|_| None).collect();
+    let mut live: Vec<Live<'_, B>> = Vec::new();
+    let mut most = 0;
+    for turn in 0.. {
+        for (index, r) in plan.iter().enumerate().filter(|(_, r)| r.joins_at == turn) {
+            let generation = engine.start(&r.rows, &r.opts).expect("start");
+            live.push(Live { index, generation, pcm: Vec::new() });
+        }
+        if let Some(l) = live.iter_mut().find(|l| !l.generation.ready()) {
+            engine.prefill_generation(&mut l.generation, PREFILL_CHUNK).expect("prefill");
+        }
+        // The caller cancels between frames.
+        while let Some(at) = live.iter().position(|l| {
+            plan[l.index].cancel_after.is_some_and(|n| l.generation.ready() && l.generation.frames() == n)
+        }) {
+            let mut l = live.remove(at);
+            l.pcm.extend(l.generation.cancel().expect("cancel"));
+            outcomes[l.index] = Some(Outcome { finished: l.generation.finish(FinishReason::Cancelled), pcm: l.pcm });
+        }
+        let mut ready: Vec<&mut Live<'_, B>> = live.iter_mut().filter(|l| l.generation.ready()).collect();
+        most = most.max(ready.len());
+        let mut generations: Vec<&mut Generation<'_, B>> = ready.iter_mut().map(|l| &mut l.generation).collect();
+        let stepped = if generations.is_empty() { Vec::new() } else { engine.step(&mut generations) };
+        let mut ended = Vec::new();
+        for (l, s) in ready.iter_mut().zip(stepped) {
+            let s = s.expect("step");
+            l.pcm.extend(s.pcm);
+            if let Some(reason) = s.finished {
+                ended.push((l.index, reason));
+            }
+        }
+        for (index, reason) in ended {
+            let at = live.iter().position(|l| l.index == index).expect("live");
+            let l = live.remove(at);
+            outcomes[index] = Some(Outcome { finished: l.generation.finish(reason), pcm: l.pcm });
+        }
+        if live.is_empty() && plan.iter().all(|r| r.joins_at <= turn) {
+            break;
+        }
+    }
+    (outcomes.into_iter().map(|o| o.expect("every request ended")).collect(), most)
+}

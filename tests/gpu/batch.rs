@@ -1,0 +1,75 @@
+//! The decode batch on the GPU, on the tiny checkpoint (`verification.md`'s batch-invariance
+//! rows): every request's frames and PCM are bit for bit what it produces alone, inside batches
+//! of 2, 8, 32 and 64 streams with staggered arrivals, a long prompt run in chunks between steps,
+//! different sampling knobs per row, and cancellations; a repeated batch of the same requests
+//! makes no driver allocation.
+
+use limelight::engine::generate::{Engine, GenerateOptions, PREFILL_CHUNK, ResidentModel};
+use limelight::engine::sampling::SamplingParams;
+use limelight::model::frame::Rows;
+use limelight::request::prompt::PromptBuilder;
+
+use crate::backbone;
+use crate::batch_driver::{Outcome, Planned, alone, batched};
+use crate::harness::Ctx;
+
+/// Batch sizes checked (the most streams planned at once; arrivals are staggered).
+const SIZES: [usize; 4] = [2, 8, 32, 64];
+
+pub fn run(ctx: &mut Ctx) {
+    let (_dir, ckpt) = ctx.tiny_checkpoint_scaled(backbone::CONDITIONED);
+    let cuda = ctx.cuda;
+    let model = ResidentModel::load(&ckpt, cuda).expect("GPU upload");
+    let engine = Engine::new(cuda, &ckpt, &model).expect("GPU engine");
+    let samples_per_frame = ckpt.codec_dims.samples_per_frame();
+    let builder = PromptBuilder::for_checkpoint(&ckpt);
+    let long = "A chapter long enough to need more than one prefill chunk. ".repeat(10);
+    let prompts: Vec<Rows> = ["Hello there, how are you today?", "[whispering] A second voice.", &long, "Short."]
+        .iter()
+        .map(|text| builder.build(text, &[]).expect("prompt"))
+        .collect();
+    assert!(prompts[2].len() > PREFILL_CHUNK, "the long prompt needs several chunks");
+    let knobs = [
+        SamplingParams::default(),
+        SamplingParams { temperature: 1.3, top_p: 0.9, top_k: Some(40) },
+        SamplingParams { temperature: 0.5, top_p: 0.7, top_k: Some(8) },
+    ];
+    let mut last_plan = Vec::new();
+    for size in SIZES {
+        let plan: Vec<Planned> = (0..size)
+            .map(|i| Planned {
+                rows: prompts[i % prompts.len()].clone(),
+                opts: GenerateOptions {
+                    params: knobs[i % knobs.len()],
+                    seed: ctx.rng.next_u64(),
+                    max_frames: 6 + (i * 5) % 17,
+                },
+                joins_at: (i * 3) % size.min(12),
+                cancel_after: (i % 9 == 4).then_some(3),
+            })
+            .collect();
+        let want: Vec<Outcome> = plan.iter().map(|r| alone(&engine, r)).collect();
+        let (got, most) = batched(&engine, &plan);
+        let mismatched: Vec<usize> =
+            (0..size).filter(|&i| !got[i].matches(&want[i], plan[i].cancel_after, samples_per_frame)).collect();
+        let frames: usize = got.iter().map(|o| o.finished.frames).sum();
+        ctx.check(
+            format!("batch of {size} ({most} at most stepping together, {frames} frames): requests vs alone, bits"),
+            "requests differing",
+            "0".into(),
+            format!("{} {mismatched:?}", mismatched.len()),
+            mismatched.is_empty(),
+        );
+        last_plan = plan;
+    }
+    let before = cuda.pool().stats().driver_allocations;
+    let _ = batched(&engine, &last_plan);
+    let repeated = cuda.pool().stats().driver_allocations - before;
+    ctx.check(
+        format!("batch of {}: driver allocations in a repeated batch", last_plan.len()),
+        "count",
+        "0".into(),
+        repeated.to_string(),
+        repeated == 0,
+    );
+}
