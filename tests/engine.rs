@@ -206,7 +206,7 @@ fn a_fixed_context_caps_frames_and_refuses_a_prompt_that_fills_it() {
     let batch = |context| BatchOptions { max_batch: 2, prefill_chunk: 64, context: Some(context) };
     let capped = EngineModel::new(&Cpu, &ckpt, &model, batch(rows.len() + room), Box::new(memory)).unwrap();
     let id = capped.open(&rows, &options(3, 12)).unwrap();
-    while !capped.prefill(id).unwrap() {}
+    while !capped.prefill(id).unwrap().done {}
     let mut finished = None;
     while finished.is_none() {
         finished = capped.step(&[id]).pop().unwrap().unwrap().finished;

@@ -15,8 +15,8 @@ use limelight::engine::generate::{FinishReason, GenerateError, GenerateOptions, 
 use limelight::engine::sampling::SamplingParams;
 use limelight::model::frame::Rows;
 use limelight::scheduler::{
-    BatchLimits, Job, JobEvent, JobStream, Loader, MemoryUse, ModelHost, Readiness, Scheduler, StreamId, SubmitError,
-    SynthError, Synthesizer, WorkerConfig, cpu_loader,
+    BatchLimits, Job, JobEvent, JobStream, Loader, MemoryUse, ModelHost, Prefilled, Readiness, Scheduler, StreamId,
+    SubmitError, SynthError, Synthesizer, WorkerConfig, cpu_loader,
 };
 
 const TEXT: &str = "Hello there, how are you today?";
@@ -100,7 +100,10 @@ impl Synthesizer for Faulty<'_> {
         self.open.borrow_mut().insert(id, (options.seed, None));
         Ok(id)
     }
-    fn prefill(&self, id: StreamId) -> Result<bool, SynthError> {
+    fn prefill_chunk(&self) -> usize {
+        self.inner.prefill_chunk()
+    }
+    fn prefill(&self, id: StreamId) -> Result<Prefilled, SynthError> {
         self.inner.prefill(id)
     }
     fn step(&self, ids: &[StreamId]) -> Vec<Result<Stepped, SynthError>> {

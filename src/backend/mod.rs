@@ -1,11 +1,12 @@
 //! The seam between Drama 3's structure (`src/model`) and arithmetic. Model code is written once
 //! against these traits; `cpu` implements them in plain f32 (the readable reference and test
-//! oracle) and the CUDA backend will implement the same contracts with fused kernels.
+//! oracle) and `cuda` implements the same contracts with its own kernels.
 //!
 //! Operations are named after the model's own submodules (a gated DeltaNet mixer, a MoE block,
 //! a tower layer, a codec stage), one sub-trait per model part, so each part's arithmetic reads
 //! like its section of `shared/spec`. A backend may fuse inside an operation but never changes
-//! its contract.
+//! its contract. The decode batch's operations (`*_rows`) add one: each output row depends only
+//! on its own input row and state, bit for bit, whatever other rows share the call.
 
 pub mod backbone;
 pub mod codec;

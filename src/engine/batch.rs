@@ -50,6 +50,11 @@ impl<B: Backend> Stream<B> {
         self.prompt.len()
     }
 
+    /// Prompt rows run so far.
+    pub fn prefilled_rows(&self) -> usize {
+        self.prefilled
+    }
+
     /// Whether the prompt is done, so the stream can take frames.
     pub fn ready(&self) -> bool {
         self.hidden.is_some()

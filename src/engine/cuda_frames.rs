@@ -1,5 +1,5 @@
 //! The whole per-frame step on the GPU, captured once as a CUDA graph and replayed for every
-//! frame of every request (`model.md` §8.1, the same order as the host loop in `generate`):
+//! frame of every request (`model.md` §8.1, the same order as the decode batch in `batch`):
 //!
 //! restricted head → main draw with RAS (`GpuSampler`) → the tower's layers, labels read from the
 //! sampler's frame row on the device, a head draw after each residual layer → the row's input

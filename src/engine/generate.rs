@@ -1,7 +1,9 @@
-//! The generation loop (`model.md` §8.1): prompt rows → backbone prefill → tower prefill → one
-//! frame per step (main token with RAS, 13 tower layers with 9 head draws, the frame fed back to
-//! the backbone) until EOS or `max_frames` → PCM from the streaming codec, delivered as it is
-//! produced. The caller can stop it between frames.
+//! Generation (`model.md` §8.1): prompt rows → backbone prefill → tower prefill → one frame per
+//! step (main token with RAS, 13 tower layers with 9 head draws, the frame fed back to the
+//! backbone) until EOS or `max_frames` → PCM from the streaming codec, delivered as it is
+//! produced. A [`Generation`] is one request's; [`Engine::step`] advances many together (the
+//! decode batch, `engine::batch`), and [`Engine::generate`] runs one to its end. The caller can
+//! stop a generation between frames.
 
 use std::ops::ControlFlow;
 
@@ -195,7 +197,8 @@ impl<'w, B: Backend> Engine<'w, B> {
         })
     }
 
-    /// Produces frames with `device` instead of the host loop (same decisions, fewer round trips).
+    /// Produces frames with `device` instead of the decode batch (same decisions, fewer round
+    /// trips; one request at a time).
     pub fn with_device_frames(mut self, device: &'w dyn DeviceFrames) -> Self {
         self.set_device_frames(device);
         self
@@ -359,6 +362,14 @@ impl<B: Backend> Generation<'_, B> {
         match &self.source {
             Source::Batch(stream) => stream.ready(),
             Source::Device(..) => true,
+        }
+    }
+
+    /// Prompt rows run so far (all of them, with a device-side step).
+    pub fn prefilled_rows(&self) -> usize {
+        match &self.source {
+            Source::Batch(stream) => stream.prefilled_rows(),
+            Source::Device(..) => 0,
         }
     }
 

@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use super::{Loader, MemoryUse, ModelHost, StreamId, SynthError, Synthesizer};
+use super::{Loader, MemoryUse, ModelHost, Prefilled, StreamId, SynthError, Synthesizer};
 use crate::backend::Backend;
 use crate::backend::cpu::Cpu;
 use std::cell::RefCell;
@@ -170,8 +170,16 @@ impl<B: Backend> Synthesizer for EngineModel<'_, B> {
         Ok(id)
     }
 
-    fn prefill(&self, id: StreamId) -> Result<bool, SynthError> {
-        Ok(self.with_slot(id, |g| self.engine.prefill_generation(g, self.prefill_chunk))?)
+    fn prefill_chunk(&self) -> usize {
+        self.prefill_chunk
+    }
+
+    fn prefill(&self, id: StreamId) -> Result<Prefilled, SynthError> {
+        Ok(self.with_slot(id, |g| {
+            let before = g.prefilled_rows();
+            let done = self.engine.prefill_generation(g, self.prefill_chunk)?;
+            Ok::<_, GenerateError>(Prefilled { rows: g.prefilled_rows() - before, done })
+        })?)
     }
 
     fn step(&self, ids: &[StreamId]) -> Vec<Result<Stepped, SynthError>> {

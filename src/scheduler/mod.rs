@@ -1,9 +1,7 @@
 //! Admission and the synthesis thread: [`Scheduler`] is the handle requests use to submit jobs
 //! (bounded queue: 429 when full, 503 while loading or draining); one worker thread owns the
-//! model and runs the jobs (`worker.rs`).
-//!
-//! Jobs run one at a time on the CPU engine today. The queue is a channel of whole jobs, so a
-//! batching worker can later take several at once without changing this interface.
+//! model and runs the admitted jobs together as the decode batch (`worker.rs`), in the slots a
+//! [`Synthesizer`] offers.
 
 mod engines;
 mod job;
@@ -139,14 +137,26 @@ pub trait Synthesizer {
     /// Opens a stream for `rows` in a free slot (the caller keeps at most `max_batch` open).
     /// Nothing runs yet; a request the engine cannot take is refused here.
     fn open(&self, rows: &Rows, options: &GenerateOptions) -> Result<StreamId, SynthError>;
-    /// Runs the next chunk of the stream's prompt; `true` once it can step.
-    fn prefill(&self, id: StreamId) -> Result<bool, SynthError>;
+    /// Prompt rows one [`Synthesizer::prefill`] runs at most: the budget of prompt rows the
+    /// worker spends between two steps.
+    fn prefill_chunk(&self) -> usize;
+    /// Runs the next chunk of the stream's prompt.
+    fn prefill(&self, id: StreamId) -> Result<Prefilled, SynthError>;
     /// One frame of each stream (all prefilled): each result is that stream's alone.
     fn step(&self, ids: &[StreamId]) -> Vec<Result<Stepped, SynthError>>;
     /// Ends a stream before its last frame: the PCM of its frames not yet decoded.
     fn cancel(&self, id: StreamId) -> Result<Vec<f32>, SynthError>;
     /// Frees the stream's slot; returns its audio frames.
     fn close(&self, id: StreamId) -> usize;
+}
+
+/// What one [`Synthesizer::prefill`] call did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Prefilled {
+    /// Prompt rows it ran.
+    pub rows: usize,
+    /// The prompt is done: the stream can step.
+    pub done: bool,
 }
 
 /// What a [`Loader`] reports to and hands its model to.
@@ -332,7 +342,7 @@ impl Scheduler {
         self.inner.shared.queued.load(Ordering::SeqCst)
     }
 
-    /// Jobs running now (0 or 1 until batching).
+    /// Jobs in the decode batch now (prefilling, generating, or delivering their last events).
     pub fn active(&self) -> usize {
         self.inner.shared.active.load(Ordering::SeqCst)
     }

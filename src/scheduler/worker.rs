@@ -4,8 +4,8 @@
 //! Each turn of its loop:
 //! 1. **admits** queued jobs into free slots, first come first served: the prompt is built and a
 //!    stream opened (a job refused here fails alone);
-//! 2. runs **one prefill chunk** of the oldest stream still on its prompt (the chunk bounds how
-//!    long a new prompt holds up the streams already speaking);
+//! 2. runs **prompt chunks**, oldest stream first, up to one chunk's worth of rows per turn (the
+//!    bound on how long new prompts hold up the streams already speaking);
 //! 3. **steps** every stream that is generating and whose client is keeping up: one frame each;
 //! 4. **delivers** each stream's events to its client without ever waiting: a client that reads
 //!    slowly has its events buffered (up to [`OUTBOX_EVENTS`]; its stream pauses while the buffer
@@ -171,7 +171,7 @@ impl ModelHost for Host {
             if !self.admit(model, &mut batch) {
                 return; // every Scheduler handle is gone
             }
-            let mut failed = self.prefill_one(model, &mut batch);
+            let mut failed = self.prefill(model, &mut batch);
             let stepped = self.step(model, &mut batch, &mut failed);
             let now = Instant::now();
             for job in &mut batch {
@@ -271,35 +271,37 @@ impl Host {
         None
     }
 
-    /// One prefill chunk of the oldest stream still on its prompt. Returns whether a job failed.
-    fn prefill_one(&self, model: &dyn Synthesizer, batch: &mut [Active]) -> bool {
-        let Some(job) = batch.iter_mut().find(|a| a.stream.is_some() && !a.prefilled) else {
-            return false;
-        };
-        let id = job.stream.expect("found with a stream");
-        if let Some(last) = self.interrupted(job, model) {
-            job.end(model, last);
-            return false;
+    /// Runs prompt chunks of the streams still on their prompts, oldest first, until one chunk's
+    /// worth of rows (`Synthesizer::prefill_chunk`) ran this turn: the bound on how long prompts
+    /// hold up the running streams between two steps. Returns whether a job failed.
+    fn prefill(&self, model: &dyn Synthesizer, batch: &mut [Active]) -> bool {
+        let budget = model.prefill_chunk();
+        let (mut spent, mut failed) = (0, false);
+        for job in batch.iter_mut().filter(|a| a.stream.is_some() && !a.prefilled) {
+            if spent >= budget {
+                break;
+            }
+            if let Some(last) = self.interrupted(job, model) {
+                job.end(model, last);
+                continue;
+            }
+            let id = job.stream.expect("filtered on a stream");
+            let span = job.span.clone();
+            let _enter = span.enter();
+            let message = match catch_unwind(AssertUnwindSafe(|| model.prefill(id))) {
+                Ok(Ok(progress)) => {
+                    job.prefilled = progress.done;
+                    spent += progress.rows.max(1);
+                    continue;
+                }
+                Ok(Err(e)) => e.to_string(),
+                Err(panic) => format!("the engine panicked: {}", panic_message(&*panic)),
+            };
+            error!(error = %message, "job failed");
+            job.end(model, JobEvent::Failed { message });
+            failed = true;
         }
-        let span = job.span.clone();
-        let _enter = span.enter();
-        match catch_unwind(AssertUnwindSafe(|| model.prefill(id))) {
-            Ok(Ok(done)) => {
-                job.prefilled = done;
-                false
-            }
-            Ok(Err(e)) => {
-                error!(error = %e, "job failed");
-                job.end(model, JobEvent::Failed { message: e.to_string() });
-                true
-            }
-            Err(panic) => {
-                let message = format!("the engine panicked: {}", panic_message(&*panic));
-                error!(reason = %message, "job failed");
-                job.end(model, JobEvent::Failed { message });
-                true
-            }
-        }
+        failed
     }
 
     /// Whether the job must stop before its next frame: its client left (nothing more is said),

@@ -21,7 +21,8 @@ use limelight::http::{AppState, HttpConfig, router};
 use limelight::model::frame::Rows;
 use limelight::request::validate::SpeechPolicy;
 use limelight::scheduler::{
-    BatchLimits, Loader, MemoryUse, ModelHost, Scheduler, StreamId, SynthError, Synthesizer, WorkerConfig, cpu_loader,
+    BatchLimits, Loader, MemoryUse, ModelHost, Prefilled, Scheduler, StreamId, SynthError, Synthesizer, WorkerConfig,
+    cpu_loader,
 };
 
 pub const MODEL: &str = "drama-3";
@@ -170,7 +171,10 @@ impl Synthesizer for Wrapped<'_> {
         self.streams.borrow_mut().insert(id, opened);
         Ok(id)
     }
-    fn prefill(&self, id: StreamId) -> Result<bool, SynthError> {
+    fn prefill_chunk(&self) -> usize {
+        self.model.prefill_chunk()
+    }
+    fn prefill(&self, id: StreamId) -> Result<Prefilled, SynthError> {
         if self.mode == Mode::Gated {
             self.control.wait();
         }
@@ -198,7 +202,7 @@ impl Synthesizer for Wrapped<'_> {
                 // Start over in a fresh stream: only the client leaving ends it.
                 self.model.close(s.inner);
                 s.inner = self.model.open(&s.rows, &s.options).expect("reopens");
-                while !self.model.prefill(s.inner).expect("prefills") {}
+                while !self.model.prefill(s.inner).expect("prefills").done {}
                 stepped.finished = None;
             }
             s.finished = stepped.finished.is_some();

@@ -5,6 +5,9 @@
 #   tools/gpu/check.sh [REPORT_DIR]            # every kernel + the backbone end to end vs the CPU backend
 #   tools/gpu/check.sh --full [REPORT_DIR]     # also: synth the full-size checkpoint, bench the backbone and the engine
 #
+# LIMELIGHT_GPU_SECTIONS="engine batch" runs only those sections. The decode batch at full size and
+# the serving load test are tools/gpu/serve-load.sh.
+#
 # Writes REPORT_DIR/gpu-checks.md (the table) and, with --full, bench-backbone.json/.txt and
 # bench-engine.json/.txt.
 # cuBLASLt comes from the machine's CUDA libraries (the PyTorch venv's nvidia/cu13/lib on the H200 image).
@@ -27,7 +30,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total,clocks.sm --
 status=0
 : > "$report_dir/gpu-checks.md"
 sections_dir=$(mktemp -d)
-for section in norm linear gdn attention moe backbone tower codec sampling engine; do
+for section in ${LIMELIGHT_GPU_SECTIONS:-norm linear gdn attention moe backbone tower codec sampling engine batch}; do
     rc=0
     LIMELIGHT_GPU_ONLY=$section LIMELIGHT_GPU_REPORT="$sections_dir/$section.md" .gpu/bin/gpu-checks || rc=$?
     if ((rc > 1)); then
@@ -39,10 +42,7 @@ for section in norm linear gdn attention moe backbone tower codec sampling engin
 done
 
 if ((full)); then
-    ckpt=${LIMELIGHT_FULL_CKPT:-/tmp/limelight-full}
-    if [[ ! -f "$ckpt/config.json" ]]; then
-        { time .gpu/bin/limelight checkpoint synth --preset full --out "$ckpt"; } 2>"$report_dir/synth-time.txt"
-    fi
+    ckpt=$(tools/gpu/full-ckpt.sh "$report_dir")
     .gpu/bin/limelight bench backbone --model "$ckpt" --prompt-rows 200 --decode-rows 100 \
         --json "$report_dir/bench-backbone.json" | tee "$report_dir/bench-backbone.txt" || status=$?
     .gpu/bin/limelight bench engine --model "$ckpt" --frames 256 \
