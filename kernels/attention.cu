@@ -70,16 +70,20 @@ __device__ __forceinline__ void load_kv_tile(const bf16* __restrict__ kc, const 
 // plus *dev_start when a captured step reads its position from device memory).
 // RoPE matches the CPU oracle: the angle is the f32 product pos · inv_freq[i] (inv_freq computed on
 // the host exactly as the oracle does), its sin/cos and the rotation in f64.
+// The decode batch (`seq` given, see DecodeRows in common.cuh): row t is its own sequence, whose
+// cache is seq.keys[t] / seq.values[t] and whose position is seq.pos[t].
 extern "C" __global__ void attn_prep(const bf16* __restrict__ qg, const bf16* __restrict__ kp,
                                      const bf16* __restrict__ vp, const float* __restrict__ q_norm,
                                      const float* __restrict__ k_norm, const float* __restrict__ inv_freq,
-                                     float* __restrict__ q, bf16* __restrict__ kc, bf16* __restrict__ vc, int heads,
+                                     float* __restrict__ q, bf16* kc, bf16* vc, int heads,
                                      int kv_heads, int rotary_dim, int start, const int* __restrict__ dev_start,
-                                     float eps, float q_scale) {
+                                     float eps, float q_scale, DECODE_ROWS_PARAMS) {
+    const DecodeRows seq = DECODE_ROWS;
     __shared__ float scratch[32];
     __shared__ float ys[1024];
     const int hd = blockDim.x, d = threadIdx.x, slot = blockIdx.x, t = blockIdx.y;
-    const int pos = first_position(start, dev_start) + t;
+    const int pos = seq.row_position(t, first_position(start, dev_start) + t);
+    seq.row_cache(t, kc, vc);
     const bool is_q = slot < heads;
     const int kvh = slot - heads;
     const float x = is_q ? to_f32(qg[(size_t)t * 2 * heads * hd + (size_t)slot * 2 * hd + d])
@@ -267,11 +271,13 @@ __device__ __forceinline__ void attn_prefill(const float* __restrict__ q, const 
 // Output element e = tid + 256j (j < MAXG·HD/256) is (head e / HD, dim e % HD).
 // `start` is the cache length before this call (plus *dev_start when a captured step reads its
 // position from device memory; the grid is independent of it).
+// The decode batch (`seq` given): row t is its own sequence (cache seq.keys[t] / seq.values[t],
+// seq.pos[t] keys before this row).
 template <int HD>
-__device__ __forceinline__ void attn_decode(const float* __restrict__ q, const bf16* __restrict__ kc,
-                                            const bf16* __restrict__ vc, float* __restrict__ part_o,
-                                            float* __restrict__ part_ml, int heads, int kv_heads, int start,
-                                            const int* __restrict__ dev_start, int splits) {
+__device__ __forceinline__ void attn_decode(const float* __restrict__ q, const bf16* kc, const bf16* vc,
+                                            float* __restrict__ part_o, float* __restrict__ part_ml, int heads,
+                                            int kv_heads, int start, const int* __restrict__ dev_start, int splits,
+                                            DecodeRows seq) {
     static_assert(HD % 32 == 0 && (MAXG * HD) % NT == 0, "head_dim must be a multiple of 32");
     constexpr int QS = HD + 4;
     constexpr int MAXO = MAXG * HD / NT;
@@ -286,7 +292,8 @@ __device__ __forceinline__ void attn_decode(const float* __restrict__ q, const b
 
     const int group = heads / kv_heads, s = blockIdx.x, kvh = blockIdx.y, t = blockIdx.z, tid = threadIdx.x;
     const int warp = tid / 32, lane = tid % 32, nout = group * HD;
-    const int visible = first_position(start, dev_start) + t + 1;
+    const int visible = seq.row_position(t, first_position(start, dev_start) + t) + 1;
+    seq.row_cache(t, kc, vc);
     const int chunk = ((visible + splits - 1) / splits + BK - 1) / BK * BK;
     const int kbeg = s * chunk, kend = min(visible, kbeg + chunk);
     // Partial of (head kvh·G + g, split s) of row t.
@@ -374,10 +381,10 @@ __device__ __forceinline__ void attn_decode(const float* __restrict__ q, const b
         attn_prefill<HD>(q, qg, kc, vc, out, rows, heads, kv_heads, start);                                            \
     }                                                                                                                  \
     extern "C" __global__ void __launch_bounds__(NT, 1) attn_decode_hd##HD(                                            \
-        const float* __restrict__ q, const bf16* __restrict__ kc, const bf16* __restrict__ vc,                         \
-        float* __restrict__ part_o, float* __restrict__ part_ml, int heads, int kv_heads, int start,                   \
-        const int* __restrict__ dev_start, int splits) {                                                               \
-        attn_decode<HD>(q, kc, vc, part_o, part_ml, heads, kv_heads, start, dev_start, splits);                        \
+        const float* __restrict__ q, const bf16* kc, const bf16* vc, float* __restrict__ part_o,                       \
+        float* __restrict__ part_ml, int heads, int kv_heads, int start, const int* __restrict__ dev_start,            \
+        int splits, DECODE_ROWS_PARAMS) {                                                                              \
+        attn_decode<HD>(q, kc, vc, part_o, part_ml, heads, kv_heads, start, dev_start, splits, DECODE_ROWS);           \
     }
 
 ATTN_VARIANTS(32)

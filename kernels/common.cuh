@@ -53,3 +53,28 @@ __device__ __forceinline__ float siluf_(float x) { return x / (1.f + expf(-x)); 
 __device__ __forceinline__ int first_position(int start, const int* dev_start) {
     return dev_start ? start + *dev_start : start;
 }
+
+// The decode batch's rows (`BackboneOps::*_rows`): row t of a call is its own sequence, with its
+// own KV cache (keys[t], values[t]: device addresses) and position pos[t] (the cache length before
+// the row). All three null: the call is one sequence, with the caches and positions it is given.
+// A row computes exactly what it computes alone: only where it reads and writes changes.
+struct DecodeRows {
+    const unsigned long long* keys;
+    const unsigned long long* values;
+    const int* pos;
+
+    __device__ __forceinline__ int row_position(int t, int own) const { return pos ? pos[t] : own; }
+
+    template <class T>
+    __device__ __forceinline__ void row_cache(int t, T*& k, T*& v) const {
+        if (keys) {
+            k = reinterpret_cast<T*>(keys[t]);
+            v = reinterpret_cast<T*>(values[t]);
+        }
+    }
+};
+
+// Kernel parameters of a DecodeRows (passed as three pointers: the launcher passes scalars).
+#define DECODE_ROWS_PARAMS                                                                         \
+    const unsigned long long *seq_keys, const unsigned long long *seq_values, const int *seq_pos
+#define DECODE_ROWS (DecodeRows{seq_keys, seq_values, seq_pos})

@@ -44,21 +44,27 @@ extern "C" __global__ void gdn_zero_f32(float* __restrict__ p, int n) {
 // the current row; b, a: [rows, Hv] bf16; a_log, dt_bias: [Hv] f32.
 // `prep` is written, then re-read by other threads of the block after the barrier (hence no
 // __restrict__: its loads must see this block's stores).
-extern "C" __global__ void gdn_conv_prepare(const bf16* __restrict__ qkv, const float* __restrict__ conv_state,
+// The decode batch (`states` given: one conv state per row): row t is its own sequence of one row,
+// its history from states[t].
+extern "C" __global__ void gdn_conv_prepare(const bf16* __restrict__ qkv, const float* conv_state,
                                             const bf16* __restrict__ conv_w, const bf16* __restrict__ b,
                                             const bf16* __restrict__ a, const float* __restrict__ a_log,
                                             const float* __restrict__ dt_bias, float* prep, float* __restrict__ gates,
                                             int rows, int channels, int kernel, int key_heads, int key_dim,
-                                            int value_heads, float q_scale) {
+                                            int value_heads, float q_scale, const unsigned long long* states) {
     const int t = blockIdx.x;
     const int history = kernel - 1;
     float* out = prep + (size_t)t * channels;
+    // In the batch, row t is row 0 of its own sequence (its inputs start at row t of qkv).
+    const int own = states ? 0 : t;
+    const bf16* seq_qkv = states ? qkv + (size_t)t * channels : qkv;
+    if (states) conv_state = reinterpret_cast<const float*>(states[t]);
     for (int c = threadIdx.x; c < channels; c += blockDim.x) {
         float acc = 0.f;
         for (int i = 0; i < kernel; ++i) {
             // Input row t − (K−1) + i; rows before this call come from the carried state.
-            const int r = t - history + i;
-            const float x = r >= 0 ? to_f32(qkv[(size_t)r * channels + c])
+            const int r = own - history + i;
+            const float x = r >= 0 ? to_f32(seq_qkv[(size_t)r * channels + c])
                                    : conv_state[(size_t)(history + r) * channels + c];
             acc = fmaf(to_f32(conv_w[(size_t)c * kernel + i]), x, acc);
         }
@@ -89,10 +95,16 @@ extern "C" __global__ void gdn_conv_prepare(const bf16* __restrict__ qkv, const 
 // Conv state ← the last K−1 rows of [state; qkv] (run after gdn_conv_prepare). One thread per
 // channel; row i of the new state is row rows + i of that window, which lies ahead of i, so the
 // in-place shift reads each old row before overwriting it.
-extern "C" __global__ void gdn_conv_state_update(float* __restrict__ state, const bf16* __restrict__ qkv, int rows,
-                                                 int channels, int history) {
+// The decode batch (`states` given): grid.y = sequences of one row each, sequence y's state at
+// states[y], its row at row y of qkv (`rows` is then 1).
+extern "C" __global__ void gdn_conv_state_update(float* state, const bf16* qkv, int rows, int channels, int history,
+                                                 const unsigned long long* states) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= channels) return;
+    if (states) {
+        state = reinterpret_cast<float*>(states[blockIdx.y]);
+        qkv += (size_t)blockIdx.y * channels;
+    }
     for (int i = 0; i < history; ++i) {
         const int src = rows + i;
         state[(size_t)i * channels + c] = src < history ? state[(size_t)src * channels + c]
@@ -318,9 +330,12 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS)
 // Grid (Hv, ceil(Dv/32)), 256 threads; the state tile [Dk][32] lives in registers: warp w holds
 // rows d = w, w+8, … (at most 16), lane its value column. The Dk-sums are per-warp partials
 // combined through shared memory. Requires Dk ≤ 128 and Hv % Hk == 0.
+// The decode batch (`states` given): grid.z = sequences of one row each; sequence z runs row z
+// (of `rows` = the batch) over its own state states[z].
 extern "C" __global__ void __launch_bounds__(GDN_THREADS)
-    gdn_recurrent_core(const float* __restrict__ prep, const float* __restrict__ gates, float* __restrict__ state,
-                       float* __restrict__ out, int rows, int key_heads, int value_heads, int key_dim, int value_dim) {
+    gdn_recurrent_core(const float* __restrict__ prep, const float* __restrict__ gates, float* state,
+                       float* __restrict__ out, int rows, int key_heads, int value_heads, int key_dim, int value_dim,
+                       const unsigned long long* states) {
     __shared__ float kq[2][GDN_MAX_DK];
     __shared__ float part[2][GDN_WARPS][32];
     const int dk = key_dim, dv = value_dim;
@@ -330,6 +345,8 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS)
     const bool v_ok = v < dv;
     const int channels = 2 * key_heads * dk + value_heads * dv;
 
+    if (states) state = reinterpret_cast<float*>(states[blockIdx.z]);
+    const int t_begin = states ? blockIdx.z : 0, t_end = states ? blockIdx.z + 1 : rows;
     float* s_global = state + (size_t)j * dk * dv;
     float s[GDN_ROWS_PER_WARP];
 #pragma unroll
@@ -338,7 +355,7 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS)
         s[r] = d < dk && v_ok ? s_global[(size_t)d * dv + v] : 0.f;
     }
 
-    for (int t = 0; t < rows; ++t) {
+    for (int t = t_begin; t < t_end; ++t) {
         const float* row = prep + (size_t)t * channels;
         for (int d = threadIdx.x; d < dk; d += blockDim.x) {
             kq[0][d] = row[(size_t)(key_heads + kh) * dk + d];

@@ -76,15 +76,19 @@ extern "C" __global__ void tower_mix(const bf16* __restrict__ hidden, const bf16
 // Interleaved RoPE on the first rotary_dim dims: pair (2i, 2i+1) turns by the f32 angle
 // pos · inv_freq[i] (the host computes inv_freq as the CPU oracle does); cos/sin in f64, rounded to
 // f32, and the rotation in f32 without contraction, as the oracle computes it.
+// The decode batch (`seq_*` given, see DecodeRows): row t is its own sequence, with its own cache
+// and position.
 extern "C" __global__ void tower_prep(const bf16* __restrict__ qkv, const float* __restrict__ q_norm,
                                       const float* __restrict__ k_norm, const float* __restrict__ inv_freq,
-                                      float* __restrict__ q, bf16* __restrict__ qg, bf16* __restrict__ kc,
-                                      bf16* __restrict__ vc, int heads, int kv_heads, int rotary_dim, int start,
-                                      const int* __restrict__ dev_start, float eps, float q_scale) {
+                                      float* __restrict__ q, bf16* __restrict__ qg, bf16* kc, bf16* vc, int heads,
+                                      int kv_heads, int rotary_dim, int start, const int* __restrict__ dev_start,
+                                      float eps, float q_scale, DECODE_ROWS_PARAMS) {
+    const DecodeRows seq = DECODE_ROWS;
     __shared__ float scratch[32];
     __shared__ float ys[1024];
     const int hd = blockDim.x, d = threadIdx.x, slot = blockIdx.x, t = blockIdx.y;
-    const int pos = first_position(start, dev_start) + t;
+    const int pos = seq.row_position(t, first_position(start, dev_start) + t);
+    seq.row_cache(t, kc, vc);
     const size_t row = (size_t)t * (2 * heads + 2 * kv_heads) * hd;
     const bool is_q = slot < heads;
     const int kvh = slot - heads;

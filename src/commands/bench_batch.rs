@@ -35,6 +35,11 @@ pub struct BatchRow {
     pub step_ms: f64,
     /// Frames per second of the whole step (B frames per step).
     pub frames_per_s: f64,
+    /// The frame step's phases, each synced (`StepPhase`): restricted logits and main draws,
+    /// the tower with its head draws, the backbone decode.
+    pub main_draws_ms: f64,
+    pub tower_ms: f64,
+    pub backbone_ms: f64,
     /// Bytes the frame step must read at least.
     pub floor_bytes: u64,
     pub floor_ms: f64,
@@ -85,13 +90,25 @@ pub fn bench_batch(args: &BenchBatchArgs) -> anyhow::Result<BatchBench> {
             check(engine.next_frames(&mut refs))?;
         }
         cuda.synchronize();
-        let before = cuda.pool().stats().driver_allocations;
+        let mut allocations = cuda.pool().stats().driver_allocations;
         let t = Instant::now();
         for _ in 0..args.frames {
             check(engine.next_frames(&mut refs))?;
         }
         cuda.synchronize();
         let frame_step_ms = t.elapsed().as_secs_f64() * 1e3 / args.frames as f64;
+        allocations = cuda.pool().stats().driver_allocations - allocations;
+        // The same step once more per frame with a sync after each phase: where the time goes.
+        let mut phase_ms = [0.0f64; 3];
+        for _ in 0..args.frames.min(8) {
+            let mut t = Instant::now();
+            check(engine.next_frames_observed(&mut refs, &mut |phase| {
+                cuda.synchronize();
+                phase_ms[phase as usize] += t.elapsed().as_secs_f64() * 1e3;
+                t = Instant::now();
+            }))?;
+        }
+        let phase_ms = phase_ms.map(|ms| ms / args.frames.min(8) as f64);
         drop(refs);
         drop(streams);
         // The whole step, codec included, over generations.
@@ -105,13 +122,14 @@ pub fn bench_batch(args: &BenchBatchArgs) -> anyhow::Result<BatchBench> {
             check(engine.step(&mut refs))?;
         }
         cuda.synchronize();
+        let before = cuda.pool().stats().driver_allocations;
         let t = Instant::now();
         for _ in 0..args.frames {
             check(engine.step(&mut refs))?;
         }
         cuda.synchronize();
         let step_ms = t.elapsed().as_secs_f64() * 1e3 / args.frames as f64;
-        let allocations = cuda.pool().stats().driver_allocations - before;
+        allocations += cuda.pool().stats().driver_allocations - before;
         let floor_bytes = batch_step_bytes(&ckpt.dims, &ckpt.config, batch, position);
         let floor_ms = floor_bytes as f64 / (copy_bandwidth_gb_per_s * 1e9) * 1e3;
         rows.push(BatchRow {
@@ -119,6 +137,9 @@ pub fn bench_batch(args: &BenchBatchArgs) -> anyhow::Result<BatchBench> {
             frame_step_ms,
             step_ms,
             frames_per_s: batch as f64 * 1e3 / step_ms,
+            main_draws_ms: phase_ms[0],
+            tower_ms: phase_ms[1],
+            backbone_ms: phase_ms[2],
             floor_bytes,
             floor_ms,
             frame_step_ratio_to_floor: frame_step_ms / floor_ms,
@@ -172,11 +193,15 @@ pub fn batch_step_bytes(d: &Dims, c: &ModelConfig, batch: usize, position: usize
 impl BatchRow {
     fn line(&self) -> String {
         format!(
-            "B = {:>3}: frame step {:.2} ms (floor {:.2} ms, {:.1}×), with the codec {:.2} ms = {:.0} frames/s",
+            "B = {:>3}: frame step {:.2} ms (floor {:.2} ms, {:.1}×; main draws {:.2}, tower {:.2}, backbone {:.2} \
+             when synced), with the codec {:.2} ms = {:.0} frames/s",
             self.batch,
             self.frame_step_ms,
             self.floor_ms,
             self.frame_step_ratio_to_floor,
+            self.main_draws_ms,
+            self.tower_ms,
+            self.backbone_ms,
             self.step_ms,
             self.frames_per_s
         )

@@ -20,7 +20,9 @@
 //! state does too.
 
 use super::generate::{Engine, GenerateError, GenerateOptions};
-use super::sampling::{RasWindow, SamplingError, sample_head, sample_main};
+use rayon::prelude::*;
+
+use super::sampling::{MainPick, RasWindow, SamplingError, sample_head, sample_main};
 use crate::backend::Backend;
 use crate::model::backbone::BackboneState;
 use crate::model::frame::Rows;
@@ -119,20 +121,37 @@ impl<'w, B: Backend> Engine<'w, B> {
     /// # Panics
     /// If a stream's prompt is not done or the stream has ended.
     pub fn next_frames(&self, streams: &mut [&mut Stream<B>]) -> Vec<Result<Vec<u32>, GenerateError>> {
+        self.next_frames_observed(streams, &mut |_| {})
+    }
+
+    /// [`Engine::next_frames`], calling `mark` as each [`StepPhase`] ends (a bench times them).
+    pub fn next_frames_observed(
+        &self,
+        streams: &mut [&mut Stream<B>],
+        mark: &mut dyn FnMut(StepPhase),
+    ) -> Vec<Result<Vec<u32>, GenerateError>> {
         for s in streams.iter() {
             assert!(s.ready() && !s.ended, "next_frames on a stream that is not ready or has ended");
         }
         let mut results: Vec<Option<Result<Vec<u32>, GenerateError>>> = (0..streams.len()).map(|_| None).collect();
         let hidden: Vec<B::Act> = streams.iter().map(|s| s.hidden.clone().expect("checked ready")).collect();
         let hidden = self.backend.stack_rows(&hidden);
-        // The main draw, row by row; a fault leaves that stream out of the rest of the step.
+        // The main draw of every row (rows in parallel: each draw is its own row's); a fault leaves
+        // that stream out of the rest of the step.
         let heads = self.backbone.restricted_logits_rows(&hidden);
+        let draws: Vec<(RasWindow, GenerateOptions, u64)> =
+            streams.iter().map(|s| (s.window.clone(), s.opts.clone(), s.frame as u64)).collect();
+        let (index, candidates) = (&self.logit_index, &self.candidates);
+        let picks: Vec<Result<MainPick, SamplingError>> = (heads.into_par_iter().zip(draws.par_iter()))
+            .map(|(head, (window, o, frame))| {
+                let logits: Vec<f32> = index.iter().map(|&j| head[j]).collect();
+                sample_main(&logits, candidates, window, &o.params, o.seed, *frame)
+            })
+            .collect();
         let mut mains = Vec::with_capacity(streams.len());
         let mut live: Vec<usize> = Vec::with_capacity(streams.len());
-        for (i, (s, head)) in streams.iter_mut().zip(heads).enumerate() {
-            let logits: Vec<f32> = self.logit_index.iter().map(|&j| head[j]).collect();
-            let (params, seed, frame) = (&s.opts.params, s.opts.seed, s.frame as u64);
-            match sample_main(&logits, &self.candidates, &s.window, params, seed, frame) {
+        for (i, (s, pick)) in streams.iter_mut().zip(picks).enumerate() {
+            match pick {
                 Ok(pick) => {
                     s.window.push(pick.token);
                     mains.push(pick.token);
@@ -141,13 +160,14 @@ impl<'w, B: Backend> Engine<'w, B> {
                 Err(e) => results[i] = Some(Err(e.into())),
             }
         }
+        mark(StepPhase::MainDraws);
         let hidden = if live.len() == streams.len() {
             hidden
         } else {
             let rows: Vec<B::Act> = live.iter().map(|&i| self.backend.act_rows(&hidden, i, 1)).collect();
             self.backend.stack_rows(&rows)
         };
-        if let Err(e) = self.tower_and_backbone(streams, &live, &mains, &hidden, &mut results) {
+        if let Err(e) = self.tower_and_backbone(streams, &live, &mains, &hidden, &mut results, mark) {
             let message = e.to_string();
             for &i in &live {
                 results[i] = Some(Err(GenerateError::Batch(message.clone())));
@@ -166,6 +186,7 @@ impl<'w, B: Backend> Engine<'w, B> {
         mains: &[u32],
         hidden: &B::Act,
         results: &mut [Option<Result<Vec<u32>, GenerateError>>],
+        mark: &mut dyn FnMut(StepPhase),
     ) -> Result<(), GenerateError> {
         if live.is_empty() {
             return Ok(());
@@ -178,14 +199,22 @@ impl<'w, B: Backend> Engine<'w, B> {
                 live.iter().map(|&i| (streams[i].opts.clone(), streams[i].frame as u64)).collect();
             let mut states = pick_mut(streams, live);
             let mut towers: Vec<&mut TowerState<B>> = states.iter_mut().map(|s| &mut s.tower).collect();
-            self.tower.frame_rows(&mut towers, hidden, &inputs, mains, &mut |j, r, logits| {
-                let (o, frame) = &opts[j];
-                sample_head(logits, r, &o.params, o.seed, *frame).unwrap_or_else(|e| {
-                    head_errors[j].get_or_insert(e);
-                    0
-                })
+            self.tower.frame_rows(&mut towers, hidden, &inputs, mains, &mut |r, logits| {
+                let vocab = logits.len() / opts.len();
+                let drawn: Vec<Result<u32, SamplingError>> = (logits.par_chunks(vocab).zip(opts.par_iter()))
+                    .map(|(row, (o, frame))| sample_head(row, r, &o.params, o.seed, *frame))
+                    .collect();
+                (drawn.into_iter().zip(head_errors.iter_mut()))
+                    .map(|(code, error)| {
+                        code.unwrap_or_else(|e| {
+                            error.get_or_insert(e);
+                            0
+                        })
+                    })
+                    .collect()
             })?
         };
+        mark(StepPhase::Tower);
         // Rows that go on into the backbone: not EOS, not the last frame, no fault.
         let mut decode: Vec<usize> = Vec::with_capacity(live.len());
         let mut rows: Vec<Vec<u32>> = Vec::with_capacity(live.len());
@@ -218,8 +247,20 @@ impl<'w, B: Backend> Engine<'w, B> {
             s.hidden = Some(self.backend.act_rows(&out, j, 1));
             s.input_row.clone_from(&rows[j]);
         }
+        mark(StepPhase::Backbone);
         Ok(())
     }
+}
+
+/// The parts of one decode step, in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StepPhase {
+    /// Every row's restricted logits and main draw.
+    MainDraws,
+    /// The tower's layers over the batch, with the head draws.
+    Tower,
+    /// The backbone's decode of the rows that go on.
+    Backbone,
 }
 
 /// Mutable references to `streams[i]` for each index of `picked` (ascending, distinct).

@@ -140,7 +140,8 @@ pub fn kept_candidates(logits: &[f32], filter: &Filter) -> Result<Vec<(usize, f6
     }
     let mut order: Vec<usize> = (0..scores.len()).collect();
     // No NaN is left, so partial_cmp is total here; -0.0 and 0.0 compare equal, as in S1's keys.
-    order.sort_by(|&a, &b| scores[b].partial_cmp(&scores[a]).expect("no NaN").then(a.cmp(&b)));
+    // Ties break by index, so the order is unique and an unstable sort gives the stable one's.
+    order.sort_unstable_by(|&a, &b| scores[b].partial_cmp(&scores[a]).expect("no NaN").then(a.cmp(&b)));
     let best = match order.first() {
         Some(&i) if scores[i] > f32::NEG_INFINITY => f64::from(scores[i]),
         _ => return Err(SamplingError::NoCandidates),

@@ -257,16 +257,17 @@ impl<'w, B: TowerOps> Tower<'w, B> {
 
     /// One generated frame for each of several requests at once (the decode batch; [`Tower::frame`]
     /// is the same for one). `h` row `i` is request `i`'s backbone final-norm row for
-    /// `input_rows[i]`, `mains[i]` its sampled main token, and `sample_head(i, r, logits)` picks
-    /// its c_{r+1}. Every operation runs under the decode batch's contract (`tower_layer_rows`),
-    /// so each request's codes are what they would be beside any others. Returns each `[c0..c9]`.
+    /// `input_rows[i]`, `mains[i]` its sampled main token. Every operation runs under the decode batch's contract (`tower_layer_rows`),
+    /// so each request's codes are what they would be beside any others. `sample_head(r, logits)`
+    /// picks c_{r+1} of every row from head r's logits `[n, V]` (row-major). Returns each
+    /// `[c0..c9]`.
     pub fn frame_rows(
         &self,
         states: &mut [&mut TowerState<B>],
         h: &B::Act,
         input_rows: &[&[u32]],
         mains: &[u32],
-        sample_head: &mut dyn FnMut(usize, usize, &[f32]) -> u32,
+        sample_head: &mut dyn FnMut(usize, &[f32]) -> Vec<u32>,
     ) -> Result<Vec<Vec<u32>>, TowerError> {
         let n = states.len();
         let check =
@@ -311,8 +312,9 @@ impl<'w, B: TowerOps> Tower<'w, B> {
             if let Some(r) = r {
                 // Head r reads residual layer r's output and picks c_{r+1} of every row.
                 let logits = self.backend.tower_act_host(&self.backend.tower_head_rows(&self.weights.heads[r], &out));
-                for (i, row_codes) in codes.iter_mut().enumerate() {
-                    let code = sample_head(i, r, &logits[i * vocab..(i + 1) * vocab]);
+                let picked = sample_head(r, &logits);
+                check("head draws", picked.len())?;
+                for (row_codes, code) in codes.iter_mut().zip(picked) {
                     if code as usize >= vocab {
                         return Err(TowerError::CodeOutOfRange { head: r, code, vocab });
                     }

@@ -23,7 +23,7 @@ ckpt=$(tools/gpu/full-ckpt.sh "$report_dir")
 echo "build: $(cat .gpu/bin/BUILD)"
 
 .gpu/bin/limelight bench batch --model "$ckpt" --batch "${BATCH_SIZES:-1,8,32,64,128}" --frames 24 \
-    --json "$report_dir/bench-batch.json" 2>&1 | tee "$report_dir/bench-batch.txt"
+    --json "$report_dir/bench-batch.json" 2>&1 | tee "$report_dir/bench-batch.txt" || echo "bench batch failed: $?"
 
 port=${LIMELIGHT_PORT:-18080}
 .gpu/bin/limelight serve --model "$ckpt" --device cuda --port "$port" --log-format json \

@@ -15,7 +15,7 @@ use cudarc::driver::CudaContext;
 use half::bf16;
 
 use super::Cuda;
-use super::launch::{Dims, Kernel, KernelError, Module, embedded};
+use super::launch::{Arg, Dims, Kernel, KernelError, Module, embedded};
 use super::linear::{linear, linear_rows};
 use super::memory::PoolBuf;
 use super::tensor::{DType, GpuMatrix, GpuWeight};
@@ -268,25 +268,11 @@ fn project_and_append(
 
 /// Device addresses of `rows` consecutive projected rows: q|gate `[rows, 2·H·HD]`, k and v
 /// `[rows, Hkv·HD]` (bf16).
-#[derive(Clone, Copy)]
 struct Projected {
     qg: u64,
     k: u64,
     v: u64,
     rows: usize,
-}
-
-impl Projected {
-    /// Row `r` of each (one row of a decode batch).
-    fn row(self, s: &AttentionShape, r: usize) -> Projected {
-        let (q_width, kv_width) = (2 * s.heads * s.head_dim, s.kv_heads * s.head_dim);
-        Projected {
-            qg: self.qg + (r * q_width * 2) as u64,
-            k: self.k + (r * kv_width * 2) as u64,
-            v: self.v + (r * kv_width * 2) as u64,
-            rows: 1,
-        }
-    }
 }
 
 /// The prep kernel over projected rows at `cache.len ..`: q (normed, rotated, scaled by
@@ -330,12 +316,47 @@ fn prep(
         counter.into(),
         (s.norm_eps as f32).into(),
         q_scale.into(),
+        0u64.into(),
+        0u64.into(),
+        0u64.into(),
     ];
     let dims = Dims::grid(((h + hkv) as u32, p.rows as u32, 1), hd as u32);
     cuda.kernels.attention.prep.launch(cuda.stream(), dims, &args);
     cache.len += p.rows;
     q
 }
+
+/// The decode batch's rows on the device (the kernels' `DecodeRows`): for row r, the addresses of
+/// its own cache's keys and values and its position, staged for one call.
+pub(super) struct RowCaches {
+    buf: PoolBuf,
+    rows: usize,
+}
+
+impl RowCaches {
+    /// Row r's cache is `caches[r]`, its position `positions[r]`. Stages without waiting.
+    pub(super) fn stage(cuda: &Cuda, caches: &[&mut GpuKvCache], positions: &[usize]) -> RowCaches {
+        let rows = caches.len();
+        assert_eq!(positions.len(), rows, "one position per row");
+        let mut words: Vec<u64> = Vec::with_capacity(2 * rows + rows.div_ceil(2));
+        words.extend(caches.iter().map(|c| c.keys.ptr()));
+        words.extend(caches.iter().map(|c| c.values.ptr()));
+        let pos: Vec<i32> = positions.iter().map(|&p| i32::try_from(p).expect("positions fit i32")).collect();
+        words.extend(pos.chunks(2).map(|c| u64::from(c[0] as u32) | (u64::from(*c.get(1).unwrap_or(&0) as u32) << 32)));
+        let buf = cuda.scratch(words.len() * 8);
+        cuda.stage_to_device(buf.ptr(), &words);
+        RowCaches { buf, rows }
+    }
+
+    /// The kernels' three `DecodeRows` parameters.
+    pub(super) fn args(&self) -> [Arg; 3] {
+        let base = self.buf.ptr();
+        [base.into(), (base + 8 * self.rows as u64).into(), (base + 16 * self.rows as u64).into()]
+    }
+}
+
+/// `DecodeRows` of a call that is one sequence.
+pub(super) const ONE_SEQUENCE: [Arg; 3] = [Arg::Ptr(0), Arg::Ptr(0), Arg::Ptr(0)];
 
 /// Gated attention over `x`'s rows at positions `cache.len ..` (causal within the call and over
 /// the cache), appending their keys and values. Returns the `o_proj` output.
@@ -421,17 +442,52 @@ pub fn decode_rows(
 ) -> GpuMatrix {
     check_shape(s);
     check_weights(s, w, x.cols);
-    assert_eq!(x.rows, caches.len(), "attention decode rows: one cache per row");
+    let rows = caches.len();
+    assert_eq!(x.rows, rows, "attention decode rows: one cache per row");
+    assert!(rows > 0, "attention decode of no rows");
+    for cache in caches.iter() {
+        assert_eq!(cache.shape, *s, "attention decode rows: a KV cache made for another attention shape");
+        assert!(cache.device_position.is_none(), "the decode batch reads host positions");
+        assert!(cache.len < cache.capacity, "attention decode rows: a KV cache is full ({} positions)", cache.len);
+        assert_eq!(cache.splits, caches[0].splits, "attention decode rows: caches of different capacities");
+    }
+    let (h, hkv, hd) = (s.heads, s.kv_heads, s.head_dim);
     let qg = linear_rows(cuda, x, &w.q_proj);
     let k = linear_rows(cuda, x, &w.k_proj);
     let v = linear_rows(cuda, x, &w.v_proj);
-    let projected = Projected { qg: qg.ptr(), k: k.ptr(), v: v.ptr(), rows: x.rows };
-    let gated = cuda.matrix(x.rows, s.heads * s.head_dim);
-    for (r, cache) in caches.iter_mut().enumerate() {
-        let start = cache.len;
-        let row = projected.row(s, r);
-        let q = prep(cuda, s, w, row, cache, "attention decode");
-        attend_decode_into(cuda, s, &q, row.qg, cache, 1, start, gated.row_ptr(r));
+    let positions: Vec<usize> = caches.iter().map(|c| c.len).collect();
+    let seq = RowCaches::stage(cuda, caches, &positions);
+    let q = cuda.scratch(rows * h * hd * 4);
+    let q_scale = (std::f64::consts::LOG2_E / (hd as f64).sqrt()) as f32;
+    let first = &caches[0];
+    let [sk, sv, sp] = seq.args();
+    let args = [
+        qg.ptr().into(),
+        k.ptr().into(),
+        v.ptr().into(),
+        w.q_norm.ptr.into(),
+        w.k_norm.ptr.into(),
+        first.inv_freq.ptr().into(),
+        q.ptr().into(),
+        first.keys.ptr().into(),
+        first.values.ptr().into(),
+        h.into(),
+        hkv.into(),
+        s.rotary_dim.into(),
+        0usize.into(),
+        0u64.into(),
+        (s.norm_eps as f32).into(),
+        q_scale.into(),
+        sk,
+        sv,
+        sp,
+    ];
+    let dims = Dims::grid(((h + hkv) as u32, rows as u32, 1), hd as u32);
+    cuda.kernels.attention.prep.launch(cuda.stream(), dims, &args);
+    let gated = cuda.matrix(rows, h * hd);
+    attend_decode_seq(cuda, s, &q, qg.ptr(), first, rows, 0, gated.ptr(), seq.args());
+    for cache in caches.iter_mut() {
+        cache.len += 1;
     }
     linear_rows(cuda, &gated, &w.o_proj)
 }
@@ -464,11 +520,30 @@ pub(super) fn attend_decode_into(
     start: usize,
     out: u64,
 ) {
+    attend_decode_seq(cuda, shape, q, qg, cache, rows, start, out, ONE_SEQUENCE);
+}
+
+/// The split decode kernel and the combine over `rows` rows: of one sequence (`seq` =
+/// [`ONE_SEQUENCE`], its cache `cache` at `start`), or the decode batch's (`seq` from
+/// [`RowCaches`], each row its own cache; `cache` then only gives the split count).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn attend_decode_seq(
+    cuda: &Cuda,
+    shape: &AttentionShape,
+    q: &PoolBuf,
+    qg: u64,
+    cache: &GpuKvCache,
+    rows: usize,
+    start: usize,
+    out: u64,
+    seq: [Arg; 3],
+) {
     let (h, hkv, hd, t, splits) = (shape.heads, shape.kv_heads, shape.head_dim, rows, cache.splits);
     let part_o = cuda.scratch(t * h * splits * hd * 4);
     let part_ml = cuda.scratch(t * h * splits * 2 * 4);
     let dims = Dims::grid((splits as u32, hkv as u32, t as u32), THREADS).with_shared(decode_smem_bytes(hd) as u32);
     let (counter, start) = cache.position_args(start);
+    let [sk, sv, sp] = seq;
     let args = [
         q.ptr().into(),
         cache.keys.ptr().into(),
@@ -480,6 +555,9 @@ pub(super) fn attend_decode_into(
         start.into(),
         counter.into(),
         splits.into(),
+        sk,
+        sv,
+        sp,
     ];
     cuda.kernels.attention.variant(hd).decode.launch(cuda.stream(), dims, &args);
     let args = [part_o.ptr().into(), part_ml.ptr().into(), qg.into(), out.into(), h.into(), hd.into(), splits.into()];

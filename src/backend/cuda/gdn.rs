@@ -164,13 +164,13 @@ fn mixer(
     assert!(x.rows > 0, "GDN mixer over zero rows");
     let p = Projected::new(linear, cuda, w, x);
     let o = cuda.scratch(x.rows * shape.value_heads * shape.value_dim * 4);
-    run_core(cuda, shape, w, &p, 0, x.rows, state, o.ptr(), core);
+    run_core(cuda, shape, w, &p, Sequences::One(state), o.ptr(), core);
     finish(cuda, shape, w, &p, &o, linear)
 }
 
-/// [`decode`] of one row per request (`BackboneOps::gdn_decode_rows`): the projections, the
-/// gated norm and `out_proj` run once over every row (`linear_rows`), the conv and recurrence per
-/// row over its own state, each row exactly as [`decode`] computes it alone.
+/// [`decode`] of one row per request (`BackboneOps::gdn_decode_rows`): one launch of each kernel
+/// over every row, the conv and recurrence of row r over its own state (address tables), each
+/// row exactly as [`decode`] computes it alone.
 pub fn decode_rows(
     cuda: &Cuda,
     shape: &GdnShape,
@@ -181,12 +181,13 @@ pub fn decode_rows(
     check_shape(shape);
     check_weights(shape, w);
     assert_eq!(x.rows, states.len(), "GDN decode rows: one state per row");
+    assert!(!states.is_empty(), "GDN decode of no rows");
+    for state in states.iter() {
+        state.check(shape);
+    }
     let p = Projected::new(linear_rows, cuda, w, x);
     let o = cuda.scratch(x.rows * shape.value_heads * shape.value_dim * 4);
-    for (r, state) in states.iter_mut().enumerate() {
-        state.check(shape);
-        run_core(cuda, shape, w, &p, r, 1, state, o.ptr(), Core::Recurrent);
-    }
+    run_core(cuda, shape, w, &p, Sequences::Rows(states), o.ptr(), Core::Recurrent);
     finish(cuda, shape, w, &p, &o, linear_rows)
 }
 
@@ -214,32 +215,49 @@ impl Projected {
     }
 }
 
-/// Conv (with the carried window), gates, and the chunked or recurrent core for projected rows
-/// `first..first + rows` continuing `state`; the core's f32 output goes to rows `first..` of `o`
-/// (`[.., Hv·Dv]`).
-#[allow(clippy::too_many_arguments)]
+/// Whose state each projected row continues.
+enum Sequences<'a, 's> {
+    /// Every row, in order, continues this one state.
+    One(&'a mut GpuGdnState),
+    /// Row r is one decode row continuing `states[r]` (the decode batch).
+    Rows(&'a mut [&'s mut GpuGdnState]),
+}
+
+/// Conv (with the carried window), gates, and the chunked or recurrent core for every projected
+/// row; the core's f32 output goes to `o` (`[rows, Hv·Dv]`).
 fn run_core(
     cuda: &Cuda,
     shape: &GdnShape,
     w: &GdnWeights<GpuWeight>,
     p: &Projected,
-    first: usize,
-    rows: usize,
-    state: &mut GpuGdnState,
+    sequences: Sequences<'_, '_>,
     o: u64,
     core: Core,
 ) {
-    let (hv, dv) = (shape.value_heads, shape.value_dim);
+    let (hv, dv, rows) = (shape.value_heads, shape.value_dim, p.qkv.rows);
     let channels = shape.qkv_dim();
-    let qkv = p.qkv.row_ptr(first);
+    // One sequence: its own state, its rows in order. The decode batch: each row its own state,
+    // from two staged address tables (conv windows, then recurrent states).
+    let (conv, recurrent, tables, sequences) = match sequences {
+        Sequences::One(state) => (state.conv.ptr(), state.recurrent.ptr(), None, 1),
+        Sequences::Rows(states) => {
+            let mut words: Vec<u64> = states.iter().map(|st| st.conv.ptr()).collect();
+            words.extend(states.iter().map(|st| st.recurrent.ptr()));
+            let table = cuda.scratch(words.len() * 8);
+            cuda.stage_to_device(table.ptr(), &words);
+            (states[0].conv.ptr(), states[0].recurrent.ptr(), Some(table), states.len())
+        }
+    };
+    let conv_table = tables.as_ref().map_or(0, |t| t.ptr());
+    let recurrent_table = tables.as_ref().map_or(0, |t| t.ptr() + 8 * sequences as u64);
     let prep = cuda.scratch(rows * channels * 4);
     let gates = cuda.scratch(2 * rows * hv * 4);
     let args = [
-        qkv.into(),
-        state.conv.ptr().into(),
+        p.qkv.ptr().into(),
+        conv.into(),
         w.conv1d.ptr.into(),
-        p.b.row_ptr(first).into(),
-        p.a.row_ptr(first).into(),
+        p.b.ptr().into(),
+        p.a.ptr().into(),
         w.a_log.ptr.into(),
         w.dt_bias.ptr.into(),
         prep.ptr().into(),
@@ -251,31 +269,44 @@ fn run_core(
         shape.key_dim.into(),
         hv.into(),
         ((1.0 / (shape.key_dim as f64).sqrt()) as f32).into(),
+        conv_table.into(),
     ];
     cuda.kernels.gdn.conv_prepare.launch(cuda.stream(), Dims::linear(rows, THREADS), &args);
-    let args = [state.conv.ptr().into(), qkv.into(), rows.into(), channels.into(), (shape.conv_kernel - 1).into()];
-    let blocks = channels.div_ceil(THREADS as usize);
-    cuda.kernels.gdn.conv_state_update.launch(cuda.stream(), Dims::linear(blocks, THREADS), &args);
-
-    let out = o + (first * hv * dv * 4) as u64;
+    // The window advances by each sequence's rows: all of them for one, one per row in the batch.
+    let seq_rows = if tables.is_some() { 1 } else { rows };
     let args = [
+        conv.into(),
+        p.qkv.ptr().into(),
+        seq_rows.into(),
+        channels.into(),
+        (shape.conv_kernel - 1).into(),
+        conv_table.into(),
+    ];
+    let blocks = channels.div_ceil(THREADS as usize) as u32;
+    cuda.kernels.gdn.conv_state_update.launch(cuda.stream(), Dims::grid((blocks, sequences as u32, 1), THREADS), &args);
+
+    let mut args = vec![
         prep.ptr().into(),
         gates.ptr().into(),
-        state.recurrent.ptr().into(),
-        out.into(),
+        recurrent.into(),
+        o.into(),
         rows.into(),
         shape.key_heads.into(),
         hv.into(),
         shape.key_dim.into(),
         dv.into(),
     ];
-    let grid = (u32::try_from(hv).expect("value heads"), dv.div_ceil(VALUE_TILE) as u32, 1);
+    let grid = (u32::try_from(hv).expect("value heads"), dv.div_ceil(VALUE_TILE) as u32, sequences as u32);
     match core {
         Core::Chunked => {
+            assert!(tables.is_none(), "the chunked core runs one sequence");
             let dims = Dims::grid(grid, THREADS).with_shared(chunk_shared_bytes(shape.key_dim));
             cuda.kernels.gdn.chunk_core.launch(cuda.stream(), dims, &args);
         }
-        Core::Recurrent => cuda.kernels.gdn.recurrent_core.launch(cuda.stream(), Dims::grid(grid, THREADS), &args),
+        Core::Recurrent => {
+            args.push(recurrent_table.into());
+            cuda.kernels.gdn.recurrent_core.launch(cuda.stream(), Dims::grid(grid, THREADS), &args);
+        }
     }
 }
 

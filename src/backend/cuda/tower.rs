@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use cudarc::driver::CudaContext;
 
-use super::attention::{self, GpuKvCache};
-use super::launch::{Dims, Kernel, KernelError, Module, embedded};
+use super::attention::{self, GpuKvCache, RowCaches};
+use super::launch::{Arg, Dims, Kernel, KernelError, Module, embedded};
 use super::linear::{linear, linear_rows};
 use super::memory::PoolBuf;
 use super::tensor::{GpuMatrix, GpuWeight};
@@ -232,14 +232,7 @@ impl Cuda {
         let codes = stage_u32(self, input.codes);
         let mask = stage_u32(self, &flags(input.label_semantic));
         let labels = DeviceLabels { codes: codes.ptr(), mask: mask.ptr() };
-        let (h, hd) = (s.heads, s.head_dim);
-        let mut attend = |qkv: &GpuMatrix| {
-            let gated = self.matrix(n, h * hd);
-            for (r, kv) in kvs.iter_mut().enumerate() {
-                self.attend_row(s, w, qkv.row_ptr(r), &mut kv.cache, input.starts[r], gated.row_ptr(r));
-            }
-            gated
-        };
+        let mut attend = |qkv: &GpuMatrix| self.attend_rows(s, w, qkv, kvs, input.starts);
         Ok(self.layer_with(s, w, input.hidden, labels, input.unseen, linear_rows, &mut attend))
     }
 
@@ -331,18 +324,30 @@ impl Cuda {
         }
     }
 
-    /// [`Cuda::attend`] of one decode row (its wqkv row at `qkv`), the gated row written at `out`.
-    fn attend_row(
+    /// [`Cuda::attend`] of one decode row per request: row r of `qkv` at position `starts[r]` of
+    /// `kvs[r]`'s cache (one prep, one split decode and one combine over all rows).
+    fn attend_rows(
         &self,
         s: &TowerShape,
         w: &TowerLayer<GpuWeight>,
-        qkv: u64,
-        cache: &mut GpuKvCache,
-        start: usize,
-        out: u64,
-    ) {
-        let (q, qg) = self.prep(s, w, qkv, 1, cache, start);
-        attention::attend_decode_into(self, &attention_shape(s), &q, qg.ptr(), cache, 1, start, out);
+        qkv: &GpuMatrix,
+        kvs: &mut [&mut GpuTowerKv],
+        starts: &[usize],
+    ) -> GpuMatrix {
+        let n = kvs.len();
+        let mut caches: Vec<&mut GpuKvCache> = kvs.iter_mut().map(|kv| &mut kv.cache).collect();
+        for cache in &caches {
+            assert_eq!(cache.splits, caches[0].splits, "tower decode rows: caches of different capacities");
+        }
+        let seq = RowCaches::stage(self, &caches, starts);
+        let (q, qg) = self.prep_with(s, w, qkv.ptr(), n, caches[0], 0, seq.args());
+        let gated = self.matrix(n, s.heads * s.head_dim);
+        let shape = attention_shape(s);
+        attention::attend_decode_seq(self, &shape, &q, qg.ptr(), caches[0], n, 0, gated.ptr(), seq.args());
+        for (cache, &start) in caches.iter_mut().zip(starts) {
+            cache.len = start + 1;
+        }
+        gated
     }
 
     /// The q/k norm, interleaved RoPE and cache write of `n` wqkv rows at `qkv` for positions
@@ -355,6 +360,24 @@ impl Cuda {
         n: usize,
         cache: &mut GpuKvCache,
         start: usize,
+    ) -> (PoolBuf, GpuMatrix) {
+        let out = self.prep_with(s, w, qkv, n, cache, start, attention::ONE_SEQUENCE);
+        cache.len = start + n;
+        out
+    }
+
+    /// [`Cuda::prep`]'s kernel, for one sequence or (`seq` from `RowCaches`) one row per request;
+    /// the caller advances the caches' lengths.
+    #[allow(clippy::too_many_arguments)]
+    fn prep_with(
+        &self,
+        s: &TowerShape,
+        w: &TowerLayer<GpuWeight>,
+        qkv: u64,
+        n: usize,
+        cache: &GpuKvCache,
+        start: usize,
+        seq: [Arg; 3],
     ) -> (PoolBuf, GpuMatrix) {
         let (h, hkv, hd) = (s.heads, s.kv_heads, s.head_dim);
         let q = self.scratch(n * h * hd * 4);
@@ -377,9 +400,11 @@ impl Cuda {
             counter.into(),
             (s.norm_eps as f32).into(),
             q_scale.into(),
+            seq[0],
+            seq[1],
+            seq[2],
         ];
         self.kernels.tower.prep.launch(self.stream(), Dims::grid(((h + hkv) as u32, n as u32, 1), hd as u32), &args);
-        cache.len = start + n;
         (q, qg)
     }
 }
