@@ -1,6 +1,6 @@
-//! Runs planned requests through one decode batch the way the worker does (shared by the CPU
-//! batch test and the GPU checks): each joins at its turn, prompts run one chunk per turn (the
-//! oldest first), every ready stream steps together, and a planned cancellation ends its request
+//! Runs planned requests through one decode batch as the worker does (shared by the CPU batch
+//! test and the GPU checks): each joins at its turn, every prompt still running takes one chunk
+//! per turn, every ready stream steps together, and a planned cancellation ends its request
 //! between frames. Also runs a request alone, for the comparison.
 
 #![allow(dead_code)]
@@ -78,7 +78,9 @@ pub fn batched<B: Backend>(engine: &Engine<'_, B>, plan: &[Planned]) -> (Vec<Out
             let generation = engine.start(&r.rows, &r.opts).expect("start");
             live.push(Live { index, generation, pcm: Vec::new() });
         }
-        if let Some(l) = live.iter_mut().find(|l| !l.generation.ready()) {
+        // One prompt chunk of every stream still on its prompt (the worker spends a row budget per
+        // turn instead; either way a long prompt runs over several turns while others step).
+        for l in live.iter_mut().filter(|l| !l.generation.ready()) {
             engine.prefill_generation(&mut l.generation, PREFILL_CHUNK).expect("prefill");
         }
         // The caller cancels between frames.
