@@ -66,8 +66,10 @@ pub fn bench_batch(args: &BenchBatchArgs) -> anyhow::Result<BatchBench> {
         CudaOptions { memory_budget: args.gpu_memory_budget, context: args.context_length, ..CudaOptions::default() };
     let cuda = Cuda::open(&options)?;
     let prompt = PromptBuilder::for_checkpoint(&ckpt).build(TEXT, &[])?;
-    let warm_up = 2;
-    anyhow::ensure!(prompt.len() + warm_up + args.frames <= args.context_length, "--frames past --context-length");
+    // Steps per stream: a warm-up, the timed ones, then the phase-timed ones.
+    let (warm_up, phased) = (2, args.frames.min(8));
+    let steps = warm_up + args.frames + phased;
+    anyhow::ensure!(prompt.len() + steps <= args.context_length, "--frames past --context-length");
     let largest = args.batch.iter().copied().max().context("no --batch sizes")?;
     let plan = MemoryPlan::for_engine_streams(&ckpt, args.context_length, prompt.len(), largest);
     admit(&plan, cuda.budget().cap() - cuda.budget().used(), "the budget")?;
@@ -100,7 +102,7 @@ pub fn bench_batch(args: &BenchBatchArgs) -> anyhow::Result<BatchBench> {
         allocations = cuda.pool().stats().driver_allocations - allocations;
         // The same step once more per frame with a sync after each phase: where the time goes.
         let mut phase_ms = [0.0f64; 3];
-        for _ in 0..args.frames.min(8) {
+        for _ in 0..phased {
             let mut t = Instant::now();
             check(engine.next_frames_observed(&mut refs, &mut |phase| {
                 cuda.synchronize();
@@ -108,7 +110,7 @@ pub fn bench_batch(args: &BenchBatchArgs) -> anyhow::Result<BatchBench> {
                 t = Instant::now();
             }))?;
         }
-        let phase_ms = phase_ms.map(|ms| ms / args.frames.min(8) as f64);
+        let phase_ms = phase_ms.map(|ms| ms / phased as f64);
         drop(refs);
         drop(streams);
         // The whole step, codec included, over generations.
