@@ -66,6 +66,10 @@ pub struct BenchBatchArgs {
     /// Hard cap on GPU memory; default: free memory at start minus 1 GiB.
     #[arg(long, value_parser = parse_bytes)]
     pub gpu_memory_budget: Option<u64>,
+    /// Batch sizes whose whole step to profile per kernel (CUDA events around every launch,
+    /// after the timed steps; comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub profile: Vec<usize>,
     /// Also write every number as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,

@@ -14,6 +14,7 @@ use serde::Serialize;
 use super::bench::decode_bytes_per_row;
 use super::bench_engine::tower_bytes_per_frame;
 use crate::backend::cuda::admission::{MemoryPlan, admit, gib};
+use crate::backend::cuda::profile::{self, KernelTime};
 use crate::backend::cuda::{Cuda, CudaOptions};
 use crate::cli::BenchBatchArgs;
 use crate::engine::batch::Stream;
@@ -45,6 +46,38 @@ pub struct BatchRow {
     pub floor_ms: f64,
     pub frame_step_ratio_to_floor: f64,
     pub driver_allocations_while_timed: u64,
+    /// The whole step per kernel, where `--profile` asked for this size.
+    pub profile: Option<StepProfile>,
+}
+
+/// Device time per kernel in one whole step (averaged over the profiled steps), against the
+/// step's wall time with the events on: what the device is not busy with is host work and syncs.
+#[derive(Debug, Serialize)]
+pub struct StepProfile {
+    pub wall_ms: f64,
+    pub kernels: Vec<KernelTime>,
+}
+
+impl StepProfile {
+    fn table(&self) -> String {
+        let busy: f64 = self.kernels.iter().map(|k| k.total_ms).sum();
+        let mut out = format!(
+            "  profiled step {:.2} ms wall, {:.2} ms of kernels ({:.0}% busy)\n",
+            self.wall_ms,
+            busy,
+            100.0 * busy / self.wall_ms
+        );
+        for k in self.kernels.iter().take(24) {
+            out.push_str(&format!(
+                "  {:>8.3} ms {:>5.1}% {:>6} launches  {}\n",
+                k.total_ms,
+                100.0 * k.total_ms / busy,
+                k.launches,
+                k.name
+            ));
+        }
+        out
+    }
 }
 
 /// Everything one run measured.
@@ -79,8 +112,7 @@ pub fn bench_batch(args: &BenchBatchArgs) -> anyhow::Result<BatchBench> {
     let position = prompt.len() + args.frames / 2;
     let mut rows = Vec::new();
     for &batch in &args.batch {
-        let opts =
-            |seed| GenerateOptions { params: SamplingParams::default(), seed, max_frames: warm_up + args.frames + 1 };
+        let opts = |seed| GenerateOptions { params: SamplingParams::default(), seed, max_frames: steps + 1 };
         // The frame step alone, over streams.
         let mut streams: Vec<Stream<Cuda>> =
             (0..batch).map(|i| engine.stream(&prompt, &opts(i as u64))).collect::<Result<_, _>>()?;
@@ -132,6 +164,22 @@ pub fn bench_batch(args: &BenchBatchArgs) -> anyhow::Result<BatchBench> {
         cuda.synchronize();
         let step_ms = t.elapsed().as_secs_f64() * 1e3 / args.frames as f64;
         allocations += cuda.pool().stats().driver_allocations - before;
+        let profile = if args.profile.contains(&batch) {
+            let t = Instant::now();
+            profile::start();
+            for _ in 0..phased {
+                check(engine.step(&mut refs))?;
+            }
+            cuda.synchronize();
+            let wall_ms = t.elapsed().as_secs_f64() * 1e3 / phased as f64;
+            let kernels = profile::finish()
+                .into_iter()
+                .map(|k| KernelTime { total_ms: k.total_ms / phased as f64, launches: k.launches / phased, ..k })
+                .collect();
+            Some(StepProfile { wall_ms, kernels })
+        } else {
+            None
+        };
         let floor_bytes = batch_step_bytes(&ckpt.dims, &ckpt.config, batch, position);
         let floor_ms = floor_bytes as f64 / (copy_bandwidth_gb_per_s * 1e9) * 1e3;
         rows.push(BatchRow {
@@ -146,8 +194,13 @@ pub fn bench_batch(args: &BenchBatchArgs) -> anyhow::Result<BatchBench> {
             floor_ms,
             frame_step_ratio_to_floor: frame_step_ms / floor_ms,
             driver_allocations_while_timed: allocations,
+            profile,
         });
-        eprintln!("{}", rows.last().map(BatchRow::line).unwrap_or_default());
+        let row = rows.last().expect("just pushed");
+        eprintln!("{}", row.line());
+        if let Some(p) = &row.profile {
+            eprintln!("{}", p.table());
+        }
     }
     Ok(BatchBench {
         gpu: cuda.info().name.clone(),

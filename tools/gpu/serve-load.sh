@@ -8,6 +8,9 @@
 # 2. `limelight serve --device cuda` on the full random checkpoint, then `limelight bench serve`:
 #    N closed-loop clients (CLIENTS, default 1,8,32,64,128) each streaming `pcm` requests of 200
 #    frames with distinct seeds; the server's /metrics after the load.
+# Environment: BATCH_SIZES (bench batch sizes), PROFILE_SIZES (sizes whose step bench batch
+# profiles per kernel), BENCH_ONLY=1 (stop after bench batch), LOADED_AFTER (seconds into the
+# load before the same-bytes request).
 # REPORT_DIR gets bench-batch.{txt,json}, serve-load.{txt,json}, serve.log, metrics.txt.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -23,7 +26,9 @@ ckpt=$(tools/gpu/full-ckpt.sh "$report_dir")
 echo "build: $(cat .gpu/bin/BUILD)"
 
 .gpu/bin/limelight bench batch --model "$ckpt" --batch "${BATCH_SIZES:-1,8,32,64,128}" --frames 24 \
+    ${PROFILE_SIZES:+--profile "$PROFILE_SIZES"} \
     --json "$report_dir/bench-batch.json" 2>&1 | tee "$report_dir/bench-batch.txt" || echo "bench batch failed: $?"
+[[ -n "${BENCH_ONLY:-}" ]] && exit 0
 
 port=${LIMELIGHT_PORT:-18080}
 .gpu/bin/limelight serve --model "$ckpt" --device cuda --port "$port" --log-format json \

@@ -262,8 +262,13 @@ mod tests {
         let engine = MemoryPlan::for_engine(&ckpt, 4096, 256);
         let codec_weights = device_budget(&ckpt, 4096).codec_weights as u64;
         assert!(codec_weights > 0);
-        assert_eq!(engine.codec, codec_weights + CODEC_SCRATCH_BYTES);
+        // One slot: the codec's weights, its shared scratch and one stream's state.
+        assert_eq!(engine.codec, codec_weights + CODEC_SCRATCH_BYTES + CODEC_STREAM_BYTES);
         assert_eq!(engine.total(), model.total() + engine.codec);
+        // Each further slot adds its own codec state on top of its model states.
+        let four = MemoryPlan::for_engine_streams(&ckpt, 4096, 256, 4);
+        assert_eq!(four.codec, engine.codec + 3 * CODEC_STREAM_BYTES);
+        assert_eq!(four.total(), MemoryPlan::for_streams(&ckpt.dims, 4096, 256, 4).total() + four.codec);
         // 13 tower layers (4 shared + 9 residual) hold K and V for every position.
         let d = &ckpt.dims;
         assert_eq!(model.tower_kv_cache, (d.tower_layers() * 2 * 4096 * d.kv_heads * d.head_dim * 2) as u64);

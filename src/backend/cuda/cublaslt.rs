@@ -225,7 +225,8 @@ impl Blas {
             plan.m = m;
         }
         // SAFETY: forwarded from the caller (see above).
-        let first = unsafe { self.launch(plan, x, w, y) };
+        let stream = self.stream.cu_stream();
+        let first = super::profile::around("cublasLt matmul", stream, || unsafe { self.launch(plan, x, w, y) });
         match first {
             // The bucket's algorithm, chosen for M = bucket, may not cover a smaller M: ask again
             // for this exact M and keep the answer.

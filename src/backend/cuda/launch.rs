@@ -144,7 +144,7 @@ impl Kernel {
         // copies parameter values during cuLaunchKernel. Each wrapper module passes the argument
         // list its kernel's C signature declares, with device addresses of live buffers sized
         // for the launch (checked by the wrapper's asserts).
-        let launched = unsafe {
+        let launched = super::profile::around(self.name, stream.cu_stream(), || unsafe {
             result::launch_kernel(
                 self.function.cu_function(),
                 dims.grid,
@@ -153,7 +153,7 @@ impl Kernel {
                 stream.cu_stream(),
                 &mut pointers[..n],
             )
-        };
+        });
         if let Err(e) = launched {
             panic!("CUDA kernel `{}` failed to launch ({dims:?}): {e}", self.name);
         }

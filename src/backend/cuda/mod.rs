@@ -21,6 +21,7 @@ pub mod linear;
 pub mod memory;
 pub mod moe;
 pub mod norm;
+pub mod profile;
 pub mod sampling;
 pub mod staging;
 pub mod step;
