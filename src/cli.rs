@@ -285,6 +285,13 @@ pub struct InspectArgs {
     /// Rows of context to budget KV caches for.
     #[arg(long, default_value_t = 16384)]
     pub context_length: usize,
+    /// A GPU memory budget to plan the decode batch for: how many streams fit (as `serve`
+    /// sizes `--max-batch`).
+    #[arg(long, value_parser = parse_bytes)]
+    pub gpu_memory_budget: Option<u64>,
+    /// Prompt rows per prefill chunk, as `serve --prefill-chunk`.
+    #[arg(long, default_value_t = crate::engine::generate::PREFILL_CHUNK)]
+    pub prefill_chunk: usize,
 }
 
 #[derive(Debug, Args)]

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::cli::ServeArgs;
-use crate::scheduler::{GpuOptions, WorkerConfig};
+use crate::scheduler::{GpuOptions, WorkerConfig, gpu_present};
 use crate::telemetry::LogFormat;
 
 /// The CPU engine's decode batch unless `--max-batch` says otherwise.
@@ -212,17 +212,6 @@ impl fmt::Debug for ServeConfig {
             .field("log_format", &self.log_format)
             .finish()
     }
-}
-
-/// A supported GPU at `ordinal`, or why not.
-#[cfg(feature = "cuda")]
-fn gpu_present(ordinal: usize) -> Result<(), String> {
-    crate::backend::cuda::device::probe(ordinal).map(|_| ()).map_err(|e| e.to_string())
-}
-
-#[cfg(not(feature = "cuda"))]
-fn gpu_present(_ordinal: usize) -> Result<(), String> {
-    Err(String::from("this binary was built without the `cuda` feature"))
 }
 
 fn at_least(flag: &'static str, min: usize, value: usize) -> Result<(), ConfigError> {

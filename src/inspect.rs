@@ -5,61 +5,10 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use crate::checkpoint::Dtype;
-use crate::model::config::{Dims, LayerType};
+use crate::model::config::LayerType;
 use crate::model::load::Checkpoint;
+use crate::model::memory::device_budget;
 use crate::model::weights::CODEC_IGNORED_BUFFERS;
-use crate::model::weights::codec::is_decode_path;
-
-/// Device-resident sizes for serving, in bytes.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DeviceBudget {
-    /// Backbone and tower weights as stored (bf16, FP8 experts with f32 scale grids).
-    pub model_weights: usize,
-    /// The codec's decode path in FP16, as the reference runs it.
-    pub codec_weights: usize,
-    /// KV caches (backbone full-attention and tower layers, bf16) per request at the context length.
-    pub kv_cache_per_request: usize,
-    /// Gated DeltaNet conv and recurrent state (fp32) per request.
-    pub recurrent_state_per_request: usize,
-}
-
-impl DeviceBudget {
-    pub fn total(&self, requests: usize) -> usize {
-        self.model_weights
-            + self.codec_weights
-            + requests * (self.kv_cache_per_request + self.recurrent_state_per_request)
-    }
-}
-
-/// KV rows cost per position: backbone full-attention layers plus every tower layer.
-pub fn kv_bytes_per_position(d: &Dims) -> usize {
-    let full_layers = d.layer_types.iter().filter(|t| **t == LayerType::FullAttention).count();
-    (full_layers + d.tower_layers()) * 2 * d.kv_heads * d.head_dim * 2
-}
-
-/// Conv window and `[Hv, Dv, Dk]` recurrent state of every GDN layer, in fp32.
-pub fn recurrent_state_bytes(d: &Dims) -> usize {
-    let gdn_layers = d.layer_types.iter().filter(|t| **t == LayerType::LinearAttention).count();
-    let conv = (d.gdn_conv_kernel - 1) * d.gdn_qkv_dim();
-    let state = d.gdn_value_heads * d.gdn_value_dim * d.gdn_key_dim;
-    gdn_layers * (conv + state) * 4
-}
-
-pub fn device_budget(ckpt: &Checkpoint, context_length: usize) -> DeviceBudget {
-    let model_weights = ckpt.shards.names().filter_map(|n| ckpt.shards.get(n)).map(|(_, v)| v.bytes.len()).sum();
-    let codec_weights = ckpt
-        .codec
-        .tensors()
-        .filter(|(name, _)| is_decode_path(name))
-        .map(|(_, t)| t.shape.iter().product::<usize>() * 2)
-        .sum();
-    DeviceBudget {
-        model_weights,
-        codec_weights,
-        kv_cache_per_request: kv_bytes_per_position(&ckpt.dims) * context_length,
-        recurrent_state_per_request: recurrent_state_bytes(&ckpt.dims),
-    }
-}
 
 /// The human summary `inspect` prints.
 pub fn summary(ckpt: &Checkpoint, context_length: usize) -> String {
@@ -161,6 +110,44 @@ pub fn summary(ckpt: &Checkpoint, context_length: usize) -> String {
     o
 }
 
+/// The decode batch's memory plan on the GPU, as `serve --device cuda` makes it: what one stream
+/// costs and what each further stream adds (its KV caches, GDN states and codec state), and with
+/// a `budget` how many streams fit (the default `--max-batch`).
+#[cfg(feature = "cuda")]
+pub fn batch_plan(ckpt: &Checkpoint, context_length: usize, prefill_chunk: usize, budget: Option<u64>) -> String {
+    use crate::backend::cuda::admission::{MAX_STREAMS_CAP, MemoryPlan, gib};
+    let mut o = String::new();
+    let rows = prefill_chunk.min(context_length);
+    let plan = |n| MemoryPlan::for_engine_streams(ckpt, context_length, rows, n);
+    let (one, two) = (plan(1), plan(2));
+    let _ = writeln!(o, "decode batch on the GPU (context {context_length}, {rows}-row prefill chunks):");
+    let _ = writeln!(o, "  1 stream           {} = {one}", gib(one.total()));
+    let _ = writeln!(
+        o,
+        "  each further stream adds {} (KV cache {}, tower KV cache {}, GDN state {}, codec state {})",
+        gib(two.total() - one.total()),
+        gib(two.kv_cache - one.kv_cache),
+        gib(two.tower_kv_cache - one.tower_kv_cache),
+        gib(two.recurrent_state - one.recurrent_state),
+        gib(two.codec - one.codec)
+    );
+    match budget {
+        Some(budget) => {
+            let n = MemoryPlan::max_streams(ckpt, context_length, rows, budget, MAX_STREAMS_CAP);
+            if n == 0 {
+                let _ = writeln!(o, "  a budget of {} holds no stream", gib(budget));
+            } else {
+                let p = plan(n);
+                let _ = writeln!(o, "  a budget of {} holds {n} streams: {} = {p}", gib(budget), gib(p.total()));
+            }
+        }
+        None => {
+            let _ = writeln!(o, "  (--gpu-memory-budget BYTES shows how many streams a budget holds)");
+        }
+    }
+    o
+}
+
 /// Bytes in binary units with two decimals.
 pub fn human(bytes: usize) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -171,4 +158,32 @@ pub fn human(bytes: usize) -> String {
         u += 1;
     }
     if u == 0 { format!("{bytes} B") } else { format!("{v:.2} {}", UNITS[u]) }
+}
+
+#[cfg(all(test, feature = "cuda"))]
+mod tests {
+    use super::*;
+    use crate::backend::cuda::admission::MemoryPlan;
+    use crate::synth::presets::Preset;
+    use crate::synth::{SynthOptions, SynthPlan};
+
+    #[test]
+    fn the_batch_plan_counts_the_streams_a_budget_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        SynthPlan::new(&SynthOptions { preset: Preset::Tiny, seed: 3, vq_backbone_codebooks: 1 })
+            .write(dir.path())
+            .unwrap();
+        let ckpt = Checkpoint::open(dir.path()).unwrap();
+        // A budget of exactly three streams' plan holds three, one byte less holds two.
+        let three = MemoryPlan::for_engine_streams(&ckpt, 512, 64, 3).total();
+        let text = batch_plan(&ckpt, 512, 64, Some(three));
+        assert!(text.contains("holds 3 streams"), "{text}");
+        assert!(batch_plan(&ckpt, 512, 64, Some(three - 1)).contains("holds 2 streams"));
+        assert!(batch_plan(&ckpt, 512, 64, Some(1 << 20)).contains("holds no stream"));
+        // Each further stream: 3 streams cost one stream plus twice the increment.
+        let one = MemoryPlan::for_engine_streams(&ckpt, 512, 64, 1).total();
+        let two = MemoryPlan::for_engine_streams(&ckpt, 512, 64, 2).total();
+        assert_eq!(three - one, 2 * (two - one));
+        assert!(batch_plan(&ckpt, 512, 64, None).contains("each further stream adds"));
+    }
 }

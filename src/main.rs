@@ -17,6 +17,16 @@ fn main() -> ExitCode {
         Command::Inspect(args) => match Checkpoint::open(&args.model) {
             Ok(ckpt) => {
                 print!("{}", summary(&ckpt, args.context_length));
+                #[cfg(feature = "cuda")]
+                print!(
+                    "{}",
+                    limelight::inspect::batch_plan(
+                        &ckpt,
+                        args.context_length,
+                        args.prefill_chunk,
+                        args.gpu_memory_budget
+                    )
+                );
                 Ok(())
             }
             Err(e) => Err(anyhow::anyhow!("checkpoint refused: {e}")),

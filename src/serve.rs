@@ -19,9 +19,7 @@ use crate::cli::ServeArgs;
 use crate::config::{ConfigError, EngineChoice, ModelSource, ServeConfig};
 use crate::http::{self, AppState, HttpConfig};
 use crate::request::validate::SpeechPolicy;
-#[cfg(feature = "cuda")]
-use crate::scheduler::cuda_loader;
-use crate::scheduler::{BatchLimits, Loader, Scheduler, cpu_loader};
+use crate::scheduler::{BatchLimits, Loader, Scheduler, cpu_loader, cuda_loader};
 use crate::service;
 use crate::synth::presets::Preset;
 use crate::synth::{SynthOptions, SynthPlan};
@@ -153,7 +151,6 @@ fn loader(config: &ServeConfig) -> Result<Loader, ConfigError> {
             info!(device = "cpu", "engine: the CPU reference engine");
             Ok(cpu_loader(dir, config.max_frames, limits))
         }
-        #[cfg(feature = "cuda")]
         EngineChoice::Cuda(gpu) => {
             info!(
                 device = "cuda",
@@ -167,8 +164,6 @@ fn loader(config: &ServeConfig) -> Result<Loader, ConfigError> {
             let max_prompt_rows = 4 * config.max_input_chars + crate::config::PROMPT_ROOM;
             Ok(cuda_loader(dir, gpu, max_prompt_rows, limits))
         }
-        #[cfg(not(feature = "cuda"))]
-        EngineChoice::Cuda(_) => unreachable!("without the `cuda` feature no GPU is ever found"),
     }
 }
 

@@ -10,8 +10,8 @@ mod batch_driver;
 use batch_driver::{Planned, alone, batched};
 use limelight::backend::cpu::Cpu;
 use limelight::engine::generate::{Engine, GenerateOptions, PREFILL_CHUNK, ResidentModel};
-use limelight::engine::sampling::SamplingParams;
 use limelight::model::load::Checkpoint;
+use limelight::model::sampling::SamplingParams;
 use limelight::request::prompt::PromptBuilder;
 
 fn requests(ckpt: &Checkpoint) -> Vec<Planned> {

@@ -10,8 +10,8 @@ use std::process::Command;
 use limelight::backend::cpu::Cpu;
 use limelight::checkpoint::safetensors::SafetensorsFile;
 use limelight::engine::generate::{Engine, FinishReason, GenerateOptions, ResidentModel};
-use limelight::engine::sampling::SamplingParams;
 use limelight::model::load::Checkpoint;
+use limelight::model::sampling::SamplingParams;
 use limelight::request::prompt::PromptBuilder;
 
 fn options(seed: u64, max_frames: usize) -> GenerateOptions {

@@ -5,12 +5,12 @@
 
 use std::path::Path;
 
-use limelight::engine::rng::{DrawKey, philox4x32_10};
-use limelight::engine::sampling::{
+use limelight::model::frame::Rows;
+use limelight::model::rng::{DrawKey, philox4x32_10};
+use limelight::model::sampling::{
     Crossing, Filter, MainCandidates, ParamsError, RasWindow, SamplingError, SamplingParams, kept_candidates,
     sample_head, sample_main, sample_top_k_top_p,
 };
-use limelight::model::frame::Rows;
 use serde_json::Value;
 
 fn golden() -> Value {

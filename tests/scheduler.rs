@@ -12,8 +12,8 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 
 use limelight::engine::generate::{FinishReason, GenerateError, GenerateOptions, PREFILL_CHUNK, Stepped};
-use limelight::engine::sampling::SamplingParams;
 use limelight::model::frame::Rows;
+use limelight::model::sampling::SamplingParams;
 use limelight::scheduler::{
     BatchLimits, Job, JobEvent, JobStream, Loader, MemoryUse, ModelHost, Prefilled, Readiness, Scheduler, StreamId,
     SubmitError, SynthError, Synthesizer, WorkerConfig, cpu_loader,

@@ -19,9 +19,9 @@ use crate::backend::cuda::{Cuda, CudaOptions};
 use crate::cli::BenchBatchArgs;
 use crate::engine::batch::Stream;
 use crate::engine::generate::{Engine, GenerateOptions, Generation, ResidentModel};
-use crate::engine::sampling::SamplingParams;
 use crate::model::config::{Dims, LayerType, ModelConfig};
 use crate::model::load::Checkpoint;
+use crate::model::sampling::SamplingParams;
 use crate::request::prompt::PromptBuilder;
 
 const TEXT: &str = "Hello from limelight, streaming a random-weight Drama three from the GPU, frame by frame.";

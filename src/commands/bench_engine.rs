@@ -15,11 +15,11 @@ use crate::backend::cuda::{Cuda, CudaOptions};
 use crate::cli::BenchEngineArgs;
 use crate::engine::cuda_frames::CudaFrames;
 use crate::engine::generate::{Engine, GenerateOptions, ResidentModel};
-use crate::engine::sampling::SamplingParams;
 use crate::model::codec::StreamingDecoder;
 use crate::model::config::ModelConfig;
 use crate::model::frame::Rows;
 use crate::model::load::Checkpoint;
+use crate::model::sampling::SamplingParams;
 use crate::request::prompt::PromptBuilder;
 
 const TEXT: &str = "Hello from limelight, streaming a random-weight Drama three from the GPU, frame by frame.";

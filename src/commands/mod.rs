@@ -22,10 +22,10 @@ use crate::checkpoint::safetensors::SafetensorsFile;
 use crate::checkpoint::safetensors_writer::{TensorHeader, f32_bytes, write_safetensors};
 use crate::cli::{BenchBackboneArgs, BenchBatchArgs, BenchEngineArgs, BenchServeArgs, SayArgs, TraceArgs};
 use crate::engine::generate::{Engine, Finished, GenerateOptions, ResidentModel};
-use crate::engine::sampling::SamplingParams;
 use crate::engine::trace::trace;
 use crate::model::frame::Rows;
 use crate::model::load::Checkpoint;
+use crate::model::sampling::SamplingParams;
 use crate::request::prompt::PromptBuilder;
 
 /// `limelight say`: text → WAV on the CPU backend.

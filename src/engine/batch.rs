@@ -22,10 +22,10 @@
 use super::generate::{Engine, GenerateError, GenerateOptions};
 use rayon::prelude::*;
 
-use super::sampling::{MainPick, RasWindow, SamplingError, sample_head, sample_main};
 use crate::backend::Backend;
 use crate::model::backbone::BackboneState;
 use crate::model::frame::Rows;
+use crate::model::sampling::{MainPick, RasWindow, SamplingError, sample_head, sample_main};
 use crate::model::tower::TowerState;
 
 /// One request's model state between frames.

@@ -18,7 +18,6 @@
 use std::cell::{RefCell, RefMut};
 
 use super::generate::{DeviceFrames, FrameSource, GenerateError, GenerateOptions};
-use super::sampling::{MainCandidates, SamplingError};
 use crate::backend::cuda::attention::DevicePosition;
 use crate::backend::cuda::graph::CapturedGraph;
 use crate::backend::cuda::memory::{DeviceBuffer, MemoryError};
@@ -32,6 +31,7 @@ use crate::engine::generate::{LoadModelError, ResidentModel};
 use crate::model::backbone::{Backbone, BackboneConfig, BackboneState, LayerState};
 use crate::model::frame::Rows;
 use crate::model::load::Checkpoint;
+use crate::model::sampling::{MainCandidates, SamplingError};
 use crate::model::tower::{Tower, TowerState};
 
 /// Word offsets in the step's small device buffer (`u32` words).

@@ -8,13 +8,13 @@
 use std::ops::ControlFlow;
 
 use super::batch::Stream;
-use super::sampling::{MainCandidates, SamplingError, SamplingParams};
 use crate::backend::Backend;
 use crate::backend::tower::TowerError;
 use crate::model::backbone::{Backbone, BackboneConfig, BackboneError};
 use crate::model::codec::{CodecError, CodecModel, StreamingDecoder};
 use crate::model::frame::Rows;
 use crate::model::load::Checkpoint;
+use crate::model::sampling::{MainCandidates, SamplingError, SamplingParams};
 use crate::model::tower::Tower;
 use crate::model::weights::{ModelWeights, WeightError};
 

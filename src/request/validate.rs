@@ -8,7 +8,7 @@ use super::text::{Field, TextError, is_white_space, speaker_tag_at, validate_cal
 use crate::api::speech::{self as wire, SpeechRequest, StreamFormat, Voice};
 use crate::audio::{self, ResponseFormat};
 use crate::engine::generate::GenerateOptions;
-use crate::engine::sampling::{ParamsError, SamplingParams};
+use crate::model::sampling::{ParamsError, SamplingParams};
 
 /// OpenAI's built-in voice names: each means the model's default voice here, so apps written
 /// for OpenAI work unchanged (`serving-anchors.md` §1.1).

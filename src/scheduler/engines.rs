@@ -11,9 +11,9 @@ use crate::backend::cpu::Cpu;
 use std::cell::RefCell;
 
 use crate::engine::generate::{Engine, GenerateError, GenerateOptions, Generation, ResidentModel, Stepped};
-use crate::inspect::device_budget;
 use crate::model::frame::Rows;
 use crate::model::load::Checkpoint;
+use crate::model::memory::device_budget;
 use crate::request::prompt::PromptBuilder;
 
 /// Rows budgeted for a prompt on top of `max_frames` when sizing the CPU engine's memory report.
@@ -199,76 +199,5 @@ impl<B: Backend> Synthesizer for EngineModel<'_, B> {
 
     fn close(&self, id: StreamId) -> usize {
         self.slots.borrow_mut().get_mut(id).and_then(Option::take).map_or(0, |g| g.frames())
-    }
-}
-
-#[cfg(feature = "cuda")]
-pub use gpu::cuda_loader;
-
-#[cfg(feature = "cuda")]
-mod gpu {
-    use std::path::PathBuf;
-
-    use super::{BatchLimits, BatchOptions, EngineModel, GpuOptions};
-    use crate::backend::cuda::admission::{MemoryPlan, admit};
-    use crate::backend::cuda::{Cuda, CudaOptions};
-    use crate::engine::cuda_frames::CudaFrames;
-    use crate::engine::generate::ResidentModel;
-    use crate::model::load::Checkpoint;
-    use crate::scheduler::{Loader, MemoryUse, ModelHost, ModelLoadError};
-
-    /// Slots the GPU engine plans for at most when `--max-batch` is not given.
-    const MAX_BATCH_CAP: usize = 256;
-
-    /// The CUDA engine: opens the GPU on the worker thread (which then owns its context and
-    /// stream), sizes the decode batch to the budget (or admits the one asked for), uploads the
-    /// weights and serves. With `--max-batch 1` and the CUDA graph on, the graph step serves.
-    pub fn cuda_loader(model_dir: PathBuf, gpu: GpuOptions, max_prompt_rows: usize, limits: BatchLimits) -> Loader {
-        Box::new(move |host: &mut dyn ModelHost| {
-            host.progress(&format!("opening GPU {}", gpu.ordinal));
-            let options = CudaOptions {
-                ordinal: gpu.ordinal,
-                memory_budget: gpu.memory_budget,
-                context: gpu.context,
-                ..CudaOptions::default()
-            };
-            let cuda = Cuda::open(&options).map_err(|e| ModelLoadError::Gpu(e.to_string()))?;
-            host.progress(&format!("opening checkpoint {}", model_dir.display()));
-            let ckpt = Checkpoint::open(&model_dir)?;
-            let graph = gpu.graph && limits.max_batch == Some(1);
-            // The graph step runs a whole prompt at once; the batch runs prompts in chunks.
-            let prefill_rows =
-                if graph { max_prompt_rows } else { limits.prefill_chunk.min(max_prompt_rows) }.min(gpu.context);
-            let free = cuda.budget().cap() - cuda.budget().used();
-            let max_batch = limits.max_batch.unwrap_or_else(|| {
-                MemoryPlan::max_streams(&ckpt, gpu.context, prefill_rows, free, MAX_BATCH_CAP).max(1)
-            });
-            let plan = MemoryPlan::for_engine_streams(&ckpt, gpu.context, prefill_rows, max_batch);
-            let source =
-                if gpu.memory_budget.is_some() { "--gpu-memory-budget" } else { "free memory minus the reserve" };
-            admit(&plan, free, source).map_err(|e| ModelLoadError::Gpu(e.to_string()))?;
-            tracing::info!(max_batch, context = gpu.context, cuda_graph = graph, plan = %plan, "engine: memory plan");
-            host.progress(&format!("uploading weights to {}", cuda.info().name));
-            let model = ResidentModel::load(&ckpt, &cuda)?;
-            cuda.synchronize();
-            host.progress("building the engine");
-            let budget = cuda.budget();
-            let memory = Box::new(move || MemoryUse { in_use: budget.used() as usize, budget: budget.cap() as usize });
-            // A fault sticks to the context: every later call fails, the first sync reports it.
-            let health = Box::new(|| cuda.device().synchronize().map_err(|e| format!("the GPU reports {e}")));
-            let frames = if graph {
-                host.progress("capturing the frame step as a CUDA graph");
-                Some(CudaFrames::for_model(&cuda, &ckpt, &model).map_err(|e| ModelLoadError::Gpu(e.to_string()))?)
-            } else {
-                None
-            };
-            let batch = BatchOptions { max_batch, prefill_chunk: limits.prefill_chunk, context: Some(gpu.context) };
-            let engine = EngineModel::new(&cuda, &ckpt, &model, batch, memory)?.with_health_check(health);
-            match &frames {
-                Some(frames) => host.serve(&engine.with_device_frames(frames)),
-                None => host.serve(&engine),
-            }
-            Ok(())
-        })
     }
 }

@@ -4,6 +4,7 @@
 //! [`Synthesizer`] offers.
 
 mod engines;
+mod gpu;
 mod job;
 mod worker;
 
@@ -15,9 +16,8 @@ use std::time::Duration;
 
 use tokio::sync::{Notify, watch};
 
-#[cfg(feature = "cuda")]
-pub use engines::cuda_loader;
 pub use engines::{BatchLimits, BatchOptions, EngineModel, GpuOptions, cpu_loader};
+pub use gpu::{cuda_loader, gpu_present};
 pub use job::{Job, JobEvent, JobStream, REPLY_CAPACITY};
 
 use crate::engine::generate::{GenerateError, GenerateOptions, LoadModelError, Stepped};

@@ -5,8 +5,8 @@
 //! makes no driver allocation.
 
 use limelight::engine::generate::{Engine, GenerateOptions, PREFILL_CHUNK, ResidentModel};
-use limelight::engine::sampling::SamplingParams;
 use limelight::model::frame::Rows;
+use limelight::model::sampling::SamplingParams;
 use limelight::request::prompt::PromptBuilder;
 
 use crate::backbone;

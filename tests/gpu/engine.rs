@@ -18,9 +18,9 @@ use limelight::backend::backbone::ExpertActivations;
 use limelight::backend::cpu::Cpu;
 use limelight::engine::cuda_frames::CudaFrames;
 use limelight::engine::generate::{Engine, Finished, GenerateError, GenerateOptions, ResidentModel};
-use limelight::engine::sampling::SamplingParams;
 use limelight::model::backbone::BackboneConfig;
 use limelight::model::frame::Rows;
+use limelight::model::sampling::SamplingParams;
 use limelight::request::prompt::PromptBuilder;
 
 use crate::backbone;

@@ -1,4 +1,4 @@
-//! `kernels/sampling.cu` against the CPU sampler (`engine::sampling`, the oracle) on the same
+//! `kernels/sampling.cu` against the CPU sampler (`model::sampling`, the oracle) on the same
 //! values: main-token draws with RAS (first draw, RAS draw, window check and push, c0, the
 //! semantic flag) and codebook-head draws on fresh random logits rows (several scales, exact
 //! ties, -inf entries, a flat row; rows of a few finite logits at top-p 1) under every combination of temperature {0, 0.3, 1, 1.7},
@@ -11,8 +11,8 @@
 use half::bf16;
 use limelight::backend::cpu::Matrix;
 use limelight::backend::cuda::sampling::{GpuSampler, candidate_rows};
-use limelight::engine::rng::{DrawKey, MAIN_STREAM, RAS_STREAM};
-use limelight::engine::sampling::{
+use limelight::model::rng::{DrawKey, MAIN_STREAM, RAS_STREAM};
+use limelight::model::sampling::{
     MainCandidates, RAS_WINDOW, RasWindow, SamplingError, SamplingParams, sample_head, sample_main, sample_top_k_top_p,
 };
 
@@ -340,7 +340,7 @@ fn faults(ctx: &mut Ctx, band: &Band, sampler: &GpuSampler) {
             && failure.is_some_and(|f| f.stream == MAIN_STREAM && f.frame == frame && same_error(Some(f.error), want));
         ctx.check(format!("fault main, {name}"), "error", format!("{want:?}"), format!("{failure:?}"), pass);
         let ras_want =
-            sample_top_k_top_p(&x, &limelight::engine::sampling::RAS_FILTER, &DrawKey::new(seed, frame, RAS_STREAM))
+            sample_top_k_top_p(&x, &limelight::model::sampling::RAS_FILTER, &DrawKey::new(seed, frame, RAS_STREAM))
                 .err();
         let pass = same_error(out.main_draw_error(RAS_STREAM), ras_want);
         let got = out.main_draw_error(RAS_STREAM);

@@ -7,9 +7,9 @@ use std::fmt;
 
 use super::memory::{ALIGN, WeightArena};
 use super::resident_dtype;
-use crate::inspect::{device_budget, recurrent_state_bytes};
 use crate::model::config::{Dims, LayerType};
 use crate::model::load::Checkpoint;
+use crate::model::memory::{device_budget, recurrent_state_bytes};
 use crate::model::weights::{SpecRecorder, model_weights};
 
 /// What the engine will hold on the device, in bytes.
@@ -95,6 +95,9 @@ impl MemoryPlan {
         lo
     }
 }
+
+/// The most slots a plan sized to the budget makes (`serve` without `--max-batch`, `inspect`).
+pub const MAX_STREAMS_CAP: usize = 256;
 
 /// Each stream's codec state (conv histories, attention windows, pending frames): an allowance
 /// (the full-size codec's streaming state is a few MiB), counted per slot.

@@ -1,6 +1,6 @@
 //! `kernels/sampling.cu`: the main token (first draw, RAS draw, window check) and the codebook
-//! heads' draws on the GPU, making the CPU sampler's decisions (`engine::sampling`, the oracle)
-//! with the same Philox draws (`engine::rng`).
+//! heads' draws on the GPU, making the CPU sampler's decisions (`model::sampling`, the oracle)
+//! with the same Philox draws (`model::rng`).
 //!
 //! Built for CUDA-graph capture: a [`GpuSampler`] owns fixed device buffers for the request's
 //! knobs, seed, frame counter and RAS window ([`DeviceState`], written once per request by
@@ -23,8 +23,8 @@ use super::Cuda;
 use super::launch::{Dims, Kernel, KernelError, Module, embedded};
 use super::memory::{DeviceBuffer, MemoryError, PoolBuf};
 use super::tensor::GpuMatrix;
-use crate::engine::rng::{MAIN_STREAM, RAS_STREAM};
-use crate::engine::sampling::{MainCandidates, MainPick, RAS_WINDOW, SamplingError, SamplingParams};
+use crate::model::rng::{MAIN_STREAM, RAS_STREAM};
+use crate::model::sampling::{MainCandidates, MainPick, RAS_WINDOW, SamplingError, SamplingParams};
 
 /// Threads of one draw's block (`THREADS` in the .cu).
 const THREADS: usize = 1024;
@@ -406,7 +406,7 @@ impl GpuSampler {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::sampling::HEAD_TOP_K_CAP;
+    use crate::model::sampling::HEAD_TOP_K_CAP;
 
     #[test]
     fn layouts_match_the_kernel_structs() {

@@ -1,0 +1,100 @@
+//! The one place the engine meets CUDA: whether a supported GPU is present, and the loader
+//! that opens it on the worker thread, sizes the decode batch to the memory budget (or admits
+//! the one asked for), uploads the weights and serves. A binary built without the `cuda`
+//! feature has the same functions, which refuse with the reason, so nothing above the
+//! scheduler needs a `cfg`.
+
+#[cfg(feature = "cuda")]
+pub use with_cuda::{cuda_loader, gpu_present};
+#[cfg(not(feature = "cuda"))]
+pub use without_cuda::{cuda_loader, gpu_present};
+
+#[cfg(feature = "cuda")]
+mod with_cuda {
+    use std::path::PathBuf;
+
+    use super::super::engines::{BatchLimits, BatchOptions, EngineModel, GpuOptions};
+    use crate::backend::cuda::admission::{MAX_STREAMS_CAP, MemoryPlan, admit};
+    use crate::backend::cuda::{Cuda, CudaOptions};
+    use crate::engine::cuda_frames::CudaFrames;
+    use crate::engine::generate::ResidentModel;
+    use crate::model::load::Checkpoint;
+    use crate::scheduler::{Loader, MemoryUse, ModelHost, ModelLoadError};
+
+    /// The CUDA engine: opens the GPU on the worker thread (which then owns its context and
+    /// stream), sizes the decode batch to the budget (or admits the one asked for), uploads the
+    /// weights and serves. With `--max-batch 1` and the CUDA graph on, the graph step serves.
+    pub fn cuda_loader(model_dir: PathBuf, gpu: GpuOptions, max_prompt_rows: usize, limits: BatchLimits) -> Loader {
+        Box::new(move |host: &mut dyn ModelHost| {
+            host.progress(&format!("opening GPU {}", gpu.ordinal));
+            let options = CudaOptions {
+                ordinal: gpu.ordinal,
+                memory_budget: gpu.memory_budget,
+                context: gpu.context,
+                ..CudaOptions::default()
+            };
+            let cuda = Cuda::open(&options).map_err(|e| ModelLoadError::Gpu(e.to_string()))?;
+            host.progress(&format!("opening checkpoint {}", model_dir.display()));
+            let ckpt = Checkpoint::open(&model_dir)?;
+            let graph = gpu.graph && limits.max_batch == Some(1);
+            // The graph step runs a whole prompt at once; the batch runs prompts in chunks.
+            let prefill_rows =
+                if graph { max_prompt_rows } else { limits.prefill_chunk.min(max_prompt_rows) }.min(gpu.context);
+            let free = cuda.budget().cap() - cuda.budget().used();
+            let max_batch = limits.max_batch.unwrap_or_else(|| {
+                MemoryPlan::max_streams(&ckpt, gpu.context, prefill_rows, free, MAX_STREAMS_CAP).max(1)
+            });
+            let plan = MemoryPlan::for_engine_streams(&ckpt, gpu.context, prefill_rows, max_batch);
+            let source =
+                if gpu.memory_budget.is_some() { "--gpu-memory-budget" } else { "free memory minus the reserve" };
+            admit(&plan, free, source).map_err(|e| ModelLoadError::Gpu(e.to_string()))?;
+            tracing::info!(max_batch, context = gpu.context, cuda_graph = graph, plan = %plan, "engine: memory plan");
+            host.progress(&format!("uploading weights to {}", cuda.info().name));
+            let model = ResidentModel::load(&ckpt, &cuda)?;
+            cuda.synchronize();
+            host.progress("building the engine");
+            let budget = cuda.budget();
+            let memory = Box::new(move || MemoryUse { in_use: budget.used() as usize, budget: budget.cap() as usize });
+            // A fault sticks to the context: every later call fails, the first sync reports it.
+            let health = Box::new(|| cuda.device().synchronize().map_err(|e| format!("the GPU reports {e}")));
+            let frames = if graph {
+                host.progress("capturing the frame step as a CUDA graph");
+                Some(CudaFrames::for_model(&cuda, &ckpt, &model).map_err(|e| ModelLoadError::Gpu(e.to_string()))?)
+            } else {
+                None
+            };
+            let batch = BatchOptions { max_batch, prefill_chunk: limits.prefill_chunk, context: Some(gpu.context) };
+            let engine = EngineModel::new(&cuda, &ckpt, &model, batch, memory)?.with_health_check(health);
+            match &frames {
+                Some(frames) => host.serve(&engine.with_device_frames(frames)),
+                None => host.serve(&engine),
+            }
+            Ok(())
+        })
+    }
+
+    /// A supported GPU at `ordinal`, or why not.
+    pub fn gpu_present(ordinal: usize) -> Result<(), String> {
+        crate::backend::cuda::device::probe(ordinal).map(|_| ()).map_err(|e| e.to_string())
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+mod without_cuda {
+    use std::path::PathBuf;
+
+    use super::super::engines::{BatchLimits, GpuOptions};
+    use crate::scheduler::{Loader, ModelLoadError};
+
+    const WITHOUT: &str = "this binary was built without the `cuda` feature";
+
+    /// A supported GPU at `ordinal`, or why not: never, in this build.
+    pub fn gpu_present(_ordinal: usize) -> Result<(), String> {
+        Err(String::from(WITHOUT))
+    }
+
+    /// Refuses to load: this build has no CUDA backend.
+    pub fn cuda_loader(_dir: PathBuf, _gpu: GpuOptions, _max_prompt_rows: usize, _limits: BatchLimits) -> Loader {
+        Box::new(|_| Err(ModelLoadError::Gpu(String::from(WITHOUT))))
+    }
+}
