@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use limelight::engine::generate::{FinishReason, GenerateError, GenerateOptions, PREFILL_CHUNK, Stepped};
 use limelight::model::frame::Rows;
 use limelight::model::sampling::SamplingParams;
+use limelight::request::prompt::PromptBuilder;
 use limelight::scheduler::{
     BatchLimits, Job, JobEvent, JobStream, Loader, MemoryUse, ModelHost, Prefilled, Readiness, Scheduler, StreamId,
     SubmitError, SynthError, Synthesizer, WorkerConfig, cpu_loader,
@@ -37,7 +38,7 @@ fn config(dir: PathBuf, max_queue: usize) -> WorkerConfig {
 fn job(text: &str, max_frames: usize) -> Job {
     Job {
         request_id: String::from("req-test"),
-        text: text.to_owned(),
+        rows: common::tiny_rows(text),
         // Seed 3 gives no EOS on this checkpoint, so every job runs to `max_frames`.
         options: GenerateOptions { params: SamplingParams::default(), seed: 3, max_frames },
         span: tracing::Span::none(),
@@ -64,8 +65,11 @@ async fn ready(scheduler: &Scheduler) {
     assert_eq!(scheduler.readiness(), Readiness::Ready);
 }
 
+/// Opening a stream with this seed panics inside the engine (`Faulty`).
+const PANIC_SEED: u64 = 777;
+
 /// The CPU engine behind a wrapper that fails on cue and records how each generation ended.
-/// Seed 666 fails the job's first step; seed 13 fails it and breaks the engine (its health
+/// Seed 777 panics when its stream opens; seed 666 fails the job's first step; seed 13 fails it and breaks the engine (its health
 /// check fails from then on, as a GPU context does after a fault).
 struct Faulty<'m> {
     inner: &'m dyn Synthesizer,
@@ -88,14 +92,14 @@ impl Synthesizer for Faulty<'_> {
     fn health(&self) -> Result<(), String> {
         if self.broken.get() { Err(String::from("injected fault")) } else { Ok(()) }
     }
-    fn prompt(&self, text: &str) -> Result<Rows, SynthError> {
-        assert!(text != "panic", "injected panic");
-        self.inner.prompt(text)
+    fn prompt_builder(&self) -> PromptBuilder {
+        self.inner.prompt_builder()
     }
     fn max_batch(&self) -> usize {
         self.inner.max_batch()
     }
     fn open(&self, rows: &Rows, options: &GenerateOptions) -> Result<StreamId, SynthError> {
+        assert!(options.seed != PANIC_SEED, "injected panic");
         let id = self.inner.open(rows, options)?;
         self.open.borrow_mut().insert(id, (options.seed, None));
         Ok(id)
@@ -237,7 +241,8 @@ async fn a_failing_or_panicking_job_fails_alone() {
     let scheduler = Scheduler::start_with(config(dir.path().to_owned(), 4), faulty_loader(dir.path().into(), 4, ends));
     tokio::time::timeout(LIMIT, async {
         ready(&scheduler).await;
-        let mut panicking = scheduler.submit(job("panic", 6)).unwrap();
+        let panic = Job { options: GenerateOptions { seed: PANIC_SEED, ..job(TEXT, 6).options }, ..job(TEXT, 6) };
+        let mut panicking = scheduler.submit(panic).unwrap();
         let mut erring = scheduler.submit(Job { options: GenerateOptions { seed: 666, ..job(TEXT, 6).options }, ..job(TEXT, 6) }).unwrap();
         let mut fine = scheduler.submit(job(TEXT, 6)).unwrap();
         let (events, samples, _) = collect(&mut panicking).await;

@@ -11,6 +11,7 @@ use serde::de::DeserializeOwned;
 use super::AppState;
 use crate::api::error::{ErrorBody, ErrorDetail};
 use crate::audio::AudioError;
+use crate::request::prompt::PromptError;
 use crate::request::validate::ValidateError;
 use crate::scheduler::SubmitError;
 
@@ -40,6 +41,10 @@ pub enum ApiError {
     WrongMethod { method: String, path: String },
     #[error("The request body is larger than this server's limit of {limit} bytes")]
     BodyTooLarge { limit: usize },
+    /// The prompt builder refused a field (validation checks the text first; references are
+    /// the builder's own to check).
+    #[error("{0}")]
+    Prompt(PromptError),
     #[error(transparent)]
     Submit(#[from] SubmitError),
     /// The job was stopped by the server (drain deadline) before its audio was complete.
@@ -67,6 +72,9 @@ impl ApiError {
             }
             ApiError::Format(e) => {
                 (StatusCode::BAD_REQUEST, INVALID, e.param().map(str::to_owned), Some("invalid_value"), None)
+            }
+            ApiError::Prompt(e) => {
+                (StatusCode::BAD_REQUEST, INVALID, e.field().map(|f| f.to_string()), Some("invalid_value"), None)
             }
             ApiError::Unauthorized => (StatusCode::UNAUTHORIZED, INVALID, None, Some("invalid_api_key"), None),
             ApiError::NoRoute { .. } => (StatusCode::NOT_FOUND, INVALID, None, Some("unknown_url"), None),
@@ -277,5 +285,15 @@ mod tests {
             (missing.status(), missing.body().error.code.as_deref()),
             (StatusCode::NOT_FOUND, Some("model_not_found"))
         );
+    }
+
+    #[test]
+    fn a_refused_prompt_names_its_field() {
+        use crate::request::{Field, TextError};
+        let refused = ApiError::Prompt(PromptError::Text(TextError::Empty { field: Field::Reference(1) }));
+        let body = refused.body().error;
+        assert_eq!(refused.status(), StatusCode::BAD_REQUEST);
+        assert_eq!((body.param.as_deref(), body.kind.as_str()), (Some("references.1"), "invalid_request_error"));
+        assert!(body.message.contains("references.1"), "{}", body.message);
     }
 }

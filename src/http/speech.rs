@@ -53,8 +53,21 @@ pub async fn create_speech(
     };
     let (content_type, sample_rate) = (encoder.content_type(), encoder.sample_rate());
 
+    // The prompt rows, built here so that the queue carries rows and a prompt the tokenizer
+    // refuses is this request's 400 (or 500), before it waits for a slot.
+    let rows = match state.scheduler().prompt_builder() {
+        Ok(builder) => match builder.build_checked(&valid.text, &[]) {
+            Ok(rows) => rows,
+            Err(e) if e.field().is_some() => return tracker.refuse(ApiError::Prompt(e)),
+            Err(e) => {
+                tracker.failed(&e.to_string());
+                return tracker.internal_error();
+            }
+        },
+        Err(e) => return tracker.refuse(ApiError::Submit(e)),
+    };
     let span = tracing::info_span!("speech", request_id = %request_id);
-    let job = Job { request_id, text: valid.text, options: valid.options, span };
+    let job = Job { request_id, rows, options: valid.options, span };
     let stream = match state.scheduler().submit(job) {
         Ok(stream) => stream,
         Err(e) => return tracker.refuse(ApiError::Submit(e)),

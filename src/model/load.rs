@@ -4,6 +4,7 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use tokenizers::Tokenizer;
 
@@ -44,7 +45,8 @@ pub struct Checkpoint {
     pub dir: PathBuf,
     pub config: ModelConfig,
     pub dims: Dims,
-    pub tokenizer: Tokenizer,
+    /// Shared with the prompt builders (the request layer's and the engine's).
+    pub tokenizer: Arc<Tokenizer>,
     pub special_tokens: SpecialTokenIds,
     pub shards: ShardedCheckpoint,
     pub codec: PthArchive,
@@ -75,8 +77,16 @@ impl Checkpoint {
         let codec_file = codec.path().display().to_string();
         let codec_dims = CodecDims::infer(&codec_file, |name| codec.get(name).map(|t| t.shape.clone()))?;
         check_codec_matches_config(&codec_file, &codec_dims, &dims)?;
-        let ckpt =
-            Checkpoint { dir: dir.to_owned(), config, dims, tokenizer, special_tokens, shards, codec, codec_dims };
+        let ckpt = Checkpoint {
+            dir: dir.to_owned(),
+            config,
+            dims,
+            tokenizer: Arc::new(tokenizer),
+            special_tokens,
+            shards,
+            codec,
+            codec_dims,
+        };
         ckpt.model_weights()?;
         ckpt.codec_weights()?;
         Ok(ckpt)

@@ -5,4 +5,4 @@ pub mod text;
 pub mod validate;
 
 pub use prompt::{PromptBuilder, PromptError, Reference};
-pub use text::{Field, TextError};
+pub use text::{CallerText, Direction, Field, TextError};

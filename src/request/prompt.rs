@@ -10,9 +10,11 @@
 //! "<|im_end|>\n"  "<|im_start|>user\n"  tagged text  "<|im_end|>\n"  "<|im_start|>assistant\n<|voice|>"
 //! ```
 
+use std::sync::Arc;
+
 use tokenizers::Tokenizer;
 
-use super::text::{Field, TextError, reference_transcript, validate_caller_text, with_speaker_tag};
+use super::text::{CallerText, Field, TextError, reference_transcript, validate_caller_text, with_speaker_tag};
 use crate::checkpoint::tokenizer::SpecialTokenIds;
 use crate::model::frame::Rows;
 use crate::model::load::Checkpoint;
@@ -65,10 +67,11 @@ impl PromptError {
 }
 
 /// Builds prompt rows with a checkpoint's tokenizer. Holds no state beyond what it is given, so
-/// one builder serves any number of requests.
-#[derive(Clone, Copy)]
-pub struct PromptBuilder<'t> {
-    tokenizer: &'t Tokenizer,
+/// one builder serves any number of requests; clones share the tokenizer, so the request layer
+/// holds one and builds each request's rows before it is queued.
+#[derive(Clone)]
+pub struct PromptBuilder {
+    tokenizer: Arc<Tokenizer>,
     semantic_start: u32,
     codebooks: usize,
     codebook_size: usize,
@@ -80,10 +83,10 @@ enum Segment<'a> {
     Audio(&'a [Vec<u32>]),
 }
 
-impl<'t> PromptBuilder<'t> {
+impl PromptBuilder {
     /// `codebooks` is `audio_decoder_config.num_codebooks`; the code range of every codebook is the
     /// semantic band's size (`audio_decoder_config.vocab_size`, which the loader checks against it).
-    pub fn new(tokenizer: &'t Tokenizer, special: &SpecialTokenIds, codebooks: usize) -> PromptBuilder<'t> {
+    pub fn new(tokenizer: Arc<Tokenizer>, special: &SpecialTokenIds, codebooks: usize) -> PromptBuilder {
         PromptBuilder {
             tokenizer,
             semantic_start: special.semantic_start,
@@ -92,26 +95,44 @@ impl<'t> PromptBuilder<'t> {
         }
     }
 
-    pub fn for_checkpoint(ckpt: &'t Checkpoint) -> PromptBuilder<'t> {
-        PromptBuilder::new(&ckpt.tokenizer, &ckpt.special_tokens, ckpt.dims.codebooks)
+    pub fn for_checkpoint(ckpt: &Checkpoint) -> PromptBuilder {
+        PromptBuilder::new(Arc::clone(&ckpt.tokenizer), &ckpt.special_tokens, ckpt.dims.codebooks)
     }
 
     /// The prompt rows for `text` spoken in the voice of `references` (none: the default voice).
     /// References are checked in order, transcript before codes, then the text (S1's order, so the
     /// first problem reported is the one S1 reports).
     pub fn build(&self, text: &str, references: &[Reference]) -> Result<Rows, PromptError> {
-        let instruction = if references.is_empty() { TTS_INSTRUCTION } else { REFERENCE_INSTRUCTION };
-        let mut segments = vec![Segment::Text(SYSTEM_START.into()), Segment::Text(instruction.into())];
+        self.check_references(references)?;
+        let text = CallerText::check(text.to_owned(), Field::Input)?;
+        self.rows(&text, references)
+    }
+
+    /// [`PromptBuilder::build`] for text the request layer already checked.
+    pub fn build_checked(&self, text: &CallerText, references: &[Reference]) -> Result<Rows, PromptError> {
+        self.check_references(references)?;
+        self.rows(text, references)
+    }
+
+    fn check_references(&self, references: &[Reference]) -> Result<(), PromptError> {
         for (i, reference) in references.iter().enumerate() {
             let field = Field::Reference(i);
             validate_caller_text(&reference.transcript, field)?;
             self.validate_codes(&reference.codes, field)?;
+        }
+        Ok(())
+    }
+
+    /// The rows of checked text and checked references.
+    fn rows(&self, text: &CallerText, references: &[Reference]) -> Result<Rows, PromptError> {
+        let instruction = if references.is_empty() { TTS_INSTRUCTION } else { REFERENCE_INSTRUCTION };
+        let mut segments = vec![Segment::Text(SYSTEM_START.into()), Segment::Text(instruction.into())];
+        for (i, reference) in references.iter().enumerate() {
             let transcript = reference_transcript(&reference.transcript);
             segments.push(Segment::Text(format!("\n\n[Reference {}]\nText: {transcript}\nSpeech: ", i + 1)));
             segments.push(Segment::Audio(&reference.codes));
         }
-        validate_caller_text(text, Field::Input)?;
-        for s in [MESSAGE_END.to_owned(), USER_START.to_owned(), with_speaker_tag(text, 0)] {
+        for s in [MESSAGE_END.to_owned(), USER_START.to_owned(), with_speaker_tag(text.as_str(), 0)] {
             segments.push(Segment::Text(s));
         }
         segments.push(Segment::Text(MESSAGE_END.into()));

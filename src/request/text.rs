@@ -68,6 +68,66 @@ pub fn validate_caller_text(text: &str, field: Field) -> Result<(), TextError> {
     Ok(())
 }
 
+/// Caller text that passed [`validate_caller_text`]: the request layer checks `input` once,
+/// and the prompt builder takes it as it is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CallerText(String);
+
+impl CallerText {
+    /// Checks `text` as `field`.
+    pub fn check(text: String, field: Field) -> Result<CallerText, TextError> {
+        validate_caller_text(&text, field)?;
+        Ok(CallerText(text))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// `[direction] ` before the text; after a leading speaker tag, so the tag still leads the
+    /// text and keeps choosing the speaker. A [`Direction`] holds no `[`, `]` or `<|`, so the
+    /// result is still valid caller text.
+    pub fn with_direction(&self, direction: &Direction) -> CallerText {
+        let (input, d) = (self.0.as_str(), direction.0.as_str());
+        let body = input.trim_start_matches(is_white_space);
+        let text = match speaker_tag_at(body) {
+            Some((len, _)) => {
+                let rest = body[len..].trim_start_matches(is_white_space);
+                format!("{} [{d}] {rest}", &body[..len])
+            }
+            None => format!("[{d}] {input}"),
+        };
+        debug_assert!(validate_caller_text(&text, Field::Input).is_ok(), "a direction keeps text valid");
+        CallerText(text)
+    }
+}
+
+/// A delivery direction (the request's `instructions`), trimmed and non-empty: one bracketed
+/// direction, so it may not close the bracket early or carry tags or structural tokens.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Direction(String);
+
+impl Direction {
+    /// `None` for blank instructions; `Err` with the reason for ones that cannot be a direction.
+    pub fn check(instructions: &str) -> Result<Option<Direction>, &'static str> {
+        let d = instructions.trim_matches(is_white_space);
+        if d.is_empty() {
+            return Ok(None);
+        }
+        if d.contains(['[', ']']) {
+            return Err("must not contain `[` or `]`: they become one bracketed direction");
+        }
+        if d.contains("<|") {
+            return Err("must not contain `<|` tokens (tags belong in `input`)");
+        }
+        Ok(Some(Direction(d.to_owned())))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
 /// A well-formed speaker tag at the start of `s`: its length in bytes and its speaker id.
 /// Well-formed means `<|speaker:` + ASCII digits spelling 0..15 without a leading zero + `|>`.
 pub fn speaker_tag_at(s: &str) -> Option<(usize, u32)> {

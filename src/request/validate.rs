@@ -4,7 +4,7 @@
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 
-use super::text::{Field, TextError, is_white_space, speaker_tag_at, validate_caller_text};
+use super::text::{CallerText, Direction, Field, TextError, is_white_space};
 use crate::api::speech::{self as wire, SpeechRequest, StreamFormat, Voice};
 use crate::audio::{self, ResponseFormat};
 use crate::engine::generate::GenerateOptions;
@@ -30,7 +30,7 @@ pub struct SpeechPolicy {
 #[derive(Clone, Debug, PartialEq)]
 pub struct ValidSpeech {
     /// The text to speak: `input`, led by `[instructions] ` when instructions were given.
-    pub text: String,
+    pub text: CallerText,
     /// Characters of `input` as sent (for the request log).
     pub input_chars: usize,
     pub voice: VoiceChoice,
@@ -122,15 +122,18 @@ pub fn validate(req: SpeechRequest, policy: &SpeechPolicy) -> Result<ValidSpeech
     }
     let input = req.input.ok_or(ValidateError::Missing { field: "input" })?;
     let input_chars = check_length("input", &input, policy.max_input_chars)?;
-    validate_caller_text(&input, Field::Input).map_err(ValidateError::Text)?;
+    let input = CallerText::check(input, Field::Input).map_err(ValidateError::Text)?;
     let voice = voice_choice(req.voice.as_ref())?;
-    let text = match req.instructions.as_deref().map(|s| s.trim_matches(is_white_space)) {
-        Some(instructions) if !instructions.is_empty() => {
-            check_length("instructions", instructions, policy.max_input_chars)?;
-            check_instructions(instructions)?;
-            with_direction(&input, instructions)
+    let direction = match req.instructions.as_deref() {
+        Some(instructions) => {
+            check_length("instructions", instructions.trim_matches(is_white_space), policy.max_input_chars)?;
+            Direction::check(instructions).map_err(|reason| ValidateError::Instructions { reason })?
         }
-        _ => input,
+        None => None,
+    };
+    let text = match &direction {
+        Some(direction) => input.with_direction(direction),
+        None => input,
     };
 
     let format = response_format(req.response_format.unwrap_or_default());
@@ -206,33 +209,6 @@ fn in_range(field: &'static str, found: f64, min: f64, max: f64) -> Result<f64, 
     Ok(found)
 }
 
-/// Instructions become one bracketed direction, so they may not close it early or carry tags
-/// or structural tokens of their own.
-fn check_instructions(instructions: &str) -> Result<(), ValidateError> {
-    if instructions.contains(['[', ']']) {
-        return Err(ValidateError::Instructions {
-            reason: "must not contain `[` or `]`: they become one bracketed direction",
-        });
-    }
-    if instructions.contains("<|") {
-        return Err(ValidateError::Instructions { reason: "must not contain `<|` tokens (tags belong in `input`)" });
-    }
-    Ok(())
-}
-
-/// `[instructions] ` before the input; after a leading speaker tag, so the tag still leads the
-/// text and keeps choosing the speaker.
-fn with_direction(input: &str, instructions: &str) -> String {
-    let body = input.trim_start_matches(is_white_space);
-    match speaker_tag_at(body) {
-        Some((len, _)) => {
-            let rest = body[len..].trim_start_matches(is_white_space);
-            format!("{} [{instructions}] {rest}", &body[..len])
-        }
-        None => format!("[{instructions}] {input}"),
-    }
-}
-
 fn response_format(format: wire::ResponseFormat) -> ResponseFormat {
     match format {
         wire::ResponseFormat::Mp3 => ResponseFormat::Mp3,
@@ -268,7 +244,7 @@ mod tests {
     #[test]
     fn defaults() {
         let v = validate(request(r#"{"model": "tts-1", "input": "hi", "seed": 7}"#), &policy()).unwrap();
-        assert_eq!(v.text, "hi");
+        assert_eq!(v.text.as_str(), "hi");
         assert_eq!(
             (v.format, v.delivery, v.sample_rate, v.speed),
             (ResponseFormat::Mp3, Delivery::Streamed, 44_100, 1.0)
@@ -333,11 +309,15 @@ mod tests {
             let json = format!(r#"{{"model": "tts-1", "input": "a", "voice": {voice}}}"#);
             assert_eq!(validate(request(&json), &policy()).unwrap().voice, VoiceChoice::Default, "{voice}");
         }
-        assert_eq!(with_direction("hello", "calm"), "[calm] hello");
-        assert_eq!(with_direction(" <|speaker:2|>  hello", "calm"), "<|speaker:2|> [calm] hello");
+        let directed = |input: &str, d: &str| {
+            let d = Direction::check(d).unwrap().unwrap();
+            CallerText::check(input.into(), Field::Input).unwrap().with_direction(&d).as_str().to_owned()
+        };
+        assert_eq!(directed("hello", "calm"), "[calm] hello");
+        assert_eq!(directed(" <|speaker:2|>  hello", "calm"), "<|speaker:2|> [calm] hello");
         let v = validate(request(r#"{"model": "tts-1", "input": "hi", "instructions": " sad "}"#), &policy()).unwrap();
-        assert_eq!(v.text, "[sad] hi");
+        assert_eq!(v.text.as_str(), "[sad] hi");
         let v = validate(request(r#"{"model": "tts-1", "input": "hi", "instructions": ""}"#), &policy()).unwrap();
-        assert_eq!(v.text, "hi");
+        assert_eq!(v.text.as_str(), "hi");
     }
 }

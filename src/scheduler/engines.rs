@@ -62,7 +62,7 @@ pub fn cpu_loader(model_dir: PathBuf, max_frames: usize, limits: BatchLimits) ->
 /// A loaded engine on backend `B` as the worker's [`Synthesizer`]: its streams live in slots.
 pub struct EngineModel<'w, B: Backend> {
     engine: Engine<'w, B>,
-    prompt: PromptBuilder<'w>,
+    prompt: PromptBuilder,
     samples_per_frame: usize,
     /// Positions a request's caches hold, where they are fixed (the GPU's); `None`: unbounded.
     context: Option<usize>,
@@ -141,8 +141,8 @@ impl<B: Backend> Synthesizer for EngineModel<'_, B> {
         (self.memory)()
     }
 
-    fn prompt(&self, text: &str) -> Result<Rows, SynthError> {
-        Ok(self.prompt.build(text, &[])?)
+    fn prompt_builder(&self) -> PromptBuilder {
+        self.prompt.clone()
     }
 
     fn health(&self) -> Result<(), String> {

@@ -8,6 +8,7 @@ use std::time::Instant;
 use tokio::sync::mpsc;
 
 use crate::engine::generate::{FinishReason, GenerateOptions};
+use crate::model::frame::Rows;
 
 /// Events buffered per job before the worker waits for the client: at most this many PCM
 /// chunks (each up to 8 frames, about 0.37 s) sit between the engine and a slow reader.
@@ -17,18 +18,18 @@ pub const REPLY_CAPACITY: usize = 16;
 #[derive(Debug)]
 pub struct Job {
     pub request_id: String,
-    /// Caller text, already validated, with the instructions prefix applied.
-    pub text: String,
+    /// The prompt rows, built from the checked text before the job was submitted.
+    pub rows: Rows,
     pub options: GenerateOptions,
     /// The request's span: the worker logs inside it, so its lines carry the request id.
     pub span: tracing::Span,
 }
 
 /// What a job reports, in this order: `Started`, zero or more `Audio`, then exactly one of
-/// `Finished` or `Failed` (`Failed` may also come first, when the prompt cannot be built).
+/// `Finished` or `Failed` (`Failed` may also come first, when the engine refuses the stream).
 #[derive(Clone, Debug, PartialEq)]
 pub enum JobEvent {
-    /// The prompt is built and generation begins; `prompt_rows` is the prompt's length in rows.
+    /// The stream joined the batch and its prompt runs; `prompt_rows` is the prompt's length in rows.
     Started { prompt_rows: usize },
     /// Mono f32 PCM at the codec's rate (44.1 kHz), continuing the previous chunk exactly.
     Audio(Vec<f32>),

@@ -23,7 +23,7 @@ pub use job::{Job, JobEvent, JobStream, REPLY_CAPACITY};
 use crate::engine::generate::{GenerateError, GenerateOptions, LoadModelError, Stepped};
 use crate::model::frame::Rows;
 use crate::model::load::LoadError;
-use crate::request::prompt::PromptError;
+use crate::request::prompt::PromptBuilder;
 use crate::telemetry;
 
 /// What the worker thread needs to start.
@@ -98,8 +98,6 @@ pub struct MemoryUse {
 /// A job's failure inside the engine (the job fails; the worker goes on).
 #[derive(Debug, thiserror::Error)]
 pub enum SynthError {
-    #[error("prompt: {0}")]
-    Prompt(#[from] PromptError),
     #[error("generation: {0}")]
     Generate(#[from] GenerateError),
 }
@@ -125,8 +123,9 @@ pub trait Synthesizer {
     fn sample_rate(&self) -> u32;
     fn samples_per_frame(&self) -> usize;
     fn memory(&self) -> MemoryUse;
-    /// Prompt rows for already validated caller text.
-    fn prompt(&self, text: &str) -> Result<Rows, SynthError>;
+    /// The prompt builder for this model's tokenizer: the request layer builds each job's rows
+    /// with it before submitting (`Scheduler::prompt_builder`).
+    fn prompt_builder(&self) -> PromptBuilder;
     /// Whether the engine can still run jobs, asked after a job failed: a GPU fault leaves the
     /// context unusable for every later job. `Err` says why.
     fn health(&self) -> Result<(), String> {
@@ -188,6 +187,8 @@ struct Shared {
     load: watch::Sender<LoadState>,
     stage: Mutex<String>,
     info: OnceLock<ModelInfo>,
+    /// The loaded model's prompt builder (requests build their rows before they are queued).
+    prompt: OnceLock<PromptBuilder>,
     draining: AtomicBool,
     /// Set by [`Scheduler::cancel_all`]: every job, running or queued, ends as `Cancelled`.
     aborting: AtomicBool,
@@ -223,6 +224,7 @@ impl Scheduler {
             load: watch::Sender::new(LoadState::Loading),
             stage: Mutex::new(String::from("starting")),
             info: OnceLock::new(),
+            prompt: OnceLock::new(),
             draining: AtomicBool::new(false),
             aborting: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
@@ -350,6 +352,13 @@ impl Scheduler {
     /// The served model, once loaded.
     pub fn model_info(&self) -> Option<ModelInfo> {
         self.inner.shared.info.get().cloned()
+    }
+
+    /// The loaded model's prompt builder: a request builds its rows with it (refused there, as a
+    /// 400 naming the field) before it is submitted, so the queue carries rows, not text.
+    /// `Loading` until the model is loaded.
+    pub fn prompt_builder(&self) -> Result<PromptBuilder, SubmitError> {
+        self.inner.shared.prompt.get().cloned().ok_or(SubmitError::Loading)
     }
 }
 

@@ -163,6 +163,7 @@ impl ModelHost for Host {
             model_dir: self.config.model_dir.clone(),
         };
         let _ = self.shared.info.set(info);
+        let _ = self.shared.prompt.set(model.prompt_builder());
         self.publish_memory(model);
         self.progress("ready");
         self.shared.load.send_replace(LoadState::Ready);
@@ -225,7 +226,7 @@ impl Host {
         }
     }
 
-    /// A queued job into the batch: its prompt built and its stream opened. `None` when it ends
+    /// A queued job into the batch: its stream opened for its prompt rows. `None` when it ends
     /// here (client gone, draining past the deadline, or refused, which it is told).
     fn join(&self, model: &dyn Synthesizer, queued: Queued) -> Option<Active> {
         let Queued { job, reply, admitted } = queued;
@@ -242,9 +243,8 @@ impl Host {
         }
         debug!(waited_ms = admitted.elapsed().as_millis() as u64, "job joins the batch");
         let opened = catch_unwind(AssertUnwindSafe(|| -> Result<_, SynthError> {
-            let rows = model.prompt(&job.text)?;
-            let id = model.open(&rows, &job.options)?;
-            Ok((id, rows.len()))
+            let id = model.open(&job.rows, &job.options)?;
+            Ok((id, job.rows.len()))
         }));
         let failure = match opened {
             Ok(Ok((id, prompt_rows))) => {

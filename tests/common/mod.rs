@@ -4,6 +4,11 @@
 
 use std::path::Path;
 
+use std::sync::OnceLock;
+
+use limelight::model::frame::Rows;
+use limelight::model::load::Checkpoint;
+use limelight::request::prompt::PromptBuilder;
 use limelight::synth::presets::Preset;
 use limelight::synth::{SynthOptions, SynthPlan};
 
@@ -18,6 +23,17 @@ pub fn tiny_checkpoint() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     tiny_plan().write(dir.path()).unwrap();
     dir
+}
+
+/// Prompt rows for `text` with the tiny checkpoint's tokenizer (every tiny checkpoint of
+/// [`SEED`] has the same one), as the request layer builds them before it submits a job.
+pub fn tiny_rows(text: &str) -> Rows {
+    static BUILDER: OnceLock<PromptBuilder> = OnceLock::new();
+    let builder = BUILDER.get_or_init(|| {
+        let dir = tiny_checkpoint();
+        PromptBuilder::for_checkpoint(&Checkpoint::open(dir.path()).expect("the tiny checkpoint opens"))
+    });
+    builder.build(text, &[]).expect("test text builds a prompt")
 }
 
 /// Writes `plan` into a fresh temporary directory.
