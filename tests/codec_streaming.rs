@@ -119,3 +119,58 @@ fn empty_and_partial_pushes() {
     assert_bit_identical("with empty pushes between", &streamed, &model.decode(&Cpu, &codes).unwrap());
     assert!(matches!(dec.push_traced(&[]), Err(CodecError::Empty)));
 }
+
+/// Several streams decoded together (`StreamingDecoder::push_many`, as the decode batch decodes
+/// its ready groups): each stream joins at its own call, sits some calls out and takes groups
+/// of its own sizes, and its samples equal its whole decode bit for bit. A stream given
+/// malformed codes fails alone and stays where it was.
+#[test]
+fn streams_decoded_together_equal_their_whole_decodes() {
+    let (_dir, model) = model();
+    let width = model.codes_per_frame();
+    let lens = [20usize, 33, 7, 48];
+    let all: Vec<Vec<u32>> = lens.iter().enumerate().map(|(i, &f)| codes(&model, f, 100 + i as u64)).collect();
+    let wholes: Vec<Vec<f32>> = all.iter().map(|c| model.decode(&Cpu, c).unwrap()).collect();
+    // The last decoder is fed a malformed group once, then nothing.
+    let mut decoders: Vec<StreamingDecoder<Cpu>> =
+        (0..=lens.len()).map(|_| StreamingDecoder::new(&model, &Cpu)).collect();
+    let (mut at, mut pcm) = (vec![0usize; lens.len()], vec![Vec::new(); lens.len()]);
+    let (mut call, mut together) = (0, 0);
+    while at.iter().zip(&lens).any(|(a, l)| a < l) {
+        let mut chunks: Vec<(usize, Vec<u32>)> = Vec::new();
+        for s in 0..lens.len() {
+            if call < s || (call + s) % 5 == 0 || at[s] == lens[s] {
+                continue;
+            }
+            let n = (1 + (call + 2 * s) % 8).min(lens[s] - at[s]);
+            chunks.push((s, all[s][at[s] * width..(at[s] + n) * width].to_vec()));
+            at[s] += n;
+        }
+        if call == 2 {
+            chunks.push((lens.len(), all[0][..15].to_vec()));
+        }
+        together = together.max(chunks.len());
+        let mut picked: Vec<&mut StreamingDecoder<Cpu>> = (decoders.iter_mut().enumerate())
+            .filter(|(i, _)| chunks.iter().any(|(s, _)| s == i))
+            .map(|(_, d)| d)
+            .collect();
+        let code_refs: Vec<&[u32]> = chunks.iter().map(|(_, c)| c.as_slice()).collect();
+        let results = StreamingDecoder::push_many(&mut picked, &code_refs);
+        for ((s, c), result) in chunks.iter().zip(results) {
+            if *s == lens.len() {
+                assert!(matches!(result, Err(CodecError::Codes { len: 15, width: 10 })), "{result:?}");
+                continue;
+            }
+            let samples = result.unwrap();
+            assert_eq!(samples.len(), 2048 * c.len() / width, "stream {s}: samples of its group");
+            pcm[*s].extend(samples);
+        }
+        call += 1;
+    }
+    assert!(together >= 4, "at most {together} streams shared a call");
+    assert_eq!(decoders[lens.len()].frames(), 0, "the malformed stream did not advance");
+    for (s, (got, whole)) in pcm.iter().zip(&wholes).enumerate() {
+        assert_eq!(decoders[s].frames(), lens[s]);
+        assert_bit_identical(&format!("stream {s} decoded with others"), got, whole);
+    }
+}

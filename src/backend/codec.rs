@@ -169,4 +169,102 @@ pub trait CodecOps: BackendTypes {
 
     /// `tanh` of a one-channel activation, as host samples.
     fn codec_tanh_pcm(&self, x: &Self::Act) -> Vec<f32>;
+
+    // Several streams at once (the decode batch's ready groups). `x` stacks each stream's new
+    // rows in order, `rows[s]` of them for stream `s`; each stream continues its own state, and
+    // the output stacks each stream's output rows in the same order. Contract: each stream's
+    // rows equal what the single-stream operation gives it, bit for bit, whatever else shares
+    // the call. The defaults run each stream alone; a backend overrides them to share launches.
+
+    /// [`CodecOps::codec_transformer_layer`] over streams; `ropes[s]` holds stream `s`'s rows.
+    fn codec_transformer_layer_rows(
+        &self,
+        shape: &CodecAttentionShape,
+        w: &TransformerLayer<Self::Weight>,
+        ropes: &[Vec<f32>],
+        x: &Self::Act,
+        rows: &[usize],
+        kvs: &mut [&mut Self::KvWindow],
+    ) -> Self::Act {
+        let mut kvs = kvs.iter_mut();
+        let mut ropes = ropes.iter();
+        each_stream(self, x, rows, |xs| {
+            let (kv, rope) = (kvs.next().expect("one window per stream"), ropes.next().expect("one rope per stream"));
+            self.codec_transformer_layer(shape, w, rope, xs, kv)
+        })
+    }
+
+    /// [`CodecOps::codec_upsample_stage`] over streams (each stream's rows double).
+    fn codec_upsample_stage_rows(
+        &self,
+        w: &UpsampleStage<Self::Weight>,
+        x: &Self::Act,
+        rows: &[usize],
+        dw_histories: &mut [&mut Self::ConvHistory],
+    ) -> Self::Act {
+        let mut histories = dw_histories.iter_mut();
+        each_stream(self, x, rows, |xs| self.codec_upsample_stage(w, xs, histories.next().expect("one per stream")))
+    }
+
+    /// [`CodecOps::codec_causal_conv`] over streams.
+    fn codec_causal_conv_rows(
+        &self,
+        conv: &CausalConv<Self::Weight>,
+        snake: Option<&Self::Weight>,
+        x: &Self::Act,
+        rows: &[usize],
+        histories: &mut [&mut Self::ConvHistory],
+    ) -> Self::Act {
+        let mut histories = histories.iter_mut();
+        each_stream(self, x, rows, |xs| {
+            self.codec_causal_conv(conv, snake, xs, histories.next().expect("one history per stream"))
+        })
+    }
+
+    /// [`CodecOps::codec_decoder_upsample`] over streams (each stream's rows × stride).
+    fn codec_decoder_upsample_rows(
+        &self,
+        w: &DecoderUpsample<Self::Weight>,
+        x: &Self::Act,
+        rows: &[usize],
+        histories: &mut [&mut Self::ConvHistory],
+    ) -> Self::Act {
+        let mut histories = histories.iter_mut();
+        each_stream(self, x, rows, |xs| {
+            self.codec_decoder_upsample(w, xs, histories.next().expect("one history per stream"))
+        })
+    }
+
+    /// [`CodecOps::codec_residual_unit`] over streams.
+    fn codec_residual_unit_rows(
+        &self,
+        w: &ResidualUnitParams<Self::Weight>,
+        x: &Self::Act,
+        rows: &[usize],
+        histories: &mut [&mut Self::ConvHistory],
+    ) -> Self::Act {
+        let mut histories = histories.iter_mut();
+        each_stream(self, x, rows, |xs| {
+            self.codec_residual_unit(w, xs, histories.next().expect("one history per stream"))
+        })
+    }
+}
+
+/// Runs `op` on each stream's rows of `x` alone (in order) and stacks the outputs.
+fn each_stream<B: BackendTypes + ?Sized>(
+    backend: &B,
+    x: &B::Act,
+    rows: &[usize],
+    mut op: impl FnMut(&B::Act) -> B::Act,
+) -> B::Act {
+    let mut start = 0;
+    let outputs: Vec<B::Act> = rows
+        .iter()
+        .map(|&n| {
+            let xs = backend.act_rows(x, start, n);
+            start += n;
+            op(&xs)
+        })
+        .collect();
+    backend.stack_rows(&outputs)
 }

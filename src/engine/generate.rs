@@ -288,8 +288,22 @@ impl<'w, B: Backend> Engine<'w, B> {
                 rows[*i] = Some(row);
             }
         }
-        (generations.iter_mut().zip(rows))
-            .map(|(g, row)| g.take_frame(row.expect("every generation got a row")?, self.eos))
+        // Each generation takes its frame; those with a codec group due decode it together.
+        let finished: Vec<Result<Option<FinishReason>, GenerateError>> = (generations.iter_mut().zip(rows))
+            .map(|(g, row)| Ok(g.take_frame(row.expect("every generation got a row")?, self.eos)))
+            .collect();
+        let due: Vec<bool> = (generations.iter().zip(&finished))
+            .map(|(g, f)| matches!(f, Ok(end) if g.audio.due(end.is_some())))
+            .collect();
+        let mut outs: Vec<&mut AudioOut<'_, B>> =
+            generations.iter_mut().zip(&due).filter(|(_, due)| **due).map(|(g, _)| &mut g.audio).collect();
+        let mut pcms = AudioOut::decode(&mut outs).into_iter();
+        (finished.into_iter().zip(due))
+            .map(|(finished, due)| {
+                let finished = finished?;
+                let pcm = if due { pcms.next().expect("one result per decoded generation")? } else { Vec::new() };
+                Ok(Stepped { pcm, finished })
+            })
             .collect()
     }
 
@@ -378,30 +392,31 @@ impl<B: Backend> Generation<'_, B> {
         self.produced.len()
     }
 
-    fn take_frame(&mut self, row: Vec<u32>, eos: u32) -> Result<Stepped, GenerateError> {
+    /// Takes one frame (its codes wait for their codec group); returns why the generation
+    /// ended with it, if it did.
+    fn take_frame(&mut self, row: Vec<u32>, eos: u32) -> Option<FinishReason> {
         let max_frames = match &self.source {
             Source::Batch(stream) => stream.opts.max_frames,
             Source::Device(_, max_frames) => *max_frames,
         };
-        let mut pcm = Vec::new();
         let finished = if row[0] == eos {
             Some(FinishReason::Stop)
         } else {
             self.produced.push_row(&row);
-            pcm = self.audio.push(&row[1..])?;
+            self.audio.add(&row[1..]);
             (self.produced.len() >= max_frames).then_some(FinishReason::Length)
         };
-        if finished.is_some() {
-            pcm.extend(self.audio.flush()?);
-            self.done = true;
-        }
-        Ok(Stepped { pcm, finished })
+        self.done |= finished.is_some();
+        finished
     }
 
     /// Ends it before its last frame: returns the PCM of frames produced but not yet decoded.
     pub fn cancel(&mut self) -> Result<Vec<f32>, GenerateError> {
         self.done = true;
-        Ok(self.audio.flush()?)
+        if !self.audio.due(true) {
+            return Ok(Vec::new());
+        }
+        Ok(AudioOut::decode(&mut [&mut self.audio]).pop().expect("one result")?)
     }
 
     /// What it produced, ending with `reason`.
@@ -436,26 +451,28 @@ impl<'m, B: Backend> AudioOut<'m, B> {
         AudioOut { decoder: StreamingDecoder::new(codec, backend), pending: Vec::new(), pending_frames: 0, groups: 0 }
     }
 
-    /// Adds one frame's codes; returns PCM when a group is complete (else nothing).
-    fn push(&mut self, codes: &[u32]) -> Result<Vec<f32>, CodecError> {
+    /// Adds one frame's codes.
+    fn add(&mut self, codes: &[u32]) {
         self.pending.extend_from_slice(codes);
         self.pending_frames += 1;
-        if self.pending_frames < codec_group(self.groups) {
-            return Ok(Vec::new());
-        }
-        self.flush()
     }
 
-    /// Decodes whatever frames are pending.
-    fn flush(&mut self) -> Result<Vec<f32>, CodecError> {
-        if self.pending_frames == 0 {
-            return Ok(Vec::new());
+    /// Whether pending frames should be decoded now: a whole group, or any at the end.
+    fn due(&self, at_end: bool) -> bool {
+        self.pending_frames > 0 && (at_end || self.pending_frames >= codec_group(self.groups))
+    }
+
+    /// Decodes the pending frames of each of `outs` together (one codec pass over all of them);
+    /// each gets its own PCM (empty where nothing was pending) or its own error.
+    fn decode(outs: &mut [&mut AudioOut<'m, B>]) -> Vec<Result<Vec<f32>, CodecError>> {
+        let codes: Vec<Vec<u32>> = outs.iter_mut().map(|o| std::mem::take(&mut o.pending)).collect();
+        for o in outs.iter_mut().filter(|o| o.pending_frames > 0) {
+            o.pending_frames = 0;
+            o.groups += 1;
         }
-        let pcm = self.decoder.push(&self.pending)?;
-        self.pending.clear();
-        self.pending_frames = 0;
-        self.groups += 1;
-        Ok(pcm)
+        let code_refs: Vec<&[u32]> = codes.iter().map(Vec::as_slice).collect();
+        let mut decoders: Vec<&mut StreamingDecoder<'m, B>> = outs.iter_mut().map(|o| &mut o.decoder).collect();
+        StreamingDecoder::push_many(&mut decoders, &code_refs)
     }
 }
 

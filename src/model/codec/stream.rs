@@ -90,7 +90,87 @@ impl<'m, B: CodecOps> StreamingDecoder<'m, B> {
         self.run(codes)?.ok_or(CodecError::Empty)
     }
 
-    fn run(&mut self, codes: &[u32]) -> Result<Option<Decoded<B::Act>>, CodecError> {
+    /// Decodes the next frames of several streams together (the decode batch's ready groups):
+    /// `codes[s]` continues `decoders[s]`, all of one model. The stages stack the streams' rows,
+    /// so each stage is one backend call for all of them (`CodecOps::*_rows`), and each stream's
+    /// samples equal what [`Self::push`] would give it, bit for bit. A stream whose codes are
+    /// malformed gets its error; the others decode.
+    pub fn push_many(
+        decoders: &mut [&mut StreamingDecoder<'m, B>],
+        codes: &[&[u32]],
+    ) -> Vec<Result<Vec<f32>, CodecError>> {
+        assert_eq!(decoders.len(), codes.len(), "one code list per decoder");
+        let mut results: Vec<Result<Vec<f32>, CodecError>> = Vec::with_capacity(codes.len());
+        // Streams that decode: their index and frames.
+        let mut live: Vec<(usize, usize)> = Vec::new();
+        for (i, (d, c)) in decoders.iter().zip(codes).enumerate() {
+            results.push(d.check(c).map(|n| {
+                if n > 0 {
+                    live.push((i, n));
+                }
+                Vec::new()
+            }));
+        }
+        let Some(&(first, _)) = live.first() else { return results };
+        let (model, b) = (decoders[first].model, decoders[first].backend);
+        let p = &model.params;
+        let mut stacked: Vec<u32> = Vec::new();
+        for &(i, _) in &live {
+            assert!(std::ptr::eq(decoders[i].model, model), "push_many: decoders of one model");
+            stacked.extend_from_slice(codes[i]);
+        }
+        clamp_codes(&model.dims, &mut stacked);
+        let mut rows: Vec<usize> = live.iter().map(|&(_, n)| n).collect();
+        let mut is_live = vec![false; decoders.len()];
+        for &(i, _) in &live {
+            is_live[i] = true;
+        }
+        let mut states: Vec<&mut StreamingDecoder<'m, B>> =
+            decoders.iter_mut().zip(&is_live).filter(|(_, live)| **live).map(|(d, _)| &mut **d).collect();
+
+        let shape = model.attention_shape();
+        let ropes: Vec<Vec<f32>> =
+            states.iter().zip(&rows).map(|(d, &n)| rope_rows(&d.inv_freq, d.frames, n)).collect();
+        let mut x = b.codec_rvq(&p.books, &stacked);
+        for (l, layer) in p.post_layers.iter().enumerate() {
+            let mut kvs: Vec<&mut B::KvWindow> = states.iter_mut().map(|d| &mut d.kv[l]).collect();
+            x = b.codec_transformer_layer_rows(&shape, layer, &ropes, &x, &rows, &mut kvs);
+        }
+        x = b.codec_rms_norm(&p.post_norm, shape.norm_eps, &x);
+        for (k, stage) in p.upsample.iter().enumerate() {
+            let mut histories: Vec<&mut B::ConvHistory> = states.iter_mut().map(|d| &mut d.upsample[k]).collect();
+            x = b.codec_upsample_stage_rows(stage, &x, &rows, &mut histories);
+            rows.iter_mut().for_each(|n| *n *= 2);
+        }
+        let mut histories: Vec<&mut B::ConvHistory> = states.iter_mut().map(|d| &mut d.conv_in).collect();
+        x = b.codec_causal_conv_rows(&p.conv_in, None, &x, &rows, &mut histories);
+        for (k, block) in p.blocks.iter().enumerate() {
+            let mut histories: Vec<&mut B::ConvHistory> =
+                states.iter_mut().map(|d| &mut d.blocks[k].upsample).collect();
+            x = b.codec_decoder_upsample_rows(&block.upsample, &x, &rows, &mut histories);
+            rows.iter_mut().for_each(|n| *n *= block.upsample.conv.stride);
+            for (u, unit) in block.units.iter().enumerate() {
+                let mut histories: Vec<&mut B::ConvHistory> =
+                    states.iter_mut().map(|d| &mut d.blocks[k].units[u]).collect();
+                x = b.codec_residual_unit_rows(unit, &x, &rows, &mut histories);
+            }
+        }
+        let mut histories: Vec<&mut B::ConvHistory> = states.iter_mut().map(|d| &mut d.conv_out).collect();
+        let pre_tanh = b.codec_causal_conv_rows(&p.conv_out, Some(&p.out_snake), &x, &rows, &mut histories);
+        let pcm = b.codec_tanh_pcm(&pre_tanh);
+        // One channel: a stream's samples are its final rows.
+        let mut start = 0;
+        for ((&(i, n), &samples), d) in live.iter().zip(&rows).zip(states.iter_mut()) {
+            d.frames += n;
+            results[i] = Ok(pcm[start..start + samples].to_vec());
+            start += samples;
+        }
+        debug_assert_eq!(start, pcm.len(), "every sample belongs to a stream");
+        results
+    }
+
+    /// The frames in `codes`, if they are whole frames that fit the positions left.
+    fn check(&self, codes: &[u32]) -> Result<usize, CodecError> {
         let width = self.model.codes_per_frame();
         if !codes.len().is_multiple_of(width) {
             return Err(CodecError::Codes { len: codes.len(), width });
@@ -99,6 +179,11 @@ impl<'m, B: CodecOps> StreamingDecoder<'m, B> {
         if self.frames + n > ROPE_POSITIONS {
             return Err(CodecError::TooLong { frames: self.frames + n, max: ROPE_POSITIONS });
         }
+        Ok(n)
+    }
+
+    fn run(&mut self, codes: &[u32]) -> Result<Option<Decoded<B::Act>>, CodecError> {
+        let n = self.check(codes)?;
         if n == 0 {
             return Ok(None);
         }

@@ -72,7 +72,52 @@ fn tiny_checkpoint(ctx: &mut Ctx) {
     judged(ctx, "PCM", rel_l2(&got_pcm, &want_pcm), rel_l2(&yard_pcm, &want_pcm));
 
     streamed(ctx, "tiny", &gpu_model, &codes, &got_pcm);
+    together(ctx, &gpu_model);
     allocations(ctx, &gpu_model, &codes);
+}
+
+/// Streams decoded together (`StreamingDecoder::push_many`, the decode batch's codec pass): each
+/// joins at its own call, sits some calls out and takes groups of its own sizes; its samples
+/// must equal its own whole decode, bit for bit.
+fn together(ctx: &mut Ctx, model: &CodecModel<Cuda>) {
+    let cuda: &Cuda = ctx.cuda;
+    let width = model.codes_per_frame();
+    let lens = [20usize, 33, 7, 48, 130, 9];
+    let all: Vec<Vec<u32>> = lens.iter().map(|&f| random_codes(ctx, &model.dims, f)).collect();
+    let wholes: Vec<Vec<f32>> = all.iter().map(|c| model.decode(cuda, c).expect("GPU whole decode")).collect();
+    let mut decoders: Vec<StreamingDecoder<Cuda>> = lens.iter().map(|_| StreamingDecoder::new(model, cuda)).collect();
+    let (mut at, mut pcm) = (vec![0usize; lens.len()], vec![Vec::new(); lens.len()]);
+    let (mut call, mut most) = (0, 0);
+    while at.iter().zip(&lens).any(|(a, l)| a < l) {
+        let mut chunks: Vec<(usize, Vec<u32>)> = Vec::new();
+        for s in 0..lens.len() {
+            if call < s || (call + s) % 5 == 0 || at[s] == lens[s] {
+                continue;
+            }
+            let n = (1 + (call + 2 * s) % 8).min(lens[s] - at[s]);
+            chunks.push((s, all[s][at[s] * width..(at[s] + n) * width].to_vec()));
+            at[s] += n;
+        }
+        most = most.max(chunks.len());
+        let mut picked: Vec<&mut StreamingDecoder<Cuda>> = (decoders.iter_mut().enumerate())
+            .filter(|(i, _)| chunks.iter().any(|(s, _)| s == i))
+            .map(|(_, d)| d)
+            .collect();
+        let code_refs: Vec<&[u32]> = chunks.iter().map(|(_, c)| c.as_slice()).collect();
+        for ((s, _), result) in chunks.iter().zip(StreamingDecoder::push_many(&mut picked, &code_refs)) {
+            pcm[*s].extend(result.expect("GPU decode of streams together"));
+        }
+        call += 1;
+    }
+    let differ: usize = pcm.iter().zip(&wholes).map(|(got, whole)| differing(got, whole)).sum();
+    let samples: usize = wholes.iter().map(Vec::len).sum();
+    ctx.check(
+        format!("codec streams decoded together == each whole decode [{} streams, up to {most} per call]", lens.len()),
+        "differing samples",
+        "0".into(),
+        format!("{differ} of {samples}"),
+        differ == 0,
+    );
 }
 
 fn judged(ctx: &mut Ctx, stage: &str, gpu: f64, yard: f64) {

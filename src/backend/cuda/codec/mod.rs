@@ -115,7 +115,7 @@ impl CodecOps for Cuda {
         x: &GpuMatrix,
         kv: &mut GpuKvWindow,
     ) -> GpuMatrix {
-        transformer::layer(self, shape, w, rope, x, kv)
+        transformer::layer(self, shape, w, &[rope], x, &[x.rows], &mut [kv])
     }
 
     fn codec_rms_norm(&self, weight: &GpuWeight, eps: f32, x: &GpuMatrix) -> GpuMatrix {
@@ -128,7 +128,7 @@ impl CodecOps for Cuda {
         x: &GpuMatrix,
         dw_history: &mut GpuConvHistory,
     ) -> GpuMatrix {
-        conv::upsample_stage(self, w, x, dw_history)
+        conv::upsample_stage(self, w, x, &[x.rows], &mut [dw_history])
     }
 
     fn codec_causal_conv(
@@ -138,7 +138,7 @@ impl CodecOps for Cuda {
         x: &GpuMatrix,
         history: &mut GpuConvHistory,
     ) -> GpuMatrix {
-        conv::causal_conv(self, conv, snake, x, history)
+        conv::causal_conv(self, conv, snake, x, &[x.rows], &mut [history])
     }
 
     fn codec_decoder_upsample(
@@ -147,7 +147,7 @@ impl CodecOps for Cuda {
         x: &GpuMatrix,
         history: &mut GpuConvHistory,
     ) -> GpuMatrix {
-        conv::decoder_upsample(self, w, x, history)
+        conv::decoder_upsample(self, w, x, &[x.rows], &mut [history])
     }
 
     fn codec_residual_unit(
@@ -156,11 +156,67 @@ impl CodecOps for Cuda {
         x: &GpuMatrix,
         history: &mut GpuConvHistory,
     ) -> GpuMatrix {
-        conv::residual_unit(self, w, x, history)
+        conv::residual_unit(self, w, x, &[x.rows], &mut [history])
     }
 
     fn codec_tanh_pcm(&self, x: &GpuMatrix) -> Vec<f32> {
         conv::tanh_pcm(self, x)
+    }
+
+    // Several streams: one launch per stage for all of them (their windows stacked).
+
+    fn codec_transformer_layer_rows(
+        &self,
+        shape: &CodecAttentionShape,
+        w: &TransformerLayer<GpuWeight>,
+        ropes: &[Vec<f32>],
+        x: &GpuMatrix,
+        rows: &[usize],
+        kvs: &mut [&mut GpuKvWindow],
+    ) -> GpuMatrix {
+        let ropes: Vec<&[f32]> = ropes.iter().map(Vec::as_slice).collect();
+        transformer::layer(self, shape, w, &ropes, x, rows, kvs)
+    }
+
+    fn codec_upsample_stage_rows(
+        &self,
+        w: &UpsampleStage<GpuWeight>,
+        x: &GpuMatrix,
+        rows: &[usize],
+        dw_histories: &mut [&mut GpuConvHistory],
+    ) -> GpuMatrix {
+        conv::upsample_stage(self, w, x, rows, dw_histories)
+    }
+
+    fn codec_causal_conv_rows(
+        &self,
+        conv: &CausalConv<GpuWeight>,
+        snake: Option<&GpuWeight>,
+        x: &GpuMatrix,
+        rows: &[usize],
+        histories: &mut [&mut GpuConvHistory],
+    ) -> GpuMatrix {
+        conv::causal_conv(self, conv, snake, x, rows, histories)
+    }
+
+    fn codec_decoder_upsample_rows(
+        &self,
+        w: &DecoderUpsample<GpuWeight>,
+        x: &GpuMatrix,
+        rows: &[usize],
+        histories: &mut [&mut GpuConvHistory],
+    ) -> GpuMatrix {
+        conv::decoder_upsample(self, w, x, rows, histories)
+    }
+
+    fn codec_residual_unit_rows(
+        &self,
+        w: &ResidualUnitParams<GpuWeight>,
+        x: &GpuMatrix,
+        rows: &[usize],
+        histories: &mut [&mut GpuConvHistory],
+    ) -> GpuMatrix {
+        conv::residual_unit(self, w, x, rows, histories)
     }
 }
 

@@ -62,25 +62,59 @@ pub fn rms_norm(cuda: &Cuda, w: &GpuWeight, eps: f32, x: &GpuMatrix) -> GpuMatri
     y
 }
 
-/// One pre-norm layer with LayerScale over the new frames `x`, continuing `kv`.
+/// One pre-norm layer with LayerScale over new frames: `x` stacks each stream's frames
+/// (`rows[s]` of them, with RoPE rows `ropes[s]`), and each stream continues its own window
+/// `kvs[s]`. Norms and projections run once over all rows; RoPE, attention and the window are
+/// each stream's own.
 pub fn layer(
     cuda: &Cuda,
     s: &CodecAttentionShape,
     w: &TransformerLayer<GpuWeight>,
-    rope: &[f32],
+    ropes: &[&[f32]],
     x: &GpuMatrix,
-    kv: &mut GpuKvWindow,
+    rows: &[usize],
+    kvs: &mut [&mut GpuKvWindow],
 ) -> GpuMatrix {
     let width = s.heads * s.head_dim;
-    let n = x.rows;
     assert_eq!(s.head_dim, HEAD_DIM, "the codec attention kernel is built for head_dim 64");
-    assert_eq!((x.cols, kv.keys.cols, kv.keys.rows), (width, width, s.window - 1), "transformer widths");
-    assert_eq!(rope.len(), n * s.head_dim, "one rope row per frame");
-    if n == 0 {
+    assert_eq!((ropes.len(), kvs.len()), (rows.len(), rows.len()), "one rope and one window per stream");
+    assert_eq!((x.cols, rows.iter().sum::<usize>()), (width, x.rows), "transformer input");
+    if x.rows == 0 {
         return cuda.matrix_f16(0, width);
     }
     let normed = rms_norm(cuda, &w.attention_norm, s.norm_eps, x);
     let qkv = linear(cuda, &normed, &w.wqkv, 3 * width, Epilogue::None, None);
+    let attended = cuda.matrix_f16(x.rows, width);
+    let mut at = 0;
+    for ((&n, rope), kv) in rows.iter().zip(ropes).zip(kvs.iter_mut()).filter(|((n, _), _)| **n > 0) {
+        attend_stream(cuda, s, qkv.row_ptr(at), n, rope, kv, attended.row_ptr(at));
+        at += n;
+    }
+    let gamma = Some(&w.attention_layer_scale);
+    let h = linear(cuda, &attended, &w.wo, width, Epilogue::None, Some(Residual { x, gamma }));
+    let normed = rms_norm(cuda, &w.ffn_norm, s.norm_eps, &h);
+    let inter = w.w1.shape[0];
+    let up = linear(cuda, &normed, &w.w3, inter, Epilogue::None, None);
+    let gated = linear(cuda, &normed, &w.w1, inter, Epilogue::SiluGate(&up), None);
+    let gamma = Some(&w.ffn_layer_scale);
+    linear(cuda, &gated, &w.w2, width, Epilogue::None, Some(Residual { x: &h, gamma }))
+}
+
+/// One stream's attention over its `n` new frames: RoPE and split of its `qkv` rows (at `qkv`)
+/// into queries and the window's keys and values, attention into its rows at `out`, and its
+/// window carried forward.
+fn attend_stream(
+    cuda: &Cuda,
+    s: &CodecAttentionShape,
+    qkv: u64,
+    n: usize,
+    rope: &[f32],
+    kv: &mut GpuKvWindow,
+    out: u64,
+) {
+    let width = s.heads * s.head_dim;
+    assert_eq!((kv.keys.cols, kv.keys.rows), (width, s.window - 1), "attention window shape");
+    assert_eq!(rope.len(), n * s.head_dim, "one rope row per frame");
     // The window's past rows, then the new frames' keys and values (capacity independent of
     // the window's fill, so the pool's size classes settle after the first call).
     let (keys, values) = (cuda.matrix_f16(s.window - 1 + n, width), cuda.matrix_f16(s.window - 1 + n, width));
@@ -94,7 +128,7 @@ pub fn layer(
     let staged_rope = cuda.scratch(rope.len() * 4);
     cuda.stage_to_device(staged_rope.ptr(), rope);
     let args = [
-        qkv.ptr().into(),
+        qkv.into(),
         staged_rope.ptr().into(),
         q.ptr().into(),
         keys.ptr().into(),
@@ -110,22 +144,13 @@ pub fn layer(
         Dims::linear(threads.div_ceil(THREADS as usize), THREADS),
         &args,
     );
-    let attended = attention(cuda, s, &q, &keys, &values, past);
+    attention(cuda, s, &q, &keys, &values, past, out);
 
     // Keep the last `window − 1` rows for the next call.
     kv.len = (past + n).min(s.window - 1);
     let from = (past + n - kv.len) * width * 2;
     cuda.copy_device_to_device(kv.keys.ptr(), keys.ptr() + from as u64, kv.len * width * 2);
     cuda.copy_device_to_device(kv.values.ptr(), values.ptr() + from as u64, kv.len * width * 2);
-
-    let gamma = Some(&w.attention_layer_scale);
-    let h = linear(cuda, &attended, &w.wo, width, Epilogue::None, Some(Residual { x, gamma }));
-    let normed = rms_norm(cuda, &w.ffn_norm, s.norm_eps, &h);
-    let inter = w.w1.shape[0];
-    let up = linear(cuda, &normed, &w.w3, inter, Epilogue::None, None);
-    let gated = linear(cuda, &normed, &w.w1, inter, Epilogue::SiluGate(&up), None);
-    let gamma = Some(&w.ffn_layer_scale);
-    linear(cuda, &gated, &w.w2, width, Epilogue::None, Some(Residual { x: &h, gamma }))
 }
 
 /// `input · Wᵀ` (no bias), with an epilogue and an optional residual.
@@ -140,7 +165,8 @@ fn linear(
     gemm(cuda, &Gemm { input, rows: input.rows, taps: Taps::Linear, weight, n: out, bias: None, epilogue, residual })
 }
 
-/// Attention of the `q` rows; query `r` is row `past + r` of `keys` / `values`.
+/// Attention of the `q` rows into `q.rows` rows at `out`; query `r` is row `past + r` of
+/// `keys` / `values`.
 fn attention(
     cuda: &Cuda,
     s: &CodecAttentionShape,
@@ -148,11 +174,11 @@ fn attention(
     keys: &GpuMatrix,
     values: &GpuMatrix,
     past: usize,
-) -> GpuMatrix {
-    let out = cuda.matrix_f16(q.rows, q.cols);
+    out: u64,
+) {
     let tasks = q.rows * s.heads;
     if tasks == 0 {
-        return out;
+        return;
     }
     let shared = ATTN_WARPS * (HEAD_DIM + s.window) * 4;
     assert!(shared <= 48 << 10, "attention window {} needs more shared memory than a default launch", s.window);
@@ -161,7 +187,7 @@ fn attention(
         q.ptr().into(),
         keys.ptr().into(),
         values.ptr().into(),
-        out.ptr().into(),
+        out.into(),
         q.rows.into(),
         s.heads.into(),
         past.into(),
@@ -170,5 +196,4 @@ fn attention(
     ];
     let dims = Dims::linear(tasks.div_ceil(ATTN_WARPS), (ATTN_WARPS * 32) as u32).with_shared(shared as u32);
     cuda.kernels.codec.attention.launch(cuda.stream(), dims, &args);
-    out
 }
