@@ -2,16 +2,7 @@
 // and the restricted lm_head. fp32 accumulation; projection and embedding outputs are rounded
 // once to bf16, logits stay f32. Multi-row projections normally go to cuBLASLt
 // (src/backend/cuda/cublaslt.rs); `linear_tiled` is the fallback when the library is absent.
-#include "common.cuh"
-
-// 16 bytes of a weight that this call reads exactly once: non-coherent path, not kept in L1.
-__device__ __forceinline__ uint4 load_stream(const uint4* p) {
-    uint4 v;
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-        : "l"(p));
-    return v;
-}
+#include "mma.cuh"
 
 // The 8 bf16 of a 16-byte vector as f32 (bf16 → f32 is a 16-bit shift: exact).
 __device__ __forceinline__ void unpack8(uint4 v, float* f) {

@@ -1,0 +1,74 @@
+// Tensor-core primitives (mma.sync, sm_80 and newer) for the row-invariant GEMMs.
+//
+// Why row-invariant: a decode batch must give each row the bits it gets alone (issue 12). An
+// mma.sync computes every output element from its own row of A and column of B only, so a GEMM
+// whose K is walked in an order fixed by K alone (never by the row count: no split-K picked by
+// M, no library heuristics, no atomics) gives each row the same sum whatever rows share its tile.
+//
+// Fragments of mma.m16n8k16 (PTX ISA, "Matrix fragments for mma.m16n8k16"), g = lane / 4,
+// c = lane % 4, each 32-bit register two 16-bit elements (the lower k in the low half):
+//   a[0] = A[g][2c, 2c+1]      a[1] = A[g+8][2c, 2c+1]
+//   a[2] = A[g][2c+8, 2c+9]    a[3] = A[g+8][2c+8, 2c+9]
+//   b[0] = B[2c, 2c+1][g]      b[1] = B[2c+8, 2c+9][g]
+//   d[0], d[1] = D[g][2c, 2c+1]   d[2], d[3] = D[g+8][2c, 2c+1]
+//
+// Loading fragments straight from row-major global memory ("k permutation"): the sum over k is
+// the same under any fixed bijection of k applied to both operands. If lane (g, c) holds four
+// consecutive k of A's rows g and g+8 and of B's column g (two 32-bit words each, starting at the
+// same k), then {a_g.lo, a_g8.lo, a_g.hi, a_g8.hi} and {b.lo, b.hi} are valid fragments of one
+// k16 step over the 16 k the four lanes c = 0..3 of the group hold together. So a lane that
+// loads 16 bytes (8 bf16 / f16) of each of its rows covers two k16 steps (`mma_*_k32`), and the
+// four lanes of a group read 64 consecutive bytes of each row. The order of the MMAs over a
+// tile's K is the order of the k32 (or k16) steps, fixed by the caller.
+#pragma once
+#include <cuda_fp16.h>
+
+#include "common.cuh"
+
+// d += A·B over one k16 step; bf16 operands, f32 accumulators.
+__device__ __forceinline__ void mma_bf16_k16(float d[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                             uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// d += A·B over one k16 step; f16 operands, f32 accumulators.
+__device__ __forceinline__ void mma_f16_k16(float d[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                            uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Two k16 steps from one 16-byte vector per operand (the k permutation above): ag / ag8 hold 8
+// consecutive bf16 of A's rows g and g + 8, b the same 8 k of B's column g.
+__device__ __forceinline__ void mma_bf16_k32(float d[4], uint4 ag, uint4 ag8, uint4 b) {
+    mma_bf16_k16(d, ag.x, ag8.x, ag.y, ag8.y, b.x, b.y);
+    mma_bf16_k16(d, ag.z, ag8.z, ag.w, ag8.w, b.z, b.w);
+}
+
+// As mma_bf16_k32, with f16 operands.
+__device__ __forceinline__ void mma_f16_k32(float d[4], uint4 ag, uint4 ag8, uint4 b) {
+    mma_f16_k16(d, ag.x, ag8.x, ag.y, ag8.y, b.x, b.y);
+    mma_f16_k16(d, ag.z, ag8.z, ag.w, ag8.w, b.z, b.w);
+}
+
+// Four e4m3 codes (first element in the low byte) as two f16x2 words, exactly: every e4m3 value
+// is an f16, so an e4m3 GEMM can run on the f16 MMA without rounding its operands.
+__device__ __forceinline__ uint2 e4m3x4_to_f16x4(uint32_t v) {
+    const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(v & 0xFFFFu), __NV_E4M3);
+    const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(v >> 16), __NV_E4M3);
+    return make_uint2((uint32_t)lo.x | ((uint32_t)lo.y << 16), (uint32_t)hi.x | ((uint32_t)hi.y << 16));
+}
+
+// 16 bytes that this call reads exactly once: non-coherent path, not kept in L1.
+__device__ __forceinline__ uint4 load_stream(const uint4* p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
