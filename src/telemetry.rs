@@ -32,6 +32,8 @@ pub const FRAMES_GENERATED: &str = "limelight_frames_generated_total";
 pub const MEMORY_IN_USE_BYTES: &str = "limelight_memory_in_use_bytes";
 /// Bytes serving is budgeted to need: weights plus one request's caches at the longest context.
 pub const MEMORY_BUDGET_BYTES: &str = "limelight_memory_budget_bytes";
+/// Device allocations the engine made after its warm-up (serving's contract: none).
+pub const ALLOCATIONS_AFTER_WARM_UP: &str = "limelight_device_allocations_after_warm_up";
 
 /// Histogram buckets for time to first audio, in seconds.
 const TTFA_BUCKETS: &[f64] = &[0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0];
@@ -128,6 +130,10 @@ fn describe() {
         "Bytes the engine holds: resident model, and on the GPU its caches and activation pool."
     );
     metrics::describe_gauge!(MEMORY_BUDGET_BYTES, metrics::Unit::Bytes, "Bytes serving is budgeted to need.");
+    metrics::describe_gauge!(
+        ALLOCATIONS_AFTER_WARM_UP,
+        "Device allocations the engine made after its start-up warm-up (expected: 0)."
+    );
 }
 
 /// What one request did, for its log line and metrics.

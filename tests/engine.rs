@@ -200,7 +200,7 @@ fn a_fixed_context_caps_frames_and_refuses_a_prompt_that_fills_it() {
     let dir = common::tiny_checkpoint();
     let ckpt = Checkpoint::open(dir.path()).unwrap();
     let model = ResidentModel::load(&ckpt, &Cpu).unwrap();
-    let memory = || MemoryUse { in_use: 0, budget: 0 };
+    let memory = || MemoryUse { in_use: 0, budget: 0, allocations_after_warm_up: 0 };
     let rows = PromptBuilder::for_checkpoint(&ckpt).build("Hello there, how are you today?", &[]).unwrap();
     let room = 5;
     let batch = |context| BatchOptions { max_batch: 2, prefill_chunk: 64, context: Some(context) };
@@ -217,6 +217,46 @@ fn a_fixed_context_caps_frames_and_refuses_a_prompt_that_fills_it() {
     let refused = full.open(&rows, &options(3, 12)).unwrap_err().to_string();
     let expected = format!("the prompt has {} rows; the engine's context holds {}", rows.len(), rows.len());
     assert!(refused.contains(&expected), "{refused}");
+}
+
+/// The start-up warm-up fills every slot (one prompt of a whole prefill chunk), steps them until
+/// each has decoded the codec's largest group, and frees every slot; a request after it gives the
+/// bytes it gives on an engine that never warmed up.
+#[test]
+fn the_warm_up_steps_every_slot_and_leaves_nothing_behind() {
+    use limelight::scheduler::{BatchOptions, EngineModel, MemoryUse, Synthesizer};
+    let dir = common::tiny_checkpoint();
+    let ckpt = Checkpoint::open(dir.path()).unwrap();
+    let model = ResidentModel::load(&ckpt, &Cpu).unwrap();
+    let memory = || MemoryUse { in_use: 0, budget: 0, allocations_after_warm_up: 0 };
+    let batch = BatchOptions { max_batch: 3, prefill_chunk: 24, context: Some(96) };
+    let rows = PromptBuilder::for_checkpoint(&ckpt).build("Hello there, how are you today?", &[]).unwrap();
+    let speak = |engine: &EngineModel<'_, Cpu>| {
+        let id = engine.open(&rows, &options(5, 10)).unwrap();
+        while !engine.prefill(id).unwrap().done {}
+        let mut pcm = Vec::new();
+        loop {
+            let stepped = engine.step(&[id]).pop().unwrap().unwrap();
+            pcm.extend(stepped.pcm.iter().map(|x| x.to_bits()));
+            if stepped.finished.is_some() {
+                engine.close(id);
+                return pcm;
+            }
+        }
+    };
+    let fresh = EngineModel::new(&Cpu, &ckpt, &model, batch, Box::new(memory)).unwrap();
+    let alone = speak(&fresh);
+
+    let warmed = EngineModel::new(&Cpu, &ckpt, &model, batch, Box::new(memory)).unwrap();
+    let warm = warmed.warm_up().unwrap();
+    assert_eq!(warm.streams, 3);
+    let largest = limelight::engine::generate::frames_to_largest_group();
+    assert_eq!(largest, 15, "groups of 1, 2, 4 and 8 frames");
+    assert!(warm.frames > 0 && warm.frames <= 3 * largest, "{warm:?}");
+    // Every slot is free again: a full batch opens.
+    let ids: Vec<_> = (0..3).map(|_| warmed.open(&rows, &options(1, 2)).unwrap()).collect();
+    ids.into_iter().for_each(|id| assert_eq!(warmed.close(id), 0));
+    assert_eq!(speak(&warmed), alone, "the warm-up changed a later request's bytes");
 }
 
 /// A device-side frame source stand-in: replays scripted frames.

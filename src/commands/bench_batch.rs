@@ -99,8 +99,9 @@ pub fn bench_batch(args: &BenchBatchArgs) -> anyhow::Result<BatchBench> {
         CudaOptions { memory_budget: args.gpu_memory_budget, context: args.context_length, ..CudaOptions::default() };
     let cuda = Cuda::open(&options)?;
     let prompt = PromptBuilder::for_checkpoint(&ckpt).build(TEXT, &[])?;
-    // Steps per stream: a warm-up, the timed ones, then the phase-timed ones.
-    let (warm_up, phased) = (2, args.frames.min(8));
+    // Steps per stream: a warm-up long enough for the codec's largest group (every shape the
+    // timed steps run has then been allocated), the timed ones, then the phase-timed ones.
+    let (warm_up, phased) = (crate::engine::generate::frames_to_largest_group(), args.frames.min(8));
     let steps = warm_up + args.frames + phased;
     anyhow::ensure!(prompt.len() + steps <= args.context_length, "--frames past --context-length");
     let largest = args.batch.iter().copied().max().context("no --batch sizes")?;

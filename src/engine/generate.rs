@@ -115,8 +115,16 @@ impl<F: FnMut(&[f32]) -> ControlFlow<()>> AudioSink for F {
 /// Frames decoded per codec call: the first frame alone for the earliest audio, then groups
 /// that double up to `MAX_GROUP` (fewer calls, same samples: streaming is exact).
 pub fn codec_group(groups_emitted: usize) -> usize {
-    const MAX_GROUP: usize = 8;
-    (1usize << groups_emitted.min(3)).min(MAX_GROUP)
+    (1usize << groups_emitted.min(3)).min(MAX_CODEC_GROUP)
+}
+
+/// The largest group of frames one codec call decodes for a stream.
+pub const MAX_CODEC_GROUP: usize = 8;
+
+/// Frames a stream produces until its codec has decoded a group of [`MAX_CODEC_GROUP`] frames
+/// (1 + 2 + 4 + 8): a warm-up that runs this long has run every group size.
+pub fn frames_to_largest_group() -> usize {
+    (0..).map(codec_group).take_while(|&g| g < MAX_CODEC_GROUP).sum::<usize>() + MAX_CODEC_GROUP
 }
 
 /// Weights made resident on backend `B`, owned for as long as an [`Engine`] borrows them.

@@ -14,6 +14,7 @@ use crate::engine::generate::{Engine, GenerateError, GenerateOptions, Generation
 use crate::model::frame::Rows;
 use crate::model::load::Checkpoint;
 use crate::model::memory::device_budget;
+use crate::model::sampling::SamplingParams;
 use crate::request::prompt::PromptBuilder;
 
 /// Rows budgeted for a prompt on top of `max_frames` when sizing the CPU engine's memory report.
@@ -50,7 +51,11 @@ pub fn cpu_loader(model_dir: PathBuf, max_frames: usize, limits: BatchLimits) ->
         host.progress("building the engine");
         let max_batch = limits.max_batch.unwrap_or(crate::config::CPU_MAX_BATCH);
         let budget = device_budget(&ckpt, max_frames + PROMPT_ROWS_ALLOWANCE);
-        let memory = MemoryUse { in_use: budget.model_weights + budget.codec_weights, budget: budget.total(max_batch) };
+        let memory = MemoryUse {
+            in_use: budget.model_weights + budget.codec_weights,
+            budget: budget.total(max_batch),
+            allocations_after_warm_up: 0,
+        };
         let batch = BatchOptions { max_batch, prefill_chunk: limits.prefill_chunk, context: None };
         let engine = EngineModel::new(&Cpu, &ckpt, &model, batch, Box::new(move || memory))?;
         tracing::info!(max_batch, prefill_chunk = limits.prefill_chunk, "engine: decode batch");
@@ -64,6 +69,8 @@ pub struct EngineModel<'w, B: Backend> {
     engine: Engine<'w, B>,
     prompt: PromptBuilder,
     samples_per_frame: usize,
+    /// Codes per frame (the width of a prompt row, less its token).
+    codebooks: usize,
     /// Positions a request's caches hold, where they are fixed (the GPU's); `None`: unbounded.
     context: Option<usize>,
     max_batch: usize,
@@ -87,6 +94,7 @@ impl<'w, B: Backend> EngineModel<'w, B> {
             engine: Engine::new(backend, ckpt, model)?,
             prompt: PromptBuilder::for_checkpoint(ckpt),
             samples_per_frame: ckpt.codec_dims.samples_per_frame(),
+            codebooks: ckpt.dims.codebooks,
             context: batch.context,
             max_batch: batch.max_batch,
             prefill_chunk: batch.prefill_chunk,
@@ -112,10 +120,67 @@ impl<'w, B: Backend> EngineModel<'w, B> {
         self
     }
 
+    /// Runs serving's largest shapes once before the first request: every slot open, one
+    /// stream with a prompt of a whole prefill chunk, all stepped together until each has
+    /// decoded the codec's largest group (unless it stops first), then closed. On the GPU the
+    /// activation pool then holds buffers for the largest step, and any smaller step reuses
+    /// them (`Pool::take`): serving makes no driver allocation.
+    pub fn warm_up(&self) -> Result<WarmUp, SynthError> {
+        let frames = crate::engine::generate::frames_to_largest_group();
+        let opts = |seed| GenerateOptions { params: SamplingParams::default(), seed, max_frames: frames };
+        // Rows of one text token: what the rows say does not matter, only their shapes.
+        let room = self.context.map_or(usize::MAX, |c| c.saturating_sub(frames + 1)).max(1);
+        let prompt = |len: usize| {
+            let mut rows = Rows::new(self.codebooks);
+            (0..len.min(room)).for_each(|_| rows.push_text(WARM_UP_TOKEN));
+            rows
+        };
+        let (long, short) = (prompt(self.prefill_chunk), prompt(WARM_UP_SHORT_PROMPT));
+        let mut ids = Vec::with_capacity(self.max_batch);
+        let result = (|| {
+            for i in 0..self.max_batch {
+                ids.push(self.open(if i == 0 { &long } else { &short }, &opts(i as u64))?);
+            }
+            for &id in &ids {
+                while !self.prefill(id)?.done {}
+            }
+            let (mut live, mut stepped) = (ids.clone(), 0);
+            while !live.is_empty() {
+                let results = self.step(&live);
+                stepped += live.len();
+                let mut going = Vec::with_capacity(live.len());
+                for (&id, result) in live.iter().zip(results) {
+                    if result?.finished.is_none() {
+                        going.push(id);
+                    }
+                }
+                live = going;
+            }
+            Ok(WarmUp { streams: ids.len(), frames: stepped })
+        })();
+        for id in ids {
+            self.close(id);
+        }
+        result
+    }
+
     fn with_slot<R>(&self, id: StreamId, f: impl FnOnce(&mut Generation<'w, B>) -> R) -> R {
         let mut slots = self.slots.borrow_mut();
         f(slots.get_mut(id).and_then(Option::as_mut).unwrap_or_else(|| panic!("stream {id} is not open")))
     }
+}
+
+/// The text token of the warm-up's prompts (any id the vocabulary has).
+const WARM_UP_TOKEN: u32 = 0;
+/// Prompt rows of every warm-up stream but the first (which fills a prefill chunk).
+const WARM_UP_SHORT_PROMPT: usize = 8;
+
+/// What [`EngineModel::warm_up`] ran.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WarmUp {
+    pub streams: usize,
+    /// Frames stepped over all streams.
+    pub frames: usize,
 }
 
 /// How many streams an engine steps together, and how its prompts are cut.

@@ -12,6 +12,7 @@ pub use without_cuda::{cuda_loader, gpu_present};
 #[cfg(feature = "cuda")]
 mod with_cuda {
     use std::path::PathBuf;
+    use std::sync::Arc;
 
     use super::super::engines::{BatchLimits, BatchOptions, EngineModel, GpuOptions};
     use crate::backend::cuda::admission::{MAX_STREAMS_CAP, MemoryPlan, admit};
@@ -54,7 +55,12 @@ mod with_cuda {
             cuda.synchronize();
             host.progress("building the engine");
             let budget = cuda.budget();
-            let memory = Box::new(move || MemoryUse { in_use: budget.used() as usize, budget: budget.cap() as usize });
+            let pool = Arc::clone(cuda.pool());
+            let memory = Box::new(move || MemoryUse {
+                in_use: budget.used() as usize,
+                budget: budget.cap() as usize,
+                allocations_after_warm_up: pool.stats().after_seal,
+            });
             // A fault sticks to the context: every later call fails, the first sync reports it.
             let health = Box::new(|| cuda.device().synchronize().map_err(|e| format!("the GPU reports {e}")));
             let frames = if graph {
@@ -65,10 +71,22 @@ mod with_cuda {
             };
             let batch = BatchOptions { max_batch, prefill_chunk: limits.prefill_chunk, context: Some(gpu.context) };
             let engine = EngineModel::new(&cuda, &ckpt, &model, batch, memory)?.with_health_check(health);
-            match &frames {
-                Some(frames) => host.serve(&engine.with_device_frames(frames)),
-                None => host.serve(&engine),
-            }
+            let engine = match &frames {
+                Some(frames) => engine.with_device_frames(frames),
+                None => engine,
+            };
+            host.progress(&format!("warming up {max_batch} streams"));
+            let warm = engine.warm_up().map_err(|e| ModelLoadError::Gpu(format!("warm-up: {e}")))?;
+            cuda.synchronize();
+            // From here on every driver allocation is one serving made (the metric's count).
+            cuda.pool().seal();
+            tracing::info!(
+                streams = warm.streams,
+                frames = warm.frames,
+                pool_bytes = cuda.pool().stats().bytes,
+                "engine: warmed up"
+            );
+            host.serve(&engine);
             Ok(())
         })
     }
@@ -82,6 +100,7 @@ mod with_cuda {
 #[cfg(not(feature = "cuda"))]
 mod without_cuda {
     use std::path::PathBuf;
+    use std::sync::Arc;
 
     use super::super::engines::{BatchLimits, GpuOptions};
     use crate::scheduler::{Loader, ModelLoadError};

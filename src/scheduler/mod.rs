@@ -93,6 +93,9 @@ pub struct ModelInfo {
 pub struct MemoryUse {
     pub in_use: usize,
     pub budget: usize,
+    /// Device allocations made since the engine's warm-up (zero while serving is the contract;
+    /// the CPU engine makes none it counts).
+    pub allocations_after_warm_up: u64,
 }
 
 /// A job's failure inside the engine (the job fails; the worker goes on).

@@ -428,6 +428,7 @@ impl Host {
         let memory = model.memory();
         metrics::gauge!(telemetry::MEMORY_IN_USE_BYTES).set(memory.in_use as f64);
         metrics::gauge!(telemetry::MEMORY_BUDGET_BYTES).set(memory.budget as f64);
+        metrics::gauge!(telemetry::ALLOCATIONS_AFTER_WARM_UP).set(memory.allocations_after_warm_up as f64);
     }
 }
 

@@ -143,11 +143,16 @@ impl Pool {
     }
 
     /// A buffer of at least `bytes`, reused when one is free. Contents are undefined.
+    ///
+    /// A free buffer of the request's size class is taken first, else the smallest free one of a
+    /// larger class: after the engine's warm-up has run its largest shapes (the whole decode
+    /// batch, a full prefill chunk, the codec's largest groups), the smaller shapes of any later
+    /// step find room among those buffers and serving makes no driver allocation.
     pub fn take(self: &Arc<Pool>, bytes: usize) -> Result<PoolBuf, MemoryError> {
         let class = Pool::class(bytes);
         let mut inner = self.inner.lock().expect("pool lock");
-        let held = inner.hold.as_mut().and_then(|h| h.free.get_mut(&class).and_then(Vec::pop));
-        let reused = held.or_else(|| inner.free.get_mut(&class).and_then(Vec::pop));
+        let held = inner.hold.as_mut().and_then(|h| smallest_fit(&mut h.free, class));
+        let reused = held.or_else(|| smallest_fit(&mut inner.free, class));
         let buffer = match reused {
             Some(b) => b,
             None => {
@@ -159,10 +164,14 @@ impl Pool {
             }
         };
         if inner.poison {
-            // SAFETY: the buffer is live and `class` bytes long; the fill is ordered on the stream
+            // SAFETY: the buffer is live and `buffer.bytes()` long; the fill is ordered on the stream
             // before any kernel that receives the buffer.
-            unsafe { result::memset_d8_async(buffer.ptr(), 0xFF, class, self.stream.cu_stream()) }.map_err(
-                |source| AllocError::Driver { what: "poisoning a pool buffer".into(), bytes: class as u64, source },
+            unsafe { result::memset_d8_async(buffer.ptr(), 0xFF, buffer.bytes(), self.stream.cu_stream()) }.map_err(
+                |source| AllocError::Driver {
+                    what: "poisoning a pool buffer".into(),
+                    bytes: buffer.bytes() as u64,
+                    source,
+                },
             )?;
         }
         let in_hold = match inner.hold.as_mut() {
@@ -217,6 +226,11 @@ impl Pool {
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
     }
+}
+
+/// The smallest free buffer of size class `class` or larger, taken out of `free`.
+fn smallest_fit(free: &mut BTreeMap<usize, Vec<DeviceBuffer>>, class: usize) -> Option<DeviceBuffer> {
+    free.range_mut(class..).find_map(|(_, buffers)| buffers.pop())
 }
 
 /// A pool buffer, returned to its size class on drop. Work queued on the one stream that reads
