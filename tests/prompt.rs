@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use limelight::checkpoint::tokenizer::{SpecialTokenIds, TokenizerExpectations, load_tokenizer};
 use limelight::model::load::Checkpoint;
+use limelight::model::vocabulary::Vocabulary;
 use limelight::request::{Field, PromptBuilder, PromptError, Reference, TextError};
 use serde_json::Value;
 use tokenizers::Tokenizer;
@@ -64,7 +65,7 @@ fn golden_rows(case: &Value) -> Vec<u32> {
 fn rows_match_the_reference_for_every_case() {
     let g = golden();
     let (tokenizer, special) = fixture_tokenizer(&g);
-    let builder = PromptBuilder::new(std::sync::Arc::new(tokenizer), &special, CODEBOOKS);
+    let builder = PromptBuilder::new(Vocabulary::new(std::sync::Arc::new(tokenizer), &special, CODEBOOKS));
     let cases = g["built"].as_array().unwrap();
     assert!(cases.len() >= 10, "the golden holds {} cases", cases.len());
     for case in cases {
@@ -102,7 +103,7 @@ fn kind_of(e: &PromptError) -> String {
 fn refusals_match_the_reference_and_name_the_problem() {
     let g = golden();
     let (tokenizer, special) = fixture_tokenizer(&g);
-    let builder = PromptBuilder::new(std::sync::Arc::new(tokenizer), &special, CODEBOOKS);
+    let builder = PromptBuilder::new(Vocabulary::new(std::sync::Arc::new(tokenizer), &special, CODEBOOKS));
     for case in g["refused"].as_array().unwrap() {
         let name = case["name"].as_str().unwrap();
         let err = builder.build(case["text"].as_str().unwrap(), &references(case)).unwrap_err();
@@ -123,7 +124,7 @@ fn refusals_match_the_reference_and_name_the_problem() {
 fn speaker_refusal_quotes_the_bad_tag() {
     let g = golden();
     let (tokenizer, special) = fixture_tokenizer(&g);
-    let builder = PromptBuilder::new(std::sync::Arc::new(tokenizer), &special, CODEBOOKS);
+    let builder = PromptBuilder::new(Vocabulary::new(std::sync::Arc::new(tokenizer), &special, CODEBOOKS));
     let err = builder.build("fine so far <|speaker:16|> then more", &[]).unwrap_err();
     assert_eq!(
         err,

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use limelight::engine::generate::{FinishReason, GenerateError, GenerateOptions, PREFILL_CHUNK, Stepped};
 use limelight::model::frame::Rows;
 use limelight::model::sampling::SamplingParams;
-use limelight::request::prompt::PromptBuilder;
+use limelight::model::vocabulary::Vocabulary;
 use limelight::scheduler::{
     BatchLimits, Job, JobEvent, JobStream, Loader, MemoryUse, ModelHost, Prefilled, Readiness, Scheduler, StreamId,
     SubmitError, SynthError, Synthesizer, WorkerConfig, cpu_loader,
@@ -92,8 +92,8 @@ impl Synthesizer for Faulty<'_> {
     fn health(&self) -> Result<(), String> {
         if self.broken.get() { Err(String::from("injected fault")) } else { Ok(()) }
     }
-    fn prompt_builder(&self) -> PromptBuilder {
-        self.inner.prompt_builder()
+    fn vocabulary(&self) -> Vocabulary {
+        self.inner.vocabulary()
     }
     fn max_batch(&self) -> usize {
         self.inner.max_batch()

@@ -12,6 +12,7 @@ use super::{ApiError, ApiJson, AppState, RequestId};
 use crate::api::speech::{SpeechRequest, StreamFormat};
 use crate::audio::{self, CODEC_SAMPLE_RATE, EncodeOptions};
 use crate::engine::generate::FinishReason;
+use crate::request::prompt::PromptBuilder;
 use crate::request::validate::{Delivery, validate};
 use crate::scheduler::Job;
 use crate::telemetry::{self, RequestLog};
@@ -55,8 +56,8 @@ pub async fn create_speech(
 
     // The prompt rows, built here so that the queue carries rows and a prompt the tokenizer
     // refuses is this request's 400 (or 500), before it waits for a slot.
-    let rows = match state.scheduler().prompt_builder() {
-        Ok(builder) => match builder.build_checked(&valid.text, &[]) {
+    let rows = match state.scheduler().vocabulary() {
+        Ok(vocabulary) => match PromptBuilder::new(vocabulary).build_checked(&valid.text, &[]) {
             Ok(rows) => rows,
             Err(e) if e.field().is_some() => return tracker.refuse(ApiError::Prompt(e)),
             Err(e) => {

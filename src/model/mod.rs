@@ -12,4 +12,5 @@ pub mod memory;
 pub mod rng;
 pub mod sampling;
 pub mod tower;
+pub mod vocabulary;
 pub mod weights;

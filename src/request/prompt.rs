@@ -10,14 +10,10 @@
 //! "<|im_end|>\n"  "<|im_start|>user\n"  tagged text  "<|im_end|>\n"  "<|im_start|>assistant\n<|voice|>"
 //! ```
 
-use std::sync::Arc;
-
-use tokenizers::Tokenizer;
-
 use super::text::{CallerText, Field, TextError, reference_transcript, validate_caller_text, with_speaker_tag};
-use crate::checkpoint::tokenizer::SpecialTokenIds;
 use crate::model::frame::Rows;
 use crate::model::load::Checkpoint;
+use crate::model::vocabulary::Vocabulary;
 
 /// The instruction of a prompt without references (the model's default voice).
 pub const TTS_INSTRUCTION: &str = "convert the provided text to speech";
@@ -66,15 +62,12 @@ impl PromptError {
     }
 }
 
-/// Builds prompt rows with a checkpoint's tokenizer. Holds no state beyond what it is given, so
-/// one builder serves any number of requests; clones share the tokenizer, so the request layer
-/// holds one and builds each request's rows before it is queued.
+/// Builds prompt rows with a loaded model's [`Vocabulary`]. Holds no state beyond it, so one
+/// builder serves any number of requests; clones share the tokenizer, so the request layer
+/// builds each request's rows before it is queued.
 #[derive(Clone)]
 pub struct PromptBuilder {
-    tokenizer: Arc<Tokenizer>,
-    semantic_start: u32,
-    codebooks: usize,
-    codebook_size: usize,
+    vocabulary: Vocabulary,
 }
 
 /// One piece of the prompt before it becomes rows.
@@ -84,19 +77,12 @@ enum Segment<'a> {
 }
 
 impl PromptBuilder {
-    /// `codebooks` is `audio_decoder_config.num_codebooks`; the code range of every codebook is the
-    /// semantic band's size (`audio_decoder_config.vocab_size`, which the loader checks against it).
-    pub fn new(tokenizer: Arc<Tokenizer>, special: &SpecialTokenIds, codebooks: usize) -> PromptBuilder {
-        PromptBuilder {
-            tokenizer,
-            semantic_start: special.semantic_start,
-            codebooks,
-            codebook_size: special.semantic_codes(),
-        }
+    pub fn new(vocabulary: Vocabulary) -> PromptBuilder {
+        PromptBuilder { vocabulary }
     }
 
     pub fn for_checkpoint(ckpt: &Checkpoint) -> PromptBuilder {
-        PromptBuilder::new(Arc::clone(&ckpt.tokenizer), &ckpt.special_tokens, ckpt.dims.codebooks)
+        PromptBuilder::new(Vocabulary::of(ckpt))
     }
 
     /// The prompt rows for `text` spoken in the voice of `references` (none: the default voice).
@@ -138,7 +124,7 @@ impl PromptBuilder {
         segments.push(Segment::Text(MESSAGE_END.into()));
         segments.push(Segment::Text(GENERATION_START.into()));
 
-        let mut rows = Rows::new(self.codebooks);
+        let mut rows = Rows::new(self.vocabulary.codebooks);
         for segment in &segments {
             match segment {
                 Segment::Text(s) => {
@@ -147,12 +133,12 @@ impl PromptBuilder {
                     }
                 }
                 Segment::Audio(codes) => {
-                    let mut frame = vec![0u32; self.codebooks];
+                    let mut frame = vec![0u32; self.vocabulary.codebooks];
                     for t in 0..codes[0].len() {
                         for (c, slot) in frame.iter_mut().enumerate() {
                             *slot = codes[c][t];
                         }
-                        rows.push_audio(self.semantic_start, &frame);
+                        rows.push_audio(self.vocabulary.semantic_start, &frame);
                     }
                 }
             }
@@ -163,30 +149,35 @@ impl PromptBuilder {
     /// Token ids of one segment. `add_special_tokens` is true, as Python's `encode` defaults to:
     /// the reference assumes the post-processor adds nothing, and so do we by doing what it does.
     fn encode(&self, segment: &str) -> Result<Vec<u32>, PromptError> {
-        let encoding =
-            self.tokenizer.encode(segment, true).map_err(|e| PromptError::Tokenizer { message: e.to_string() })?;
+        let encoding = self
+            .vocabulary
+            .tokenizer
+            .encode(segment, true)
+            .map_err(|e| PromptError::Tokenizer { message: e.to_string() })?;
         Ok(encoding.get_ids().to_vec())
     }
 
     fn validate_codes(&self, codes: &[Vec<u32>], field: Field) -> Result<(), PromptError> {
         let frames: Vec<usize> = codes.iter().map(Vec::len).collect();
         let ragged = frames.iter().any(|&f| Some(&f) != frames.first());
-        if codes.len() != self.codebooks || frames.first().is_none_or(|&f| f == 0) || ragged {
+        if codes.len() != self.vocabulary.codebooks || frames.first().is_none_or(|&f| f == 0) || ragged {
             return Err(PromptError::CodesShape {
                 field,
-                expected_codebooks: self.codebooks,
+                expected_codebooks: self.vocabulary.codebooks,
                 codebooks: codes.len(),
                 frames,
             });
         }
         for (codebook, row) in codes.iter().enumerate() {
-            if let Some((frame, &code)) = row.iter().enumerate().find(|&(_, &c)| c as usize >= self.codebook_size) {
+            if let Some((frame, &code)) =
+                row.iter().enumerate().find(|&(_, &c)| c as usize >= self.vocabulary.codebook_size)
+            {
                 return Err(PromptError::CodeOutOfRange {
                     field,
                     codebook,
                     frame,
                     code,
-                    codebook_size: self.codebook_size,
+                    codebook_size: self.vocabulary.codebook_size,
                 });
             }
         }

@@ -15,7 +15,7 @@ use crate::model::frame::Rows;
 use crate::model::load::Checkpoint;
 use crate::model::memory::device_budget;
 use crate::model::sampling::SamplingParams;
-use crate::request::prompt::PromptBuilder;
+use crate::model::vocabulary::Vocabulary;
 
 /// Rows budgeted for a prompt on top of `max_frames` when sizing the CPU engine's memory report.
 const PROMPT_ROWS_ALLOWANCE: usize = 4096;
@@ -67,7 +67,7 @@ pub fn cpu_loader(model_dir: PathBuf, max_frames: usize, limits: BatchLimits) ->
 /// A loaded engine on backend `B` as the worker's [`Synthesizer`]: its streams live in slots.
 pub struct EngineModel<'w, B: Backend> {
     engine: Engine<'w, B>,
-    prompt: PromptBuilder,
+    vocabulary: Vocabulary,
     samples_per_frame: usize,
     /// Codes per frame (the width of a prompt row, less its token).
     codebooks: usize,
@@ -92,7 +92,7 @@ impl<'w, B: Backend> EngineModel<'w, B> {
         assert!(batch.max_batch > 0 && batch.prefill_chunk > 0, "a batch of no streams or a prefill of no rows");
         Ok(EngineModel {
             engine: Engine::new(backend, ckpt, model)?,
-            prompt: PromptBuilder::for_checkpoint(ckpt),
+            vocabulary: Vocabulary::of(ckpt),
             samples_per_frame: ckpt.codec_dims.samples_per_frame(),
             codebooks: ckpt.dims.codebooks,
             context: batch.context,
@@ -206,8 +206,8 @@ impl<B: Backend> Synthesizer for EngineModel<'_, B> {
         (self.memory)()
     }
 
-    fn prompt_builder(&self) -> PromptBuilder {
-        self.prompt.clone()
+    fn vocabulary(&self) -> Vocabulary {
+        self.vocabulary.clone()
     }
 
     fn health(&self) -> Result<(), String> {

@@ -23,7 +23,7 @@ pub use job::{Job, JobEvent, JobStream, REPLY_CAPACITY};
 use crate::engine::generate::{GenerateError, GenerateOptions, LoadModelError, Stepped};
 use crate::model::frame::Rows;
 use crate::model::load::LoadError;
-use crate::request::prompt::PromptBuilder;
+use crate::model::vocabulary::Vocabulary;
 use crate::telemetry;
 
 /// What the worker thread needs to start.
@@ -126,9 +126,9 @@ pub trait Synthesizer {
     fn sample_rate(&self) -> u32;
     fn samples_per_frame(&self) -> usize;
     fn memory(&self) -> MemoryUse;
-    /// The prompt builder for this model's tokenizer: the request layer builds each job's rows
-    /// with it before submitting (`Scheduler::prompt_builder`).
-    fn prompt_builder(&self) -> PromptBuilder;
+    /// The model's vocabulary: the request layer builds each job's rows with it before
+    /// submitting (`Scheduler::vocabulary`).
+    fn vocabulary(&self) -> Vocabulary;
     /// Whether the engine can still run jobs, asked after a job failed: a GPU fault leaves the
     /// context unusable for every later job. `Err` says why.
     fn health(&self) -> Result<(), String> {
@@ -191,7 +191,7 @@ struct Shared {
     stage: Mutex<String>,
     info: OnceLock<ModelInfo>,
     /// The loaded model's prompt builder (requests build their rows before they are queued).
-    prompt: OnceLock<PromptBuilder>,
+    vocabulary: OnceLock<Vocabulary>,
     draining: AtomicBool,
     /// Set by [`Scheduler::cancel_all`]: every job, running or queued, ends as `Cancelled`.
     aborting: AtomicBool,
@@ -227,7 +227,7 @@ impl Scheduler {
             load: watch::Sender::new(LoadState::Loading),
             stage: Mutex::new(String::from("starting")),
             info: OnceLock::new(),
-            prompt: OnceLock::new(),
+            vocabulary: OnceLock::new(),
             draining: AtomicBool::new(false),
             aborting: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
@@ -357,11 +357,11 @@ impl Scheduler {
         self.inner.shared.info.get().cloned()
     }
 
-    /// The loaded model's prompt builder: a request builds its rows with it (refused there, as a
+    /// The loaded model's vocabulary: a request builds its rows with it (refused there, as a
     /// 400 naming the field) before it is submitted, so the queue carries rows, not text.
     /// `Loading` until the model is loaded.
-    pub fn prompt_builder(&self) -> Result<PromptBuilder, SubmitError> {
-        self.inner.shared.prompt.get().cloned().ok_or(SubmitError::Loading)
+    pub fn vocabulary(&self) -> Result<Vocabulary, SubmitError> {
+        self.inner.shared.vocabulary.get().cloned().ok_or(SubmitError::Loading)
     }
 }
 

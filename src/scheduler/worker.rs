@@ -163,7 +163,7 @@ impl ModelHost for Host {
             model_dir: self.config.model_dir.clone(),
         };
         let _ = self.shared.info.set(info);
-        let _ = self.shared.prompt.set(model.prompt_builder());
+        let _ = self.shared.vocabulary.set(model.vocabulary());
         self.publish_memory(model);
         self.progress("ready");
         self.shared.load.send_replace(LoadState::Ready);

@@ -19,7 +19,7 @@ use crate::common;
 use limelight::engine::generate::{GenerateError, GenerateOptions, PREFILL_CHUNK, Stepped};
 use limelight::http::{AppState, HttpConfig, router};
 use limelight::model::frame::Rows;
-use limelight::request::prompt::PromptBuilder;
+use limelight::model::vocabulary::Vocabulary;
 use limelight::request::validate::SpeechPolicy;
 use limelight::scheduler::{
     BatchLimits, Loader, MemoryUse, ModelHost, Prefilled, Scheduler, StreamId, SynthError, Synthesizer, WorkerConfig,
@@ -159,8 +159,8 @@ impl Synthesizer for Wrapped<'_> {
     fn memory(&self) -> MemoryUse {
         self.model.memory()
     }
-    fn prompt_builder(&self) -> PromptBuilder {
-        self.model.prompt_builder()
+    fn vocabulary(&self) -> Vocabulary {
+        self.model.vocabulary()
     }
     fn max_batch(&self) -> usize {
         self.model.max_batch()
