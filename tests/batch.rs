@@ -56,7 +56,8 @@ fn a_request_is_bit_identical_alone_and_in_any_batch() {
     assert!(requests[2].rows.len() > PREFILL_CHUNK, "the long prompt needs several chunks");
     let want: Vec<_> = requests.iter().map(|r| alone(&engine, r)).collect();
     let (got, most) = batched(&engine, &requests);
-    assert!(most >= 3, "several streams must step together (at most {most} did)");
+    assert!(most.stepped >= 3, "several streams must step together (at most {} did)", most.stepped);
+    assert!(most.prefilled >= 2, "prompts must run together (at most {} did)", most.prefilled);
     for (i, (r, (want, got))) in requests.iter().zip(want.iter().zip(&got)).enumerate() {
         assert!(
             got.matches(want, r.cancel_after, 2048),

@@ -206,7 +206,7 @@ fn a_fixed_context_caps_frames_and_refuses_a_prompt_that_fills_it() {
     let batch = |context| BatchOptions { max_batch: 2, prefill_chunk: 64, context: Some(context) };
     let capped = EngineModel::new(&Cpu, &ckpt, &model, batch(rows.len() + room), Box::new(memory)).unwrap();
     let id = capped.open(&rows, &options(3, 12)).unwrap();
-    while !capped.prefill(id).unwrap().done {}
+    while !capped.prefill(&[id]).remove(0).unwrap().done {}
     let mut finished = None;
     while finished.is_none() {
         finished = capped.step(&[id]).pop().unwrap().unwrap().finished;
@@ -233,7 +233,7 @@ fn the_warm_up_steps_every_slot_and_leaves_nothing_behind() {
     let rows = PromptBuilder::for_checkpoint(&ckpt).build("Hello there, how are you today?", &[]).unwrap();
     let speak = |engine: &EngineModel<'_, Cpu>| {
         let id = engine.open(&rows, &options(5, 10)).unwrap();
-        while !engine.prefill(id).unwrap().done {}
+        while !engine.prefill(&[id]).remove(0).unwrap().done {}
         let mut pcm = Vec::new();
         loop {
             let stepped = engine.step(&[id]).pop().unwrap().unwrap();

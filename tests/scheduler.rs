@@ -107,8 +107,8 @@ impl Synthesizer for Faulty<'_> {
     fn prefill_chunk(&self) -> usize {
         self.inner.prefill_chunk()
     }
-    fn prefill(&self, id: StreamId) -> Result<Prefilled, SynthError> {
-        self.inner.prefill(id)
+    fn prefill(&self, ids: &[StreamId]) -> Vec<Result<Prefilled, SynthError>> {
+        self.inner.prefill(ids)
     }
     fn step(&self, ids: &[StreamId]) -> Vec<Result<Stepped, SynthError>> {
         let seed = |id: &StreamId| self.open.borrow()[id].0;

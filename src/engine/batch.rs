@@ -89,29 +89,55 @@ impl<'w, B: Backend> Engine<'w, B> {
     }
 
     /// Runs the next `chunk` rows (at most) of the stream's prompt; returns whether the prompt
-    /// is done. Each chunk's rows go through the backbone, then the tower writes the rows before
-    /// the chunk's last, labelled by their successors (the last prompt row is written by the
-    /// first frame).
+    /// is done ([`Engine::prefill_streams`] of one stream).
     ///
     /// # Panics
     /// If `chunk` is 0.
     pub fn prefill(&self, stream: &mut Stream<B>, chunk: usize) -> Result<bool, GenerateError> {
+        Ok(self.prefill_streams(&mut [stream], chunk)?[0])
+    }
+
+    /// Runs the next `chunk` rows (at most) of each stream's prompt, all streams' rows through
+    /// the backbone together (`Backbone::prefill_rows`: each stream's rows are what they are
+    /// alone); returns, per stream, whether its prompt is done. Each chunk's rows then go
+    /// through the tower, which writes the rows before the chunk's last, labelled by their
+    /// successors (the last prompt row is written by the first frame). A stream's chunks depend
+    /// on its prompt and `chunk` alone, never on the load, so its state does too.
+    ///
+    /// # Panics
+    /// If `chunk` is 0.
+    pub fn prefill_streams(&self, streams: &mut [&mut Stream<B>], chunk: usize) -> Result<Vec<bool>, GenerateError> {
         assert!(chunk > 0, "prefill chunks of no rows");
-        let total = stream.prompt.len();
-        if stream.prefilled == total {
-            return Ok(true);
+        let spans: Vec<(usize, usize)> =
+            streams.iter().map(|s| (s.prefilled, (s.prefilled + chunk).min(s.prompt.len()))).collect();
+        let running: Vec<usize> = (0..streams.len()).filter(|&i| spans[i].0 < spans[i].1).collect();
+        if !running.is_empty() {
+            let chunks: Vec<Rows> = running.iter().map(|&i| streams[i].prompt.slice(spans[i].0..spans[i].1)).collect();
+            let mut states = pick_mut(streams, &running);
+            let mut backbones: Vec<&mut BackboneState<B>> = states.iter_mut().map(|s| &mut s.backbone).collect();
+            let hidden = self.backbone.prefill_rows(&mut backbones, &chunks)?;
+            let mut offset = 0;
+            for (s, rows) in states.into_iter().zip(&chunks) {
+                let (start, end, total) = (s.prefilled, s.prefilled + rows.len(), s.prompt.len());
+                let sliced;
+                let own = if chunks.len() == 1 {
+                    &hidden
+                } else {
+                    sliced = self.backend.act_rows(&hidden, offset, rows.len());
+                    &sliced
+                };
+                offset += rows.len();
+                // Rows start..end−1 are labelled by their successors; the last prompt row waits
+                // for the first frame, so the final chunk writes one row fewer.
+                let labels = s.prompt.slice(start..(end + 1).min(total));
+                self.tower.prefill(&mut s.tower, own, &labels)?;
+                s.prefilled = end;
+                if end == total {
+                    s.hidden = Some(self.backend.act_rows(own, end - start - 1, 1));
+                }
+            }
         }
-        let (start, end) = (stream.prefilled, (stream.prefilled + chunk).min(total));
-        let hidden = self.backbone.prefill(&mut stream.backbone, &stream.prompt.slice(start..end))?;
-        // Rows start..end−1 are labelled by their successors; the last prompt row waits for the
-        // first frame, so the final chunk writes one row fewer.
-        let labels = stream.prompt.slice(start..(end + 1).min(total));
-        self.tower.prefill(&mut stream.tower, &hidden, &labels)?;
-        stream.prefilled = end;
-        if end == total {
-            stream.hidden = Some(self.backend.act_rows(&hidden, end - start - 1, 1));
-        }
-        Ok(end == total)
+        Ok(streams.iter().map(|s| s.prefilled == s.prompt.len()).collect())
     }
 
     /// One frame `[main, c0..c9]` of each stream (the EOS frame included: the caller ends the

@@ -260,10 +260,30 @@ impl<'w, B: Backend> Engine<'w, B> {
     /// Runs the next prompt chunk of `generation` (at most `chunk` rows); returns whether it can
     /// take frames.
     pub fn prefill_generation(&self, generation: &mut Generation<'_, B>, chunk: usize) -> Result<bool, GenerateError> {
-        match &mut generation.source {
-            Source::Device(..) => Ok(true),
-            Source::Batch(stream) => self.prefill(stream, chunk),
-        }
+        Ok(self.prefill_generations(&mut [generation], chunk)?[0])
+    }
+
+    /// The next prompt chunk of each generation, the chunks of all that are on the decode batch
+    /// run together ([`Engine::prefill_streams`]); returns, per generation, whether it can take
+    /// frames.
+    pub fn prefill_generations(
+        &self,
+        generations: &mut [&mut Generation<'_, B>],
+        chunk: usize,
+    ) -> Result<Vec<bool>, GenerateError> {
+        let mut streams: Vec<&mut Stream<B>> = (generations.iter_mut())
+            .filter_map(|g| match &mut g.source {
+                Source::Batch(stream) => Some(&mut **stream),
+                Source::Device(..) => None,
+            })
+            .collect();
+        let mut done = self.prefill_streams(&mut streams, chunk)?.into_iter();
+        Ok((generations.iter())
+            .map(|g| match g.source {
+                Source::Device(..) => true,
+                Source::Batch(_) => done.next().expect("one result per stream"),
+            })
+            .collect())
     }
 
     /// One frame of each generation (all prefilled, none done): the streams step together, the

@@ -424,6 +424,54 @@ impl<'a, B: BackboneOps> Backbone<'a, B> {
         Ok(out)
     }
 
+    /// Prompt chunks of several requests at once: `chunks[i]` continues `states[i]`. Returns the
+    /// final-norm hidden of every row, request after request (`[Σ rows, hidden]`). The mixers run
+    /// per request on its own rows (each as [`Self::prefill`] runs it), everything row-wise
+    /// (embedding, norms, the MoE under the decode batch's contract) runs once over all rows: a
+    /// request's rows are bit for bit the same whichever requests share the call, and the experts
+    /// a batch of prompts routes to are read once per layer instead of once per prompt.
+    pub fn prefill_rows(&self, states: &mut [&mut BackboneState<B>], chunks: &[Rows]) -> Result<B::Act, BackboneError> {
+        if chunks.len() != states.len() {
+            return Err(BackboneError::StatesPerRow { rows: chunks.len(), states: states.len() });
+        }
+        let mut all = Rows::new(self.config.codebooks);
+        for (state, chunk) in states.iter().zip(chunks) {
+            self.check_state(state)?;
+            self.check_rows(chunk)?;
+            all.extend(chunk);
+        }
+        let x = self.embed(&all)?;
+        let (b, c) = (self.backend, &self.config);
+        let lens: Vec<usize> = chunks.iter().map(Rows::len).collect();
+        let out = self.layers(x, true, &mut |_, _| {}, &mut |l, mixer, h| {
+            let mut start = 0;
+            let parts: Vec<B::Act> = (states.iter_mut().zip(&lens))
+                .map(|(state, &n)| {
+                    let sliced;
+                    let own = if lens.len() == 1 {
+                        h
+                    } else {
+                        sliced = b.act_rows(h, start, n);
+                        &sliced
+                    };
+                    start += n;
+                    match (mixer, &mut state.layers[l]) {
+                        (Mixer::GatedDeltaNet(w), LayerState::Gdn(s)) => b.gdn_prefill(&c.gdn, w, own, s),
+                        (Mixer::Attention(w), LayerState::Attention(cache)) => {
+                            b.attention_prefill(&c.attention, w, own, cache)
+                        }
+                        _ => unreachable!("layer kinds were checked against the config"),
+                    }
+                })
+                .collect();
+            if parts.len() == 1 { parts.into_iter().next().expect("one part") } else { b.stack_rows(&parts) }
+        });
+        for (state, n) in states.iter_mut().zip(lens) {
+            state.position += n;
+        }
+        Ok(out)
+    }
+
     /// The hybrid layer loop over embedded rows `x` (`backbone.md` §2.1); `mix(l, mixer, h)` runs
     /// layer `l`'s mixer on its normed input. `rows_contract`: the MoE runs under the decode
     /// batch's contract (`moe_rows`).

@@ -141,8 +141,10 @@ impl<'w, B: Backend> EngineModel<'w, B> {
             for i in 0..self.max_batch {
                 ids.push(self.open(if i == 0 { &long } else { &short }, &opts(i as u64))?);
             }
-            for &id in &ids {
-                while !self.prefill(id)?.done {}
+            let mut prefilling = ids.clone();
+            while !prefilling.is_empty() {
+                let done = self.prefill_together(&prefilling)?;
+                prefilling = prefilling.into_iter().zip(done).filter(|(_, p)| !p.done).map(|(id, _)| id).collect();
             }
             let (mut live, mut stepped) = (ids.clone(), 0);
             while !live.is_empty() {
@@ -162,6 +164,20 @@ impl<'w, B: Backend> EngineModel<'w, B> {
             self.close(id);
         }
         result
+    }
+
+    /// The next prompt chunk of each of `ids` (distinct open slots), in one call.
+    fn prefill_together(&self, ids: &[StreamId]) -> Result<Vec<Prefilled>, SynthError> {
+        let mut slots = self.slots.borrow_mut();
+        let mut by_slot: Vec<Option<&mut Generation<'_, B>>> = slots.iter_mut().map(Option::as_mut).collect();
+        let mut generations: Vec<&mut Generation<'_, B>> = (ids.iter())
+            .map(|&id| by_slot.get_mut(id).and_then(Option::take).unwrap_or_else(|| panic!("stream {id} is not open")))
+            .collect();
+        let before: Vec<usize> = generations.iter().map(|g| g.prefilled_rows()).collect();
+        let done = self.engine.prefill_generations(&mut generations, self.prefill_chunk)?;
+        Ok((generations.iter().zip(before).zip(done))
+            .map(|((g, before), done)| Prefilled { rows: g.prefilled_rows() - before, done })
+            .collect())
     }
 
     fn with_slot<R>(&self, id: StreamId, f: impl FnOnce(&mut Generation<'w, B>) -> R) -> R {
@@ -239,12 +255,16 @@ impl<B: Backend> Synthesizer for EngineModel<'_, B> {
         self.prefill_chunk
     }
 
-    fn prefill(&self, id: StreamId) -> Result<Prefilled, SynthError> {
-        Ok(self.with_slot(id, |g| {
-            let before = g.prefilled_rows();
-            let done = self.engine.prefill_generation(g, self.prefill_chunk)?;
-            Ok::<_, GenerateError>(Prefilled { rows: g.prefilled_rows() - before, done })
-        })?)
+    fn prefill(&self, ids: &[StreamId]) -> Vec<Result<Prefilled, SynthError>> {
+        let together = self.prefill_together(ids);
+        match together {
+            Ok(done) => done.into_iter().map(Ok).collect(),
+            // The backbone checks every stream's rows and state before it runs any (a failure
+            // there changed nothing), so each stream can be retried alone: only a stream that
+            // fails alone fails. A fault past the checks is the device's, and fails them all.
+            Err(_) if ids.len() > 1 => ids.iter().map(|&id| self.prefill_together(&[id]).map(|mut p| p.remove(0))).collect(),
+            Err(e) => vec![Err(e)],
+        }
     }
 
     fn step(&self, ids: &[StreamId]) -> Vec<Result<Stepped, SynthError>> {

@@ -142,8 +142,9 @@ pub trait Synthesizer {
     /// Prompt rows one [`Synthesizer::prefill`] runs at most: the budget of prompt rows the
     /// worker spends between two steps.
     fn prefill_chunk(&self) -> usize;
-    /// Runs the next chunk of the stream's prompt.
-    fn prefill(&self, id: StreamId) -> Result<Prefilled, SynthError>;
+    /// Runs the next chunk of each stream's prompt, all of them together (each stream's result is
+    /// what it is alone); one result per id, in order.
+    fn prefill(&self, ids: &[StreamId]) -> Vec<Result<Prefilled, SynthError>>;
     /// One frame of each stream (all prefilled): each result is that stream's alone.
     fn step(&self, ids: &[StreamId]) -> Vec<Result<Stepped, SynthError>>;
     /// Ends a stream before its last frame: the PCM of its frames not yet decoded.

@@ -37,6 +37,10 @@ use crate::telemetry;
 pub const OUTBOX_EVENTS: usize = 32;
 /// How long an idle worker waits for a job or a reader before it looks again.
 const IDLE_POLL: Duration = Duration::from_millis(2);
+/// Prompt chunks (`--prefill-chunk` rows each) one turn runs at most, over all the streams on
+/// their prompts together: a burst of arrivals is prefilled in a few turns, and a turn's prompt
+/// rows, hence how long it holds up the running streams, stay bounded.
+pub const PREFILL_TURN_CHUNKS: usize = 8;
 
 /// Starts the worker thread; returns the sending end of its job queue (`max_queue` deep).
 pub(super) fn spawn(config: WorkerConfig, loader: Loader, shared: Arc<Shared>) -> SyncSender<Queued> {
@@ -83,6 +87,8 @@ struct Active {
     /// Since when events have waited for a client that takes none (for `stall_timeout`).
     blocked_since: Option<Instant>,
     prompt_rows: usize,
+    /// Prompt rows not yet run.
+    prompt_left: usize,
     /// When it joined the batch.
     joined: Instant,
     /// The job is over for the worker: its client left or stalled (nothing more is sent).
@@ -258,6 +264,7 @@ impl Host {
                     outbox,
                     blocked_since: None,
                     prompt_rows,
+                    prompt_left: prompt_rows,
                     joined: Instant::now(),
                     gone: false,
                     ended: false,
@@ -271,35 +278,51 @@ impl Host {
         None
     }
 
-    /// Runs prompt chunks of the streams still on their prompts, oldest first, until one chunk's
-    /// worth of rows (`Synthesizer::prefill_chunk`) ran this turn: the bound on how long prompts
-    /// hold up the running streams between two steps. Returns whether a job failed.
+    /// Runs the next prompt chunk of the streams still on their prompts, oldest first, all in one
+    /// call (`Synthesizer::prefill`: each stream's rows are what they are alone), until the turn's
+    /// rows reach [`PREFILL_TURN_CHUNKS`] chunks: the bound on how long prompts hold up the
+    /// running streams between two steps. Returns whether a job failed.
     fn prefill(&self, model: &dyn Synthesizer, batch: &mut [Active]) -> bool {
-        let budget = model.prefill_chunk();
-        let (mut spent, mut failed) = (0, false);
-        for job in batch.iter_mut().filter(|a| a.stream.is_some() && !a.prefilled) {
-            if spent >= budget {
+        let budget = model.prefill_chunk() * PREFILL_TURN_CHUNKS;
+        let (mut planned, mut turn) = (0, Vec::new());
+        for (i, job) in batch.iter_mut().enumerate().filter(|(_, a)| a.stream.is_some() && !a.prefilled) {
+            if planned >= budget {
                 break;
             }
             if let Some(last) = self.interrupted(job, model) {
                 job.end(model, last);
                 continue;
             }
-            let id = job.stream.expect("filtered on a stream");
-            let span = job.span.clone();
-            let _enter = span.enter();
-            let message = match catch_unwind(AssertUnwindSafe(|| model.prefill(id))) {
-                Ok(Ok(progress)) => {
+            planned += job.prompt_left.min(model.prefill_chunk()).max(1);
+            turn.push(i);
+        }
+        if turn.is_empty() {
+            return false;
+        }
+        let ids: Vec<StreamId> = turn.iter().map(|&i| batch[i].stream.expect("filtered on a stream")).collect();
+        let results = match catch_unwind(AssertUnwindSafe(|| model.prefill(&ids))) {
+            Ok(results) => results.into_iter().map(|r| r.map_err(|e| e.to_string())).collect(),
+            Err(panic) => {
+                let message = format!("the engine panicked: {}", panic_message(&*panic));
+                vec![Err(message); ids.len()]
+            }
+        };
+        let mut failed = false;
+        for (&i, result) in turn.iter().zip(results) {
+            let job = &mut batch[i];
+            match result {
+                Ok(progress) => {
                     job.prefilled = progress.done;
-                    spent += progress.rows.max(1);
-                    continue;
+                    job.prompt_left -= progress.rows.min(job.prompt_left);
                 }
-                Ok(Err(e)) => e.to_string(),
-                Err(panic) => format!("the engine panicked: {}", panic_message(&*panic)),
-            };
-            error!(error = %message, "job failed");
-            job.end(model, JobEvent::Failed { message });
-            failed = true;
+                Err(message) => {
+                    let span = job.span.clone();
+                    let _enter = span.enter();
+                    error!(error = %message, "job failed");
+                    job.end(model, JobEvent::Failed { message });
+                    failed = true;
+                }
+            }
         }
         failed
     }

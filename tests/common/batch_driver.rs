@@ -1,6 +1,6 @@
 //! Runs planned requests through one decode batch as the worker does (shared by the CPU batch
 //! test and the GPU checks): each joins at its turn, every prompt still running takes one chunk
-//! per turn, every ready stream steps together, and a planned cancellation ends its request
+//! per turn (all of them in one prefill call), every ready stream steps together, and a planned cancellation ends its request
 //! between frames. Also runs a request alone, for the comparison.
 
 #![allow(dead_code)]
@@ -62,9 +62,16 @@ pub fn alone<B: Backend>(engine: &Engine<'_, B>, r: &Planned) -> Outcome {
     Outcome { finished, pcm }
 }
 
-/// Every request through one batch; returns the outcomes in plan order and the most streams
-/// that stepped together.
-pub fn batched<B: Backend>(engine: &Engine<'_, B>, plan: &[Planned]) -> (Vec<Outcome>, usize) {
+/// How many streams shared a call at most.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Together {
+    pub stepped: usize,
+    pub prefilled: usize,
+}
+
+/// Every request through one batch; returns the outcomes in plan order and how many streams
+/// stepped and prefilled together at most.
+pub fn batched<B: Backend>(engine: &Engine<'_, B>, plan: &[Planned]) -> (Vec<Outcome>, Together) {
     struct Live<'w, B: Backend> {
         index: usize,
         generation: Generation<'w, B>,
@@ -72,16 +79,19 @@ pub fn batched<B: Backend>(engine: &Engine<'_, B>, plan: &[Planned]) -> (Vec<Out
     }
     let mut outcomes: Vec<Option<Outcome>> = plan.iter().map(|_| None).collect();
     let mut live: Vec<Live<'_, B>> = Vec::new();
-    let mut most = 0;
+    let mut most = Together::default();
     for turn in 0.. {
         for (index, r) in plan.iter().enumerate().filter(|(_, r)| r.joins_at == turn) {
             let generation = engine.start(&r.rows, &r.opts).expect("start");
             live.push(Live { index, generation, pcm: Vec::new() });
         }
-        // One prompt chunk of every stream still on its prompt (the worker spends a row budget per
-        // turn instead; either way a long prompt runs over several turns while others step).
-        for l in live.iter_mut().filter(|l| !l.generation.ready()) {
-            engine.prefill_generation(&mut l.generation, PREFILL_CHUNK).expect("prefill");
+        // One prompt chunk of every stream still on its prompt, all in one call as the worker
+        // runs them (a long prompt runs over several turns while others step).
+        let mut prefilling: Vec<&mut Generation<'_, B>> =
+            live.iter_mut().filter(|l| !l.generation.ready()).map(|l| &mut l.generation).collect();
+        most.prefilled = most.prefilled.max(prefilling.len());
+        if !prefilling.is_empty() {
+            engine.prefill_generations(&mut prefilling, PREFILL_CHUNK).expect("prefill");
         }
         // The caller cancels between frames.
         while let Some(at) = live.iter().position(|l| {
@@ -92,7 +102,7 @@ pub fn batched<B: Backend>(engine: &Engine<'_, B>, plan: &[Planned]) -> (Vec<Out
             outcomes[l.index] = Some(Outcome { finished: l.generation.finish(FinishReason::Cancelled), pcm: l.pcm });
         }
         let mut ready: Vec<&mut Live<'_, B>> = live.iter_mut().filter(|l| l.generation.ready()).collect();
-        most = most.max(ready.len());
+        most.stepped = most.stepped.max(ready.len());
         let mut generations: Vec<&mut Generation<'_, B>> = ready.iter_mut().map(|l| &mut l.generation).collect();
         let stepped = if generations.is_empty() { Vec::new() } else { engine.step(&mut generations) };
         let mut ended = Vec::new();

@@ -54,7 +54,10 @@ pub fn run(ctx: &mut Ctx) {
             (0..size).filter(|&i| !got[i].matches(&want[i], plan[i].cancel_after, samples_per_frame)).collect();
         let frames: usize = got.iter().map(|o| o.finished.frames).sum();
         ctx.check(
-            format!("batch of {size} ({most} at most stepping together, {frames} frames): requests vs alone, bits"),
+            format!(
+                "batch of {size} ({} at most stepping, {} prefilling together, {frames} frames): requests vs alone, bits",
+                most.stepped, most.prefilled
+            ),
             "requests differing",
             "0".into(),
             format!("{} {mismatched:?}", mismatched.len()),

@@ -175,11 +175,12 @@ impl Synthesizer for Wrapped<'_> {
     fn prefill_chunk(&self) -> usize {
         self.model.prefill_chunk()
     }
-    fn prefill(&self, id: StreamId) -> Result<Prefilled, SynthError> {
+    fn prefill(&self, ids: &[StreamId]) -> Vec<Result<Prefilled, SynthError>> {
         if self.mode == Mode::Gated {
             self.control.wait();
         }
-        self.model.prefill(self.streams.borrow()[&id].inner)
+        let inner: Vec<StreamId> = ids.iter().map(|id| self.streams.borrow()[id].inner).collect();
+        self.model.prefill(&inner)
     }
     fn step(&self, ids: &[StreamId]) -> Vec<Result<Stepped, SynthError>> {
         let failure = || SynthError::Generate(GenerateError::EmptyPrompt);
@@ -203,7 +204,7 @@ impl Synthesizer for Wrapped<'_> {
                 // Start over in a fresh stream: only the client leaving ends it.
                 self.model.close(s.inner);
                 s.inner = self.model.open(&s.rows, &s.options).expect("reopens");
-                while !self.model.prefill(s.inner).expect("prefills").done {}
+                while !self.model.prefill(&[s.inner]).remove(0).expect("prefills").done {}
                 stepped.finished = None;
             }
             s.finished = stepped.finished.is_some();
