@@ -27,7 +27,7 @@ use crate::backend::cuda::tensor::GpuMatrix;
 use crate::backend::cuda::tower::{DeviceLabels, DeviceLayerInput, DeviceUnseen};
 use crate::backend::cuda::{Cuda, linear};
 use crate::backend::tower::TowerOps;
-use crate::engine::generate::{LoadModelError, ResidentModel};
+use crate::engine::generate::{LoadModelError, PREFILL_CHUNK, ResidentModel};
 use crate::model::backbone::{Backbone, BackboneConfig, BackboneState, LayerState};
 use crate::model::frame::Rows;
 use crate::model::load::Checkpoint;
@@ -67,6 +67,9 @@ pub struct CudaFrames<'w> {
     backbone: Backbone<'w, Cuda>,
     tower: Tower<'w, Cuda>,
     embedding: RowEmbedding,
+    /// Prompt rows per prefill call: the decode batch's chunks, so that a request's prompt
+    /// leaves the state it leaves on the batch, and graph and batch agree bit for bit.
+    prefill_chunk: usize,
     state: RefCell<StepState>,
 }
 
@@ -128,7 +131,8 @@ impl<'w> CudaFrames<'w> {
         cuda.copy_to_device(hidden.ptr(), &vec![half::bf16::ZERO; c.hidden]);
         let state =
             StepState { backbone: backbone.new_state(), tower: tower.new_state(), sampler, hidden, words, graph: None };
-        let frames = CudaFrames { cuda, backbone, tower, embedding, state: RefCell::new(state) };
+        let frames =
+            CudaFrames { cuda, backbone, tower, embedding, prefill_chunk: PREFILL_CHUNK, state: RefCell::new(state) };
         {
             let mut st = frames.state.borrow_mut();
             frames.follow_device_position(&mut st, true);
@@ -231,8 +235,17 @@ impl<'w> CudaFrames<'w> {
         Ok(())
     }
 
+    /// The prompt chunk of the decode batch this step serves beside (`--prefill-chunk`; the
+    /// default is the engine's [`PREFILL_CHUNK`]).
+    pub fn with_prefill_chunk(mut self, rows: usize) -> Self {
+        assert!(rows > 0, "prefill chunks of no rows");
+        self.prefill_chunk = rows;
+        self
+    }
+
     /// Restarts the state and runs the prompt: backbone and tower prefill on the host-driven
-    /// path, then the step's inputs (the last prompt row, its hidden row and position, the
+    /// path, in the decode batch's chunks and calls (`Backbone::prefill_rows` of one request, as
+    /// `Engine::prefill_streams` runs it), then the step's inputs (the last prompt row, its hidden row and position, the
     /// sampler's request state).
     fn begin(&self, st: &mut StepState, rows: &Rows, opts: &GenerateOptions) -> Result<(), GenerateError> {
         let cuda = self.cuda;
@@ -246,10 +259,18 @@ impl<'w> CudaFrames<'w> {
             LayerState::Attention(cache) => cache.len = 0,
         })?;
         st.tower.restart(&mut |kv| kv.cache.len = 0);
-        let prompt_hidden = self.backbone.prefill(&mut st.backbone, rows)?;
-        self.tower.prefill(&mut st.tower, &prompt_hidden, rows)?;
-        let last = rows.len() - 1;
-        cuda.copy_device_to_device(st.hidden.ptr(), prompt_hidden.row_ptr(last), st.hidden.cols * 2);
+        let total = rows.len();
+        for start in (0..total).step_by(self.prefill_chunk) {
+            let end = (start + self.prefill_chunk).min(total);
+            let hidden = self.backbone.prefill_rows(&mut [&mut st.backbone], &[rows.slice(start..end)])?;
+            // As the batch: rows start..end−1 labelled by their successors; the last prompt row
+            // is written by the first frame.
+            self.tower.prefill(&mut st.tower, &hidden, &rows.slice(start..(end + 1).min(total)))?;
+            if end == total {
+                cuda.copy_device_to_device(st.hidden.ptr(), hidden.row_ptr(end - start - 1), st.hidden.cols * 2);
+            }
+        }
+        let last = total - 1;
         let mut input = [0u32; words::RECIPE];
         input[..rows.width()].copy_from_slice(rows.row(last));
         input[words::INPUT_SEMANTIC] = u32::from(self.tower.is_semantic(rows.token(last)));

@@ -65,7 +65,11 @@ mod with_cuda {
             let health = Box::new(|| cuda.device().synchronize().map_err(|e| format!("the GPU reports {e}")));
             let frames = if graph {
                 host.progress("capturing the frame step as a CUDA graph");
-                Some(CudaFrames::for_model(&cuda, &ckpt, &model).map_err(|e| ModelLoadError::Gpu(e.to_string()))?)
+                Some(
+                    CudaFrames::for_model(&cuda, &ckpt, &model)
+                        .map_err(|e| ModelLoadError::Gpu(e.to_string()))?
+                        .with_prefill_chunk(limits.prefill_chunk),
+                )
             } else {
                 None
             };
