@@ -1,43 +1,21 @@
 // Block-FP8 MoE block (`backbone.md` §5–6): router (fp32 logits, softmax, top-k, renormalise),
-// dynamic 1×128 e4m3 activation quantisation, routed SwiGLU experts with [128,128]-block weight
-// scales, and the weighted combine with the sigmoid-gated shared expert.
+// routed SwiGLU experts with [128,128]-block weight scales, and the weighted combine with the
+// sigmoid-gated shared expert. The dynamic 1×128 e4m3 activation quantiser and the decode
+// batch's tensor-core experts are in moe_rows.cu.
 //
 // Expert GEMM arithmetic (as the CPU oracle, `fp8_linear.rs`): y[o] = Σ_g s_x[g] · s_w[o/128][g] ·
 // Σ_{i∈g} x[i]·w[o,i], fp32 partial sums per 128-wide K group, the two scales applied once per
 // group. Activations come as one of three kinds (`ACT_*`): e4m3 codes with one f32 scale per
 // 128 columns (Fp8Dynamic), or bf16 / f32 values used directly with unit scales (Exact).
 //
-// Two expert paths give the same math: a per-(row, slot) GEMV path for decode, and a grouped
+// Two expert paths here give the same math: a per-(row, slot) GEMV path for decode, and a grouped
 // path for prefill (pairs sorted by expert on the device, 32-row tiles sharing one weight tile).
-// Both write one f32 output row per (row, slot); the combine sums the slots in slot order, so the
-// result does not depend on scheduling (no float atomics).
-#include "common.cuh"
-
-#define E4M3_MAX 448.f
-
-enum { ACT_E4M3 = 0, ACT_BF16 = 1, ACT_F32 = 2 };
-
-// Expert pointer table: 6 addresses per expert (gate w, gate scale, up w, up scale, down w, down scale).
-enum { T_GATE_W = 0, T_GATE_S = 1, T_UP_W = 2, T_UP_S = 3, T_DOWN_W = 4, T_DOWN_S = 5, T_STRIDE = 6 };
+// Both (and moe_rows.cu's) write one f32 output row per (row, slot); the combine sums the slots in
+// slot order, so the result does not depend on scheduling (no float atomics).
+#include "moe.cuh"
 
 // ---------------------------------------------------------------------------------------------
-// e4m3 helpers
-
-// Two e4m3 codes (first element in the low byte) to floats, exactly (every e4m3 value is an f16).
-__device__ __forceinline__ float2 e4m3x2_to_float2(unsigned short v) {
-    const __half2 h(__nv_cvt_fp8x2_to_halfraw2(v, __NV_E4M3));
-    return __half22float2(h);
-}
-
-__device__ __forceinline__ float e4m3_to_f32(unsigned char v) {
-    return __half2float(__half(__nv_cvt_fp8_to_halfraw(v, __NV_E4M3)));
-}
-
-__device__ __forceinline__ float4 e4m3x4_to_float4(unsigned int v) {
-    const float2 a = e4m3x2_to_float2((unsigned short)(v & 0xFFFFu));
-    const float2 b = e4m3x2_to_float2((unsigned short)(v >> 16));
-    return make_float4(a.x, a.y, b.x, b.y);
-}
+// e4m3 dot product
 
 // acc + Σ_j x[j]·w[j] over 4 packed e4m3 weights, in element order.
 __device__ __forceinline__ float dot_e4m3x4(unsigned int w, float4 x, float acc) {
@@ -47,26 +25,6 @@ __device__ __forceinline__ float dot_e4m3x4(unsigned int w, float4 x, float acc)
     acc = fmaf(x.z, v.z, acc);
     acc = fmaf(x.w, v.w, acc);
     return acc;
-}
-
-// The dynamic quantiser's group scale, as the CPU `quantise`: max(amax, 1e-10) / 448 in f32.
-__device__ __forceinline__ float quant_scale(float amax) { return fmaxf(amax, 1e-10f) / E4M3_MAX; }
-
-// e4m3 code of v / s: IEEE division (not a reciprocal multiply), clamp to ±448, round to nearest even.
-__device__ __forceinline__ unsigned char quant_e4m3(float v, float s) {
-    const float q = fminf(fmaxf(v / s, -E4M3_MAX), E4M3_MAX);
-    return (unsigned char)__nv_cvt_float_to_fp8(q, __NV_SATFINITE, __NV_E4M3);
-}
-
-// Four consecutive activations starting at element `at` (a multiple of 4) of a buffer of `kind`.
-__device__ __forceinline__ float4 load_act4(const void* act, int kind, size_t at) {
-    if (kind == ACT_E4M3) return e4m3x4_to_float4(*reinterpret_cast<const unsigned int*>((const unsigned char*)act + at));
-    if (kind == ACT_BF16) {
-        const uint2 raw = *reinterpret_cast<const uint2*>((const bf16*)act + at);
-        const bf16* b = reinterpret_cast<const bf16*>(&raw);
-        return make_float4(to_f32(b[0]), to_f32(b[1]), to_f32(b[2]), to_f32(b[3]));
-    }
-    return *reinterpret_cast<const float4*>((const float*)act + at);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -168,29 +126,7 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int rows,
 }
 
 // ---------------------------------------------------------------------------------------------
-// Dynamic activation quantisation
-
-// Each row of x in groups of 128 columns: s = max(amax, 1e-10)/448, q = e4m3(clamp(x/s, ±448)).
-// One warp per group, 8 per block: grid (ceil(K/128 / 8), rows), 256 threads. x: [rows, K] bf16
-// with K % 128 == 0; q: [rows, K] e4m3; scales: [rows, K/128] f32.
-extern "C" __global__ void moe_quantise_rows(const bf16* __restrict__ x, int K, unsigned char* __restrict__ q,
-                                             float* __restrict__ scales) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int groups = K >> 7;
-    const int g = blockIdx.x * (blockDim.x >> 5) + warp;
-    if (g >= groups) return;
-    const size_t at = (size_t)blockIdx.y * K + g * 128 + lane * 4;
-    const float4 v = load_act4(x, ACT_BF16, at);
-    const float amax = warp_max(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
-    const float s = quant_scale(amax);
-    const unsigned int packed = (unsigned int)quant_e4m3(v.x, s) | ((unsigned int)quant_e4m3(v.y, s) << 8) |
-                                ((unsigned int)quant_e4m3(v.z, s) << 16) | ((unsigned int)quant_e4m3(v.w, s) << 24);
-    *reinterpret_cast<unsigned int*>(q + at) = packed;
-    if (lane == 0) scales[(size_t)blockIdx.y * groups + g] = s;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Prefill: grouping (row, slot) pairs by expert
+// Grouping (row, slot) pairs by expert (prefill and the decode batch)
 
 // Exclusive prefix sum over the block (blockDim a multiple of 32, ≤ 1024); *total gets the sum.
 // Contains barriers: every thread of the block must call it.

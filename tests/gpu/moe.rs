@@ -1,14 +1,16 @@
 //! `kernels/moe.cu` against the CPU backend: the activation quantiser (bytes and scales exact), the
 //! router (top-k ids exact where the k-th and (k+1)-th probabilities are clear of a near-tie,
 //! weights and shared gate to fp32 precision), the whole MoE block in both activation modes at
-//! tiny and real dims, the per-pair and grouped expert paths against each other, and a decode
-//! call that allocates nothing after warm-up.
+//! tiny and real dims, the per-pair and grouped expert paths against each other, the decode
+//! batch's tensor-core path (`MoePath::Rows`) against the CPU and its row invariance (each row of
+//! a call bit for bit the row alone, also when routing skew puts more than 8 pairs, one tile, on
+//! an expert), and a decode call that allocates nothing after warm-up.
 
 use half::bf16;
 use limelight::backend::BackendTypes;
 use limelight::backend::backbone::{BackboneOps, ExpertActivations, MoeShape};
-use limelight::backend::cpu::CpuWeight;
 use limelight::backend::cpu::backbone::{quantise, route};
+use limelight::backend::cpu::{CpuWeight, Matrix};
 use limelight::backend::cuda::moe::{self, MoePath};
 use limelight::backend::cuda::tensor::GpuWeight;
 use limelight::checkpoint::fp8::f32_to_e4m3;
@@ -66,6 +68,13 @@ pub fn run(ctx: &mut Ctx) {
         for rows in [2, 7, 64, 130] {
             paths_agree(ctx, TINY, &tiny, activations, rows);
         }
+        // 512 rows over 8 experts: 128 pairs, 16 tiles, per expert (a prefill chunk's shape).
+        for rows in [1, 3, 8, 64, 130, 512] {
+            rows_block(ctx, TINY, &tiny, activations, rows);
+        }
+        for rows in [1, 2, 9, 64, 130] {
+            rows_invariant(ctx, TINY, &tiny, activations, rows);
+        }
     }
     decode_allocates_nothing(ctx, TINY, &tiny);
 
@@ -79,10 +88,23 @@ pub fn run(ctx: &mut Ctx) {
     }
     paths_agree(ctx, REAL, &real, ExpertActivations::Fp8Dynamic, 7);
     paths_agree(ctx, REAL, &real, ExpertActivations::Exact, 3);
+    for rows in [1, 3, 8, 64, 130] {
+        rows_block(ctx, REAL, &real, ExpertActivations::Fp8Dynamic, rows);
+    }
+    for rows in [1, 64] {
+        rows_block(ctx, REAL, &real, ExpertActivations::Exact, rows);
+    }
+    for activations in [ExpertActivations::Exact, ExpertActivations::Fp8Dynamic] {
+        for rows in [9, 64] {
+            rows_invariant(ctx, REAL, &real, activations, rows);
+        }
+        rows_skewed(ctx, REAL, &real, activations);
+    }
 }
 
-/// `moe_quantise_rows` vs the CPU `quantise` on identical bf16 rows whose groups span twelve
-/// orders of magnitude (and one all-zero group, which takes the 1e-10 floor).
+/// The dynamic quantiser (`moe_rows_operand`, e4m3) vs the CPU `quantise` on identical bf16 rows
+/// whose groups span twelve orders of magnitude (and one all-zero group, which takes the 1e-10
+/// floor).
 fn quantiser(ctx: &mut Ctx) {
     for (rows, cols) in [(1, 2048), (7, 256), (130, 2048)] {
         let mut x = ctx.random(rows, cols, 1.0);
@@ -105,8 +127,8 @@ fn quantiser(ctx: &mut Ctx) {
         let got_codes: Vec<u8> = got_codes.into_iter().map(zero).collect();
         let want_codes: Vec<u8> = want_codes.into_iter().map(zero).collect();
         let got_scales: Vec<u32> = got_scales.iter().map(|s| s.to_bits()).collect();
-        ctx.exact(format!("moe_quantise_rows codes [{rows},{cols}]"), &got_codes, &want_codes);
-        ctx.exact(format!("moe_quantise_rows scales [{rows},{cols}]"), &got_scales, &want_scales);
+        ctx.exact(format!("moe_rows_operand e4m3 codes [{rows},{cols}]"), &got_codes, &want_codes);
+        ctx.exact(format!("moe_rows_operand e4m3 scales [{rows},{cols}]"), &got_scales, &want_scales);
     }
 }
 
@@ -182,6 +204,65 @@ fn paths_agree(ctx: &mut Ctx, d: Dims, w: &Layer, activations: ExpertActivations
         &grouped.data,
         1e-3,
     );
+}
+
+/// The decode batch's path (`MoePath::Rows`: swap-AB MMA tiles) vs the CPU `moe`. Bound 1e-2 as
+/// for the other paths: the expert arithmetic is exact up to f32 summation (and, in `Fp8Dynamic`,
+/// a requantised h code that a different rounding of h moves by one step), so the error is the
+/// bf16 rounding of the shared expert's projections and of the output.
+fn rows_block(ctx: &mut Ctx, d: Dims, w: &Layer, activations: ExpertActivations, rows: usize) {
+    let s = d.shape(activations);
+    let x = ctx.random_bf16(rows, d.hidden, 1.0);
+    let want = ctx.cpu.moe(&s, &w.cpu, &x);
+    let got = rows_path(ctx, &s, w, &x);
+    ctx.rel_l2(format!("moe {activations:?} rows [{}]", d.label(rows)), &got, &want.data, 1e-2);
+}
+
+/// Each row of an M-row call on the Rows path is bit for bit the same row alone.
+fn rows_invariant(ctx: &mut Ctx, d: Dims, w: &Layer, activations: ExpertActivations, rows: usize) {
+    let s = d.shape(activations);
+    let x = ctx.random_bf16(rows, d.hidden, 1.0);
+    let together = rows_path(ctx, &s, w, &x);
+    let alone = rows_alone(ctx, &s, w, &x);
+    ctx.exact(format!("moe {activations:?} rows, each row alone [{}]", d.label(rows)), &bits(&together), &bits(&alone));
+}
+
+/// Routing skew: 24 rows, every other one the same row, so each of its top_k experts holds 12
+/// pairs (two tiles) next to the random rows' pairs. Against the CPU, and each row bit for bit
+/// the row alone.
+fn rows_skewed(ctx: &mut Ctx, d: Dims, w: &Layer, activations: ExpertActivations) {
+    let s = d.shape(activations);
+    let rows = 24;
+    let mut x = ctx.random_bf16(rows, d.hidden, 1.0);
+    let same = x.row(0).to_vec();
+    for r in (0..rows).step_by(2) {
+        x.row_mut(r).copy_from_slice(&same);
+    }
+    let want = ctx.cpu.moe(&s, &w.cpu, &x);
+    let together = rows_path(ctx, &s, w, &x);
+    let label = format!("{}, 12 copies of one row", d.label(rows));
+    ctx.rel_l2(format!("moe {activations:?} rows skewed [{label}]"), &together, &want.data, 1e-2);
+    let alone = rows_alone(ctx, &s, w, &x);
+    ctx.exact(format!("moe {activations:?} rows skewed, each row alone [{label}]"), &bits(&together), &bits(&alone));
+}
+
+/// The block on the Rows path over all rows of `x`, on the host.
+fn rows_path(ctx: &mut Ctx, s: &MoeShape, w: &Layer, x: &Matrix) -> Vec<f32> {
+    let y = moe::moe_with(ctx.cuda, s, &w.gpu, &ctx.cuda.upload_matrix(x), MoePath::Rows);
+    ctx.cuda.to_host(&y).data
+}
+
+/// The block on the Rows path over each row of `x` alone, stacked.
+fn rows_alone(ctx: &mut Ctx, s: &MoeShape, w: &Layer, x: &Matrix) -> Vec<f32> {
+    let mut out = Vec::with_capacity(x.data.len());
+    for r in 0..x.rows {
+        out.extend(rows_path(ctx, s, w, &Matrix::from_vec(1, x.cols, x.row(r).to_vec())));
+    }
+    out
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
 }
 
 /// A decode step after warm-up takes every buffer from the pool (and the expert table from the

@@ -5,11 +5,15 @@
 //! scaled by `sigmoid(x · w_sg)`; fp32 sum of the weighted experts and the gated shared expert,
 //! one rounding to bf16.
 //!
-//! Two expert paths with the same math: per-(row, slot) GEMVs for decode (few rows), and for
-//! prefill a device-side grouping of the (row, slot) pairs by expert followed by grouped GEMMs
-//! over each expert's rows. Routing never leaves the device: no host sync in either path. The
-//! experts' weight and scale addresses live in a device table built once per layer (first call,
-//! the warm-up) and cached under the router weight's address.
+//! Three expert paths with the same math: per-(row, slot) GEMVs for the single-stream decode (few
+//! rows); for prefill a device-side grouping of the (row, slot) pairs by expert followed by
+//! grouped GEMMs over each expert's rows; and for the decode batch the same grouping followed by
+//! swap-AB tensor-core tiles of up to 8 pairs ([`rows`], `kernels/moe_rows.cu`). Routing never
+//! leaves the device: no host sync in any path. The experts' weight and scale addresses live in
+//! a device table built once per layer (first call, the warm-up) and cached under the router
+//! weight's address.
+
+mod rows;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -26,12 +30,14 @@ use crate::model::weights::{Fp8Linear, MoeWeights};
 pub struct MoeKernels {
     router_logits: Kernel,
     route: Kernel,
-    quantise_rows: Kernel,
     group_pairs: Kernel,
     grouped_gate_up: Kernel,
     grouped_down: Kernel,
     gemv_gate_up: Kernel,
     gemv_down: Kernel,
+    rows_operand: Kernel,
+    rows_gate_up: Kernel,
+    rows_down: Kernel,
     swiglu_bf16: Kernel,
     combine: Kernel,
     /// Per layer (keyed by the router weight's address): the experts' device address table.
@@ -41,15 +47,18 @@ pub struct MoeKernels {
 impl MoeKernels {
     pub fn load(ctx: &Arc<CudaContext>) -> Result<MoeKernels, KernelError> {
         let m = Module::load(ctx, "moe", embedded::MOE)?;
+        let r = Module::load(ctx, "moe_rows", embedded::MOE_ROWS)?;
         Ok(MoeKernels {
             router_logits: m.kernel("moe_router_logits")?,
             route: m.kernel("moe_route")?,
-            quantise_rows: m.kernel("moe_quantise_rows")?,
             group_pairs: m.kernel("moe_group_pairs")?,
             grouped_gate_up: m.kernel("moe_grouped_gate_up")?,
             grouped_down: m.kernel("moe_grouped_down")?,
             gemv_gate_up: m.kernel("moe_gemv_gate_up")?,
             gemv_down: m.kernel("moe_gemv_down")?,
+            rows_operand: r.kernel("moe_rows_operand")?,
+            rows_gate_up: r.kernel("moe_rows_gate_up")?,
+            rows_down: r.kernel("moe_rows_down")?,
             swiglu_bf16: m.kernel("moe_swiglu_bf16")?,
             combine: m.kernel("moe_combine")?,
             tables: Mutex::new(HashMap::new()),
@@ -101,11 +110,13 @@ pub enum MoePath {
     PerPair,
     /// Pairs grouped by expert, tiled GEMMs.
     Grouped,
-    /// The decode batch's (`BackboneOps::moe_rows`): the grouped experts and GEMV projections at
-    /// any row count. Each output of a grouped tile is one thread's sum over K in a fixed order,
-    /// whichever rows share its tile (the atomics only order the pairs, never a sum), and the
-    /// combine sums a row's slots in slot order: each row's result is its own, bit for bit. A
-    /// batch reads each expert its rows use once per 32 of them, not once per pair.
+    /// The decode batch's (`BackboneOps::moe_rows`): pairs grouped by expert, swap-AB tensor-core
+    /// tiles of up to 8 pairs (the expert's output features are the MMA's rows), and GEMV
+    /// projections for the shared expert, at any row count. Each output's sum over K runs in an
+    /// order fixed by K alone, whichever pairs share its tile (the atomics only order the pairs,
+    /// never a sum), and the combine sums a row's slots in slot order: each row's result is its
+    /// own, bit for bit. The grid scales with the tiles, so one row spreads its experts' bytes
+    /// over every SM and a batch reads each expert once per 8 of its pairs.
     Rows,
 }
 
@@ -147,17 +158,13 @@ pub fn moe_with(cuda: &Cuda, s: &MoeShape, w: &MoeWeights<GpuWeight>, x: &GpuMat
         Some(q) => Input { ptr: q.codes.ptr(), scales: q.scales.ptr(), kind: ACT_E4M3, elem: 1 },
         None => Input { ptr: x.ptr(), scales: 0, kind: ACT_BF16, elem: 2 },
     };
-    let grouped = match path {
-        MoePath::Auto => x.rows > DECODE_MAX_ROWS,
-        MoePath::PerPair => false,
-        MoePath::Grouped | MoePath::Rows => true,
-    };
     let job =
         Job { cuda, s, table, routing: &routing, shared: &shared, input, out: &out, rows: x.rows, hidden: x.cols };
-    if grouped {
-        job.grouped()
-    } else {
-        job.per_pair()
+    match path {
+        MoePath::Auto if x.rows <= DECODE_MAX_ROWS => job.per_pair(),
+        MoePath::PerPair => job.per_pair(),
+        MoePath::Auto | MoePath::Grouped => job.grouped(),
+        MoePath::Rows => job.rows(),
     }
     out
 }
@@ -196,15 +203,9 @@ pub fn route(cuda: &Cuda, s: &MoeShape, w: &MoeWeights<GpuWeight>, x: &GpuMatrix
 
 /// Dynamic e4m3 quantisation of each row in 1×128 groups (`s = max(amax, 1e-10)/448`, RNE).
 pub fn quantise_rows(cuda: &Cuda, x: &GpuMatrix) -> Fp8Rows {
-    assert!(x.cols.is_multiple_of(GROUP), "quantised rows must be whole 128-groups (width {})", x.cols);
-    let groups = x.cols / GROUP;
-    let q = Fp8Rows { codes: cuda.scratch(x.len()), scales: cuda.scratch(x.rows * groups * 4) };
-    if x.rows > 0 {
-        let args = [x.ptr().into(), x.cols.into(), q.codes.ptr().into(), q.scales.ptr().into()];
-        let dims = Dims::grid((groups.div_ceil(8) as u32, x.rows as u32, 1), 256);
-        cuda.kernels.moe.quantise_rows.launch(cuda.stream(), dims, &args);
-    }
-    q
+    let q = rows::Operand::new(cuda, x.rows, x.cols, rows::Format::E4m3);
+    q.fill(cuda, x.ptr(), ACT_BF16, x.rows);
+    Fp8Rows { codes: q.codes, scales: q.scales }
 }
 
 fn check_shapes(s: &MoeShape, w: &MoeWeights<GpuWeight>, x: &GpuMatrix) {
@@ -356,10 +357,7 @@ impl Job<'_> {
         let kernels = &cuda.kernels.moe;
         let fp8 = self.input.kind == ACT_E4M3;
         let max_pairs = self.rows.min(CHUNK_ROWS) * k;
-        let tiles_bound = |pairs: usize| pairs.div_ceil(TILE_ROWS) + e.min(pairs);
-        let offsets = cuda.scratch((e + 1) * 4);
-        let sorted = cuda.scratch(max_pairs * 4);
-        let tiles = cuda.scratch((1 + 2 * tiles_bound(max_pairs)) * 4);
+        let grouping = Grouping::new(cuda, e, max_pairs, TILE_ROWS);
         // h rows by sorted position: e4m3 codes + scales, or f32.
         let (hbuf, hscale) = if fp8 {
             (cuda.scratch(max_pairs * i), Some(cuda.scratch(max_pairs * (i / GROUP) * 4)))
@@ -370,29 +368,12 @@ impl Job<'_> {
         let y = cuda.scratch(max_pairs * h * 4);
         for r0 in (0..self.rows).step_by(CHUNK_ROWS) {
             let rows = CHUNK_ROWS.min(self.rows - r0);
-            let pairs = rows * k;
-            let max_tiles = tiles_bound(pairs);
-            let ids = self.routing.ids.ptr() + (r0 * k * 4) as u64;
-            let args = [
-                ids.into(),
-                pairs.into(),
-                e.into(),
-                TILE_ROWS.into(),
-                offsets.ptr().into(),
-                sorted.ptr().into(),
-                tiles.ptr().into(),
-                max_tiles.into(),
-            ];
-            kernels.group_pairs.launch(
-                cuda.stream(),
-                Dims::linear(1, GROUP_THREADS).with_shared((2 * e * 4) as u32),
-                &args,
-            );
+            let max_tiles = self.group(&grouping, r0, rows);
 
             let input = self.input;
             let act = input.ptr + (r0 * h * input.elem) as u64;
             let act_scales = if fp8 { input.scales + (r0 * (h / GROUP) * 4) as u64 } else { 0 };
-            let grouped = (sorted.ptr(), tiles.ptr(), offsets.ptr());
+            let grouped = (grouping.sorted.ptr(), grouping.tiles.ptr(), grouping.offsets.ptr());
             let (hq, hf) = if fp8 { (hbuf.ptr(), 0) } else { (0, hbuf.ptr()) };
             let args: [Arg; 14] = [
                 act.into(),
@@ -432,6 +413,28 @@ impl Job<'_> {
         }
     }
 
+    /// Sorts the pairs of rows `r0..r0 + rows` by expert into `g` (`moe_group_pairs`); returns the
+    /// bound on their tile count (the grid of the tile kernels).
+    fn group(&self, g: &Grouping, r0: usize, rows: usize) -> usize {
+        let (cuda, k, e) = (self.cuda, self.s.top_k, self.s.experts);
+        let pairs = rows * k;
+        let max_tiles = g.max_tiles(e, pairs);
+        let ids = self.routing.ids.ptr() + (r0 * k * 4) as u64;
+        let args = [
+            ids.into(),
+            pairs.into(),
+            e.into(),
+            g.tile_rows.into(),
+            g.offsets.ptr().into(),
+            g.sorted.ptr().into(),
+            g.tiles.ptr().into(),
+            max_tiles.into(),
+        ];
+        let dims = Dims::linear(1, GROUP_THREADS).with_shared((2 * e * 4) as u32);
+        cuda.kernels.moe.group_pairs.launch(cuda.stream(), dims, &args);
+        max_tiles
+    }
+
     /// `out[r0..r0+rows] = Σ_slot w · y + shared_gate · shared` (y holds those rows' pairs from 0).
     fn combine(&self, r0: usize, rows: usize, y: u64) {
         let (cuda, k) = (self.cuda, self.s.top_k);
@@ -446,4 +449,37 @@ impl Job<'_> {
         ];
         cuda.kernels.moe.combine.launch(cuda.stream(), Dims::linear(rows, 256), &args);
     }
+}
+
+/// One pass's (row, slot) pairs sorted by expert, and its tiles of at most `tile_rows` pairs of
+/// one expert (`moe_group_pairs`'s outputs).
+struct Grouping {
+    /// `[experts + 1]` i32: each expert's first sorted position.
+    offsets: PoolBuf,
+    /// `[pairs]` i32: the pair `row·top_k + slot` at each sorted position.
+    sorted: PoolBuf,
+    /// `[1 + 2·max_tiles]` i32: the tile count, then (expert, first sorted position) per tile.
+    tiles: PoolBuf,
+    tile_rows: usize,
+}
+
+impl Grouping {
+    fn new(cuda: &Cuda, experts: usize, max_pairs: usize, tile_rows: usize) -> Grouping {
+        Grouping {
+            offsets: cuda.scratch((experts + 1) * 4),
+            sorted: cuda.scratch(max_pairs * 4),
+            tiles: cuda.scratch((1 + 2 * tile_bound(experts, max_pairs, tile_rows)) * 4),
+            tile_rows,
+        }
+    }
+
+    fn max_tiles(&self, experts: usize, pairs: usize) -> usize {
+        tile_bound(experts, pairs, self.tile_rows)
+    }
+}
+
+/// At most this many tiles hold `pairs` pairs: one per whole `tile_rows`, plus one partial tile
+/// per expert used.
+fn tile_bound(experts: usize, pairs: usize, tile_rows: usize) -> usize {
+    pairs.div_ceil(tile_rows) + experts.min(pairs)
 }

@@ -1,0 +1,48 @@
+// Pieces shared by the MoE kernel files (moe.cu, moe_rows.cu): the activation kinds, the expert
+// address table's layout, the dynamic e4m3 quantiser (`backbone.md` §6.2) and e4m3 decoding.
+#pragma once
+#include "common.cuh"
+
+#define E4M3_MAX 448.f
+
+enum { ACT_E4M3 = 0, ACT_BF16 = 1, ACT_F32 = 2 };
+
+// Expert pointer table: 6 addresses per expert (gate w, gate scale, up w, up scale, down w, down scale).
+enum { T_GATE_W = 0, T_GATE_S = 1, T_UP_W = 2, T_UP_S = 3, T_DOWN_W = 4, T_DOWN_S = 5, T_STRIDE = 6 };
+
+// The dynamic quantiser's group scale, as the CPU `quantise`: max(amax, 1e-10) / 448 in f32.
+__device__ __forceinline__ float quant_scale(float amax) { return fmaxf(amax, 1e-10f) / E4M3_MAX; }
+
+// e4m3 code of v / s: IEEE division (not a reciprocal multiply), clamp to ±448, round to nearest even.
+__device__ __forceinline__ unsigned char quant_e4m3(float v, float s) {
+    const float q = fminf(fmaxf(v / s, -E4M3_MAX), E4M3_MAX);
+    return (unsigned char)__nv_cvt_float_to_fp8(q, __NV_SATFINITE, __NV_E4M3);
+}
+
+// Two e4m3 codes (first element in the low byte) to floats, exactly (every e4m3 value is an f16).
+__device__ __forceinline__ float2 e4m3x2_to_float2(unsigned short v) {
+    const __half2 h(__nv_cvt_fp8x2_to_halfraw2(v, __NV_E4M3));
+    return __half22float2(h);
+}
+
+__device__ __forceinline__ float e4m3_to_f32(unsigned char v) {
+    return __half2float(__half(__nv_cvt_fp8_to_halfraw(v, __NV_E4M3)));
+}
+
+__device__ __forceinline__ float4 e4m3x4_to_float4(unsigned int v) {
+    const float2 a = e4m3x2_to_float2((unsigned short)(v & 0xFFFFu));
+    const float2 b = e4m3x2_to_float2((unsigned short)(v >> 16));
+    return make_float4(a.x, a.y, b.x, b.y);
+}
+
+// Four consecutive activations starting at element `at` (a multiple of 4) of a buffer of `kind`.
+__device__ __forceinline__ float4 load_act4(const void* act, int kind, size_t at) {
+    if (kind == ACT_E4M3)
+        return e4m3x4_to_float4(*reinterpret_cast<const unsigned int*>((const unsigned char*)act + at));
+    if (kind == ACT_BF16) {
+        const uint2 raw = *reinterpret_cast<const uint2*>((const bf16*)act + at);
+        const bf16* b = reinterpret_cast<const bf16*>(&raw);
+        return make_float4(to_f32(b[0]), to_f32(b[1]), to_f32(b[2]), to_f32(b[3]));
+    }
+    return *reinterpret_cast<const float4*>((const float*)act + at);
+}

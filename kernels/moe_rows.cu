@@ -1,0 +1,325 @@
+// The decode batch's routed experts (`MoePath::Rows`, `BackboneOps::moe_rows`) on tensor cores,
+// and the operand preparation (the dynamic quantiser included) that every expert path uses.
+//
+// Arithmetic: as moe.cu's (the CPU oracle `fp8_linear.rs`): y[o] = Σ_g s_x[g] · s_w[o/128][g] ·
+// Σ_{i∈g} x[i]·w[o,i], an f32 partial sum per 128-wide K group, both scales applied once per
+// group. Both operands reach the MMA as f16 without rounding (mma.sync m16n8k16 f16, f32
+// accumulate; every product of two such values is exact in f32):
+//   - weights: e4m3 codes → f16 exactly (`e4m3x4_to_f16x4`);
+//   - Fp8Dynamic activations: e4m3 codes (FMT_E4M3), the dynamic quantiser's scale per group;
+//   - Exact activations: each 1×128 group scaled by a power of two s = 2^e that puts its amax in
+//     [2^14, 2^15), so every element lands in f16's normal range. A bf16 input (8 significant
+//     bits) is then one f16 exactly (FMT_F16); an f32 input (the SwiGLU output h) is a sum of two
+//     f16, hi + lo, good to 22 bits (FMT_F16X2: two MMAs per step). Elements below amax·2^-28
+//     fall into f16's subnormals (a bf16 stays exact down to amax·2^-31); the absolute error
+//     there is under amax·2^-39.
+//
+// Swap-AB tiles: a tile is up to 8 (row, slot) pairs of one expert (consecutive in the order of
+// `moe_group_pairs`). A warp owns 16 output features: they are the MMA's A rows (m16), the tile's
+// pairs its n8 columns. Lane (g, c) loads 16 bytes of weight rows g and g + 8 and the same 16 k
+// of pair g's operand row (the k permutation of mma.cuh: 4 k16 steps per 16 e4m3 codes).
+//
+// Per-output reduction order, fixed by K alone: within a K group, 8 k16 steps into fresh
+// accumulators in k order; the group then folds in as total = fmaf(partial, s_x·s_w, total), in
+// increasing group order. The gate/up kernel splits K into GU_KS slices (groups ks, ks + GU_KS,
+// …), one warp each; their totals are added in slice order. An MMA computes each output from its
+// own A row and B column only, so a pair's result is the same bits whichever pairs share its
+// tile, whatever the tile count or the grid: each row's result is its own (no float atomics; the
+// combine sums a row's slots in slot order).
+//
+// Grid: (tiles, N / features per block), which scales with the pairs and spreads the weight
+// bytes over every SM at any batch: gate/up blocks own 16 features (one feature warp × 8 K
+// slices of 2 groups each), down blocks 128 (8 feature warps). One row (8 experts): 256 gate/up
+// blocks and 128 down blocks of 8 warps; a warp issues a group's loads together (gate/up: 8 × 16
+// B of weights per lane, down: 2 groups, 8 × 16 B), so about 4 KB per warp are in flight, 32 KB
+// per block (108 / 100 registers: two blocks per SM).
+//
+// Floor (H200, 4.18 TB/s copy): a step reads the union of the experts its rows route to, each
+// 3·I·H bytes = 3·512·2048 = 3.15 MB (+ 768 B of scales), once per layer. With the spec's 40
+// layers, 256 experts, top-8 (`model.md`): 1 row → 8 experts → 25.2 MB per layer, 1.01 GB per
+// step, 0.24 ms; 64 rows → E·(1 − (1 − k/E)^64) ≈ 222 experts → 28.0 GB, 6.7 ms. (At 512 experts,
+// top-10, 48 layers it would be 31.5 MB per layer and 0.36 ms per step at one row.) Expected:
+// within 2× of the floor at 64 rows (every 16-byte weight load feeds 4 MMAs; ~2.3 pairs per
+// expert waste 3/4 of each n8 column set, free on a bandwidth-bound kernel) and within 3× at one
+// row (the launches of the layer's MoE, ~2 µs each, are then as long as its 6 µs of loads).
+#include "mma.cuh"
+#include "moe.cuh"
+
+// Operand formats of the MMA kernels' activations (see the header).
+enum { FMT_E4M3 = 0, FMT_F16 = 1, FMT_F16X2 = 2 };
+
+#define ROWS_PAIRS 8
+#define ROWS_THREADS 256
+#define GU_KS 8                  // gate/up: K slices per block
+#define GU_FS (8 / GU_KS)        // gate/up: feature warps per block
+#define DN_FS 8                  // down: feature warps per block
+
+// ---------------------------------------------------------------------------------------------
+// Operands
+
+// Each row of x ([rows, K], ACT_BF16 or ACT_F32) in 1×128 groups, as an MMA operand of format
+// `fmt`, with one f32 scale per group (scales [rows, K/128]):
+//   FMT_E4M3: e4m3 codes of x/s, s = max(amax, 1e-10)/448 (the dynamic quantiser, as the CPU
+//             `quantise`); codes [rows, K] bytes;
+//   FMT_F16:  f16 of x·2^-e, s = 2^e (header); codes [rows, K] f16;
+//   FMT_F16X2: as FMT_F16 (hi), and f16 of the remainder x·2^-e − hi (lo) at codes + rows·K f16.
+// One warp per group, 8 per block: grid (ceil(K/128 / 8), rows), 256 threads. K % 128 == 0.
+extern "C" __global__ void moe_rows_operand(const void* __restrict__ x, int in_kind, int rows, int K, int fmt,
+                                            void* __restrict__ codes, float* __restrict__ scales) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int groups = K >> 7;
+    const int g = blockIdx.x * (blockDim.x >> 5) + warp;
+    if (g >= groups) return;
+    const size_t at = (size_t)blockIdx.y * K + g * 128 + lane * 4;
+    const float4 v = load_act4(x, in_kind, at);
+    const float amax = warp_max(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+    float s;
+    if (fmt == FMT_E4M3) {
+        s = quant_scale(amax);
+        const unsigned int packed = (unsigned int)quant_e4m3(v.x, s) | ((unsigned int)quant_e4m3(v.y, s) << 8) |
+                                    ((unsigned int)quant_e4m3(v.z, s) << 16) |
+                                    ((unsigned int)quant_e4m3(v.w, s) << 24);
+        *reinterpret_cast<unsigned int*>((unsigned char*)codes + at) = packed;
+    } else {
+        // amax's binary exponent less 14, clamped so that 2^±e are normal floats (then x·2^-e
+        // is exact, and below 2^16 even for the largest bf16 / f32 amax).
+        const int e = min(max(((__float_as_int(amax) >> 23) & 0xFF) - 127 - 14, -112), 112);
+        s = __int_as_float((127 + e) << 23);
+        const float inv = __int_as_float((127 - e) << 23);
+        const float y[4] = {v.x * inv, v.y * inv, v.z * inv, v.w * inv};
+        uint32_t hi[2] = {0u, 0u}, lo[2] = {0u, 0u};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const __half h = __float2half_rn(y[j]);
+            const __half l = __float2half_rn(y[j] - __half2float(h));  // the difference is exact in f32
+            hi[j >> 1] |= (uint32_t)__half_as_ushort(h) << (16 * (j & 1));
+            lo[j >> 1] |= (uint32_t)__half_as_ushort(l) << (16 * (j & 1));
+        }
+        __half* out = (__half*)codes + at;
+        *reinterpret_cast<uint2*>(out) = make_uint2(hi[0], hi[1]);
+        if (fmt == FMT_F16X2) *reinterpret_cast<uint2*>(out + (size_t)rows * K) = make_uint2(lo[0], lo[1]);
+    }
+    if (lane == 0) scales[(size_t)blockIdx.y * groups + g] = s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Swap-AB block-FP8 MMA over one tile
+
+__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// 16-byte vectors a lane loads per 64-wide K block of its pair's operand row: 16 codes (e4m3: 1,
+// f16: 2, f16 hi and lo: 4).
+template <int FMT>
+struct OperandVecs {
+    static constexpr int n = FMT == FMT_E4M3 ? 1 : FMT == FMT_F16 ? 2 : 4;
+};
+
+// The lane's 16 operand codes at k of row `src` (zeros for src < 0: a column past the tile).
+template <int FMT>
+__device__ __forceinline__ void load_operand(const void* act, const void* act_lo, int src, int K, int k,
+                                             uint4 (&b)[OperandVecs<FMT>::n]) {
+#pragma unroll
+    for (int v = 0; v < OperandVecs<FMT>::n; ++v) b[v] = make_uint4(0u, 0u, 0u, 0u);
+    if (src < 0) return;
+    const size_t at = (size_t)src * K + k;
+    if constexpr (FMT == FMT_E4M3) {
+        b[0] = __ldg(reinterpret_cast<const uint4*>((const unsigned char*)act + at));
+    } else {
+        const uint4* hi = reinterpret_cast<const uint4*>((const __half*)act + at);
+        b[0] = __ldg(hi);
+        b[1] = __ldg(hi + 1);
+        if constexpr (FMT == FMT_F16X2) {
+            const uint4* lo = reinterpret_cast<const uint4*>((const __half*)act_lo + at);
+            b[OperandVecs<FMT>::n - 2] = __ldg(lo);
+            b[OperandVecs<FMT>::n - 1] = __ldg(lo + 1);
+        }
+    }
+}
+
+// B fragment of k16 step q (codes 4q..4q+3 of the lane's 16) as f16 pairs; l0/l1 the lo part.
+template <int FMT>
+__device__ __forceinline__ void operand_frag(const uint4 (&b)[OperandVecs<FMT>::n], int q, uint32_t& b0,
+                                             uint32_t& b1, uint32_t& l0, uint32_t& l1) {
+    if constexpr (FMT == FMT_E4M3) {
+        const uint2 f = e4m3x4_to_f16x4(word_of(b[0], q));
+        b0 = f.x;
+        b1 = f.y;
+    } else {
+        b0 = word_of(b[q >> 1], 2 * (q & 1));
+        b1 = word_of(b[q >> 1], 2 * (q & 1) + 1);
+        if constexpr (FMT == FMT_F16X2) {
+            l0 = word_of(b[OperandVecs<FMT>::n - 2 + (q >> 1)], 2 * (q & 1));
+            l1 = word_of(b[OperandVecs<FMT>::n - 2 + (q >> 1)], 2 * (q & 1) + 1);
+        }
+    }
+}
+
+// One warp's 16 features of NB weight matrices (w[m]: row f0 of an [N, K] e4m3 matrix; sw[m]:
+// its scale row f0/128) against the tile's 8 columns, over the K groups ks, ks + KS, … (GPB
+// groups' loads issued together). This lane loads column g from operand row `src`; it holds the
+// outputs of columns 2c, 2c + 1, whose operand rows are src0, src1 (-1 past the tile):
+//   total[m][0, 1] = features f0 + g, columns 2c, 2c + 1; total[m][2, 3] = feature f0 + g + 8.
+template <int NB, int FMT, int GPB>
+__device__ __forceinline__ void warp_tile(const unsigned char* const (&w)[NB], const float* const (&sw)[NB],
+                                          const void* act, const void* act_lo, const float* act_scales, int src,
+                                          int src0, int src1, int K, int ks, int KS, float (&total)[NB][4]) {
+    constexpr int V = OperandVecs<FMT>::n;
+    const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    const int groups = K >> 7;
+#pragma unroll
+    for (int m = 0; m < NB; ++m)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) total[m][i] = 0.f;
+
+    for (int g0 = ks * GPB; g0 < groups; g0 += KS * GPB) {
+        uint4 a[GPB][2][NB][2], b[GPB][2][V];  // [group][64-wide half][matrix][row g, g + 8]
+        float sx[GPB][2], swg[GPB][NB];
+#pragma unroll
+        for (int j = 0; j < GPB; ++j) {
+            const int gi = g0 + j;
+            if (gi >= groups) break;
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int k = gi * 128 + half * 64 + c * 16;
+#pragma unroll
+                for (int m = 0; m < NB; ++m) {
+                    a[j][half][m][0] = load_stream(reinterpret_cast<const uint4*>(w[m] + (size_t)g * K + k));
+                    a[j][half][m][1] = load_stream(reinterpret_cast<const uint4*>(w[m] + (size_t)(g + 8) * K + k));
+                }
+                load_operand<FMT>(act, act_lo, src, K, k, b[j][half]);
+            }
+            sx[j][0] = src0 >= 0 ? __ldg(act_scales + (size_t)src0 * groups + gi) : 0.f;
+            sx[j][1] = src1 >= 0 ? __ldg(act_scales + (size_t)src1 * groups + gi) : 0.f;
+#pragma unroll
+            for (int m = 0; m < NB; ++m) swg[j][m] = __ldg(sw[m] + gi);
+        }
+#pragma unroll
+        for (int j = 0; j < GPB; ++j) {
+            if (g0 + j >= groups) break;
+            float part[NB][4];
+#pragma unroll
+            for (int m = 0; m < NB; ++m)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) part[m][i] = 0.f;
+#pragma unroll
+            for (int half = 0; half < 2; ++half)
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    uint32_t b0, b1, l0 = 0u, l1 = 0u;
+                    operand_frag<FMT>(b[j][half], q, b0, b1, l0, l1);
+#pragma unroll
+                    for (int m = 0; m < NB; ++m) {
+                        const uint2 ag = e4m3x4_to_f16x4(word_of(a[j][half][m][0], q));
+                        const uint2 ag8 = e4m3x4_to_f16x4(word_of(a[j][half][m][1], q));
+                        mma_f16_k16(part[m], ag.x, ag8.x, ag.y, ag8.y, b0, b1);
+                        if constexpr (FMT == FMT_F16X2) mma_f16_k16(part[m], ag.x, ag8.x, ag.y, ag8.y, l0, l1);
+                    }
+                }
+#pragma unroll
+            for (int m = 0; m < NB; ++m) {
+                const float s0 = sx[j][0] * swg[j][m], s1 = sx[j][1] * swg[j][m];
+                total[m][0] = fmaf(part[m][0], s0, total[m][0]);
+                total[m][1] = fmaf(part[m][1], s1, total[m][1]);
+                total[m][2] = fmaf(part[m][2], s0, total[m][2]);
+                total[m][3] = fmaf(part[m][3], s1, total[m][3]);
+            }
+        }
+    }
+}
+
+// The block's tile: its expert and its pairs [start, end) in sorted order. False past the tile
+// list (block-uniform, before any barrier).
+struct RowsTile {
+    int e, start, end;
+};
+
+__device__ __forceinline__ bool rows_tile(const int* tiles, const int* offsets, RowsTile& t) {
+    if ((int)blockIdx.x >= tiles[0]) return false;
+    t.e = tiles[1 + 2 * blockIdx.x];
+    t.start = tiles[2 + 2 * blockIdx.x];
+    t.end = min(offsets[t.e + 1], t.start + ROWS_PAIRS);
+    return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kernels
+
+// h[pos, f] = SiLU(gate_f · x) · (up_f · x) (f32) for the tile's sorted positions pos, x the
+// operand row of the pair's token row (sorted[pos] / top_k). act, act_scales: the layer input
+// as moe_rows_operand writes it (fmt FMT_E4M3 or FMT_F16); K = hidden, N = intermediate (both
+// multiples of 128); h: [pairs, N]. Grid (max_tiles, N/16), 256 threads (ROWS_THREADS); blocks
+// past tiles[0] exit.
+extern "C" __global__ void __launch_bounds__(ROWS_THREADS)
+    moe_rows_gate_up(const void* __restrict__ act, const float* __restrict__ act_scales, int fmt,
+                     const int* __restrict__ sorted, const int* __restrict__ tiles, const int* __restrict__ offsets,
+                     const unsigned long long* __restrict__ table, int top_k, int K, int N, float* __restrict__ h) {
+    __shared__ float slices[GU_KS][GU_FS][8][32];  // [K slice][feature warp][total][lane]
+    RowsTile tile;
+    if (!rows_tile(tiles, offsets, tile)) return;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    const int fs = warp / GU_KS, ks = warp % GU_KS;
+    const int f0 = blockIdx.y * (16 * GU_FS) + 16 * fs;
+    const auto row_of = [&](int pos) { return pos < tile.end ? sorted[pos] / top_k : -1; };
+    const int src = row_of(tile.start + g), src0 = row_of(tile.start + 2 * c), src1 = row_of(tile.start + 2 * c + 1);
+    const unsigned long long* t = table + (size_t)tile.e * T_STRIDE;
+    const size_t srow = (size_t)(f0 >> 7) * (K >> 7);
+    const unsigned char* const w[2] = {(const unsigned char*)t[T_GATE_W] + (size_t)f0 * K,
+                                       (const unsigned char*)t[T_UP_W] + (size_t)f0 * K};
+    const float* const sw[2] = {(const float*)t[T_GATE_S] + srow, (const float*)t[T_UP_S] + srow};
+    float total[2][4];
+    if (fmt == FMT_E4M3)
+        warp_tile<2, FMT_E4M3, 1>(w, sw, act, nullptr, act_scales, src, src0, src1, K, ks, GU_KS, total);
+    else
+        warp_tile<2, FMT_F16, 1>(w, sw, act, nullptr, act_scales, src, src0, src1, K, ks, GU_KS, total);
+
+    // The K slices' totals, added in slice order by each feature warp's slice-0 warp.
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) slices[ks][fs][4 * m + i][lane] = total[m][i];
+    __syncthreads();
+    if (ks != 0) return;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        float gate = slices[0][fs][i][lane], up = slices[0][fs][4 + i][lane];
+#pragma unroll
+        for (int s = 1; s < GU_KS; ++s) {
+            gate += slices[s][fs][i][lane];
+            up += slices[s][fs][4 + i][lane];
+        }
+        const int pos = tile.start + 2 * c + (i & 1);
+        if (pos < tile.end) h[(size_t)pos * N + f0 + g + 8 * (i >> 1)] = siluf_(gate) * up;
+    }
+}
+
+// y[pair, f] = down_f · h[pos] for the tile's sorted positions pos (pair = sorted[pos]), written
+// at the pair's row of y [pairs, N] f32 (unweighted; the combine applies the routing weight).
+// act, act_lo, act_scales: h as moe_rows_operand writes it (fmt FMT_E4M3, or FMT_F16X2 with
+// act_lo its lo half); K = intermediate, N = hidden. Grid (max_tiles, N/128), 256 threads.
+extern "C" __global__ void __launch_bounds__(ROWS_THREADS)
+    moe_rows_down(const void* __restrict__ act, const void* __restrict__ act_lo, const float* __restrict__ act_scales,
+                  int fmt, const int* __restrict__ sorted, const int* __restrict__ tiles,
+                  const int* __restrict__ offsets, const unsigned long long* __restrict__ table, int K, int N,
+                  float* __restrict__ y) {
+    RowsTile tile;
+    if (!rows_tile(tiles, offsets, tile)) return;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    const int f0 = blockIdx.y * (16 * DN_FS) + 16 * warp;
+    const auto row_of = [&](int pos) { return pos < tile.end ? pos : -1; };
+    const int src = row_of(tile.start + g), src0 = row_of(tile.start + 2 * c), src1 = row_of(tile.start + 2 * c + 1);
+    const unsigned long long* t = table + (size_t)tile.e * T_STRIDE;
+    const unsigned char* const w[1] = {(const unsigned char*)t[T_DOWN_W] + (size_t)f0 * K};
+    const float* const sw[1] = {(const float*)t[T_DOWN_S] + (size_t)(f0 >> 7) * (K >> 7)};
+    float total[1][4];
+    if (fmt == FMT_E4M3)
+        warp_tile<1, FMT_E4M3, 2>(w, sw, act, nullptr, act_scales, src, src0, src1, K, 0, 1, total);
+    else
+        warp_tile<1, FMT_F16X2, 1>(w, sw, act, act_lo, act_scales, src, src0, src1, K, 0, 1, total);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int pos = tile.start + 2 * c + (i & 1);
+        if (pos < tile.end) y[(size_t)sorted[pos] * N + f0 + g + 8 * (i >> 1)] = total[0][i];
+    }
+}

@@ -1,0 +1,163 @@
+//! The decode batch's routed experts ([`MoePath::Rows`](super::MoePath::Rows)) on tensor cores,
+//! `kernels/moe_rows.cu`: the pairs grouped by expert into tiles of up to 8, swap-AB
+//! `mma.sync` tiles (an expert's 16 output features against a tile's pairs) over operands that
+//! reach the MMA as f16 without rounding, and a grid that scales with the tiles, so one row
+//! spreads its experts' bytes over every SM and a batch reads each expert once per 8 of its pairs.
+//! The kernel file's header gives the arithmetic, the fixed reduction order (each row's result
+//! is its own, bit for bit) and the floor.
+//!
+//! Activations, in either [`ExpertActivations`](crate::backend::backbone::ExpertActivations)
+//! mode: `Fp8Dynamic` rows are the dynamic quantiser's e4m3 codes (as the other paths); `Exact`
+//! rows are f16 per 1×128 group scaled by a power of two (a bf16 input exactly, the f32 SwiGLU
+//! output as hi + lo f16, 22 bits), so the CPU oracle's arithmetic is kept up to f32 summation.
+
+use super::{ACT_BF16, ACT_E4M3, ACT_F32, CHUNK_ROWS, GROUP, Grouping, Job};
+use crate::backend::cuda::Cuda;
+use crate::backend::cuda::launch::{Arg, Dims};
+use crate::backend::cuda::memory::PoolBuf;
+
+/// Pairs of one expert per tile (`ROWS_PAIRS`): one n8 MMA column set.
+const TILE_PAIRS: usize = 8;
+/// Output features per block: gate/up 1 feature warp × 8 K slices, down 8 feature warps.
+const GATE_UP_FEATURES: usize = 16;
+const DOWN_FEATURES: usize = 128;
+const THREADS: u32 = 256;
+/// Groups of one operand row per block of `moe_rows_operand` (one warp each).
+const OPERAND_GROUPS_PER_BLOCK: usize = 8;
+
+/// `kernels/moe_rows.cu`'s operand formats (`FMT_*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Format {
+    /// e4m3 codes of the dynamic quantiser.
+    E4m3 = 0,
+    /// One f16 per element, power-of-two group scales.
+    F16 = 1,
+    /// Two f16 per element (hi rows, then lo rows), power-of-two group scales.
+    F16x2 = 2,
+}
+
+impl Format {
+    /// Bytes of codes per element.
+    fn bytes(self) -> usize {
+        match self {
+            Format::E4m3 => 1,
+            Format::F16 => 2,
+            Format::F16x2 => 4,
+        }
+    }
+}
+
+/// Up to `max_rows` rows of `cols` elements as an MMA operand: codes and one f32 scale per 1×128
+/// group (`[rows, cols / 128]`).
+pub(super) struct Operand {
+    pub codes: PoolBuf,
+    pub scales: PoolBuf,
+    fmt: Format,
+    cols: usize,
+}
+
+impl Operand {
+    pub fn new(cuda: &Cuda, max_rows: usize, cols: usize, fmt: Format) -> Operand {
+        assert!(cols.is_multiple_of(GROUP), "operand rows must be whole 128-groups (width {cols})");
+        Operand {
+            codes: cuda.scratch(max_rows * cols * fmt.bytes()),
+            scales: cuda.scratch(max_rows * (cols / GROUP) * 4),
+            fmt,
+            cols,
+        }
+    }
+
+    /// Rows `0..rows` from `rows` rows of `in_kind` (`ACT_BF16` or `ACT_F32`) at `x`.
+    pub fn fill(&self, cuda: &Cuda, x: u64, in_kind: i32, rows: usize) {
+        assert!(in_kind == ACT_BF16 || in_kind == ACT_F32, "operand input kind {in_kind}");
+        assert!(rows * self.cols * self.fmt.bytes() <= self.codes.bytes(), "{rows} rows exceed the operand");
+        if rows == 0 {
+            return;
+        }
+        let groups = self.cols / GROUP;
+        let args = [
+            x.into(),
+            in_kind.into(),
+            rows.into(),
+            self.cols.into(),
+            (self.fmt as i32).into(),
+            self.codes.ptr().into(),
+            self.scales.ptr().into(),
+        ];
+        let dims = Dims::grid((groups.div_ceil(OPERAND_GROUPS_PER_BLOCK) as u32, rows as u32, 1), THREADS);
+        cuda.kernels.moe.rows_operand.launch(cuda.stream(), dims, &args);
+    }
+
+    /// The lo rows of an `F16x2` operand filled with `rows` rows (0 for the other formats).
+    fn lo(&self, rows: usize) -> u64 {
+        if self.fmt == Format::F16x2 { self.codes.ptr() + (rows * self.cols * 2) as u64 } else { 0 }
+    }
+}
+
+impl Job<'_> {
+    /// The decode batch, in passes of at most `CHUNK_ROWS` rows: the pass's input rows as an
+    /// operand (`Fp8Dynamic`: the quantised codes; `Exact`: f16 of the bf16 rows), its pairs
+    /// grouped by expert into tiles of up to 8, gate/up tiles → h [pairs, I] f32 by sorted
+    /// position, h as an operand (requantised to e4m3, or hi + lo f16), down tiles → y
+    /// [pairs, hidden] f32; combine.
+    pub(super) fn rows(&self) {
+        let (cuda, k, e, h, i) = (self.cuda, self.s.top_k, self.s.experts, self.hidden, self.s.intermediate);
+        let kernels = &cuda.kernels.moe;
+        let fp8 = self.input.kind == ACT_E4M3;
+        let max_rows = self.rows.min(CHUNK_ROWS);
+        let max_pairs = max_rows * k;
+        let grouping = Grouping::new(cuda, e, max_pairs, TILE_PAIRS);
+        let exact_input = (!fp8).then(|| Operand::new(cuda, max_rows, h, Format::F16));
+        let hbuf = cuda.scratch(max_pairs * i * 4);
+        let hop = Operand::new(cuda, max_pairs, i, if fp8 { Format::E4m3 } else { Format::F16x2 });
+        let y = cuda.scratch(max_pairs * h * 4);
+        for r0 in (0..self.rows).step_by(CHUNK_ROWS) {
+            let rows = CHUNK_ROWS.min(self.rows - r0);
+            let pairs = rows * k;
+            let input = self.input;
+            let (act, act_scales, fmt) = match &exact_input {
+                Some(x) => {
+                    x.fill(cuda, input.ptr + (r0 * h * input.elem) as u64, input.kind, rows);
+                    (x.codes.ptr(), x.scales.ptr(), Format::F16)
+                }
+                None => (input.ptr + (r0 * h) as u64, input.scales + (r0 * (h / GROUP) * 4) as u64, Format::E4m3),
+            };
+            let max_tiles = self.group(&grouping, r0, rows);
+            let (sorted, tiles, offsets) = (grouping.sorted.ptr(), grouping.tiles.ptr(), grouping.offsets.ptr());
+
+            let args: [Arg; 11] = [
+                act.into(),
+                act_scales.into(),
+                (fmt as i32).into(),
+                sorted.into(),
+                tiles.into(),
+                offsets.into(),
+                self.table.into(),
+                k.into(),
+                h.into(),
+                i.into(),
+                hbuf.ptr().into(),
+            ];
+            let dims = Dims::grid((max_tiles as u32, (i / GATE_UP_FEATURES) as u32, 1), THREADS);
+            kernels.rows_gate_up.launch(cuda.stream(), dims, &args);
+
+            hop.fill(cuda, hbuf.ptr(), ACT_F32, pairs);
+            let args: [Arg; 11] = [
+                hop.codes.ptr().into(),
+                hop.lo(pairs).into(),
+                hop.scales.ptr().into(),
+                (hop.fmt as i32).into(),
+                sorted.into(),
+                tiles.into(),
+                offsets.into(),
+                self.table.into(),
+                i.into(),
+                h.into(),
+                y.ptr().into(),
+            ];
+            let dims = Dims::grid((max_tiles as u32, (h / DOWN_FEATURES) as u32, 1), THREADS);
+            kernels.rows_down.launch(cuda.stream(), dims, &args);
+            self.combine(r0, rows, y.ptr());
+        }
+    }
+}
