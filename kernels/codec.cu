@@ -3,13 +3,14 @@
 //
 // Exact streaming (`src/backend/codec.rs`): every output element is computed by the same
 // sequence of f32 operations whatever the number of rows in a call and wherever the row falls in
-// a tile. So: no cuBLAS (its algorithm depends on M); one GEMM whose per-output reduction is a
-// single fmaf chain over k = 0, 1, …, K−1 (zero-padded to a multiple of GEMM_BK, which depends
-// on K only); attention visiting a query's keys from the oldest to the newest of its window, with
-// the split of keys over lanes counted from the oldest key; row kernels whose reductions depend
-// on the row's width only. Element-wise arithmetic uses the explicit `_rn` intrinsics so that the
-// compiler never contracts it differently in the two GEMM instantiations.
+// a tile. So: no cuBLAS (its algorithm depends on M); one GEMM whose per-output reduction runs in
+// an order fixed by the weight's shape alone (see its section); attention visiting a query's keys
+// from the oldest to the newest of its window, with the split of keys over lanes counted from the
+// oldest key; row kernels whose reductions depend on the row's width only. Element-wise
+// arithmetic uses the explicit `_rn` intrinsics so that the compiler never contracts it
+// differently in the GEMM's instantiations.
 #include "common.cuh"
+#include "mma.cuh"
 #include <cuda_fp16.h>
 
 typedef __half f16;
@@ -242,27 +243,40 @@ extern "C" __global__ void codec_tanh(const f16* __restrict__ x, f16* __restrict
 //   transposed conv [2s, out, C]:  N = s·out (column j·out + o is output row m·s + j, channel o);
 //                                  tap 0 reads row m + 1 (a_base 1) with W[j], tap 1 row m with
 //                                  W[j + s] (a_tap −1, b_row = C, b_tap = s·out·C)
-// The reduction index k = t·C + c runs in order 0..K−1 through one fmaf chain per output.
+// The reduction index is k = t·C + c, K = taps·C.
 //
 // Epilogue (`gemm_finish`), in f32 with one rounding to f16 at the end:
 //   v = acc (+ bias[n % bias_len]); then GELU (EPI_GELU), or Snake of f16(v) with α = aux[n]
 //   (EPI_SNAKE: the next conv's input), or silu(f16(v)) · aux[m, n] (EPI_GATE: SwiGLU); then,
 //   with `res`, v = res[m, n] + γ[n]·v (γ = 1 when `gamma` is null).
 //
-// Grid: (ceil(M / BM), ceil(N / GEMM_BN)). Tiles: BM = 16·TM rows × GEMM_BN columns × GEMM_BK,
-// 256 threads as 16 × 16; thread (ty, tx) owns outputs (m0 + ty + 16i, n0 + tx + 16j). Tiles
-// are staged in shared memory as f32, transposed to [k][row] and padded (conflict-free stores);
-// the next tile's global loads are in flight while the current one is multiplied. Every thread
-// loads the same k column of every tile (k = threadIdx.x % 32), so the tap / channel split is
-// computed once per tile.
-constexpr int GEMM_BN = 64, GEMM_BK = 32, GEMM_THREADS = 256;
+// Two kernels, chosen by the host from C alone (`gemm.rs`), so every call with one weight takes
+// the same one, whatever its row count:
+// - `conv_mma` (C a multiple of 8, every layer of the published codec): tensor cores, f16
+//   operands, f32 accumulators. Each output's sum is one accumulator through the same mma.sync
+//   steps in the same order: k32 steps 0, 1, …, ceil(K / 32) − 1 (k ≥ K zero-filled, so the
+//   padding depends on K only), each two k16 MMAs over the fixed k permutation of `mma.cuh`. An
+//   MMA computes an output from its own A row and B column only, so the bits of an output do not
+//   depend on M, on the row's place in a tile, or on which tile runs.
+// - `conv_gemm_scalar` (any C: only the tiny test codec's narrowest blocks, C = 6 and 12): one
+//   fmaf chain per output over k = 0, 1, …, K − 1, in CUDA-core f32.
+//
+// Floor (H200). A code frame costs 6.8 GFLOP of GEMM (`codec.md` §1.7, from these shapes:
+// post_module 0.22, upsample stages 0.11, decoder 6.4, of which the residual units of blocks 2
+// and 3, 256 and 1024 rows per frame, are 1.8 each). At an assumed 400 TFLOPS for mma.sync
+// m16n8k16 f16 with f32 accumulation (the dense peak is 989 through wgmma; mma.sync reaches
+// about two thirds of it in the best hand-tuned kernels, less with this conv addressing) that is
+// 17 µs per frame: ~59 000 frames/s. The epilogue is CUDA-core work on top: ~3.5 M outputs per
+// frame, half of them through Snake's sinf and division, ~8 µs per frame over 132 SMs. Expected
+// when the decode batch's rows fill the GPU: 25–45 µs of GEMM per frame. (The stacked windows'
+// history rows are computed and dropped: 6, 18 and 54 rows per stream in a block's three units,
+// which nearly doubles block 1's unit convs at one-frame groups.)
 constexpr int EPI_NONE = 0, EPI_GELU = 1, EPI_SNAKE = 2, EPI_GATE = 3;
 constexpr int HAS_BIAS = 1, HAS_RES = 2, HAS_GAMMA = 4;
 
 // The epilogue of one output from its accumulated sum and the values it reads (bias[n],
 // α[n] or gate[m, n], res[m, n], γ[n]). Not inlined: compiled once per epilogue and called by
-// both tile sizes, so the two instantiations cannot contract or schedule its arithmetic
-// differently.
+// every kernel and tile, so no instantiation can contract or schedule its arithmetic differently.
 template <int EPI>
 __device__ __noinline__ float gemm_finish(float v, float bias, float aux, float res, float gamma, int flags) {
     if (flags & HAS_BIAS) v = __fadd_rn(v, bias);
@@ -273,45 +287,195 @@ __device__ __noinline__ float gemm_finish(float v, float bias, float aux, float 
     return v;
 }
 
-template <int TM, int EPI>
-__device__ __forceinline__ void conv_gemm(const f16* __restrict__ a, const f16* __restrict__ w, f16* __restrict__ y,
-                                          int M, int N, int C, int taps, int a_base, int a_tap, int b_row,
-                                          int b_tap, const f16* __restrict__ bias, int bias_len,
-                                          const f16* __restrict__ aux, const f16* __restrict__ res,
-                                          const f16* __restrict__ gamma) {
-    constexpr int BM = 16 * TM, BN = GEMM_BN, BK = GEMM_BK;
-    constexpr int ROWS_PER_PASS = GEMM_THREADS / BK;  // 8 rows of a tile per pass of the block
+// What the epilogue reads besides the sum, shared by both kernels.
+struct GemmOut {
+    f16* y;
+    const f16* bias;
+    int bias_len;
+    const f16* aux;
+    const f16* res;
+    const f16* gamma;
+    int M, N;
+
+    __device__ __forceinline__ int flags() const {
+        return (bias != nullptr ? HAS_BIAS : 0) | (res != nullptr ? HAS_RES : 0) | (gamma != nullptr ? HAS_GAMMA : 0);
+    }
+
+    // y[m, n] from its sum (m < M, n < N).
+    template <int EPI>
+    __device__ __forceinline__ void store(int m, int n, float acc, int flags) const {
+        const size_t at = (size_t)m * N + n;
+        const float b = bias != nullptr ? h2f(bias[n % bias_len]) : 0.f;
+        const float x = EPI == EPI_SNAKE ? h2f(aux[n]) : EPI == EPI_GATE ? h2f(aux[at]) : 0.f;
+        const float r = res != nullptr ? h2f(res[at]) : 0.f;
+        const float g = gamma != nullptr ? h2f(gamma[n]) : 0.f;
+        y[at] = f2h(gemm_finish<EPI>(acc, b, x, r, g, flags));
+    }
+};
+
+// The conv addressing of both operands.
+struct GemmIn {
+    const f16* a;
+    const f16* w;
+    int C, taps, a_base, a_tap, b_row, b_tap;
+};
+
+// ---- Tensor cores -----------------------------------------------------------------------------
+// Block: 128 threads, 2 × 2 warps; warp (wm, wn) owns rows wm·16·MI + [0, 16·MI) and columns
+// wn·32 + [0, 32) of a (32·MI) × 64 tile: MI m16 fragments × 4 n8 fragments, 16·MI f32
+// accumulators per lane. Two tiles: MI = 1 (32 rows: calls of few rows, where reading the weight
+// is the cost and more blocks keep more of it in flight) and MI = 4 (128 rows: many rows, where
+// a 64 × 32 warp tile reads 192 bytes of shared memory per MMA: at 128 B/clk per SM, room for
+// ~700 TFLOPS, above what mma.sync delivers). Columns per tile are 64 in both: the codec's N are
+// multiples of 96, and 64 loses 25% only at N = 96 (block 4's units).
+//
+// Operands go global → shared through cp.async (16 bytes each: C % 8 == 0 keeps every piece of
+// 8 consecutive k inside one tap and 16-byte aligned), STAGES k32 steps in flight. Shared rows
+// are 64 bytes (32 f16), unpadded: a fragment load (lane (g, c) reads 16 bytes at k = 8c of rows
+// g and g + 8, `mma.cuh`) has each quarter-warp read two whole 64-byte rows, conflict-free.
+constexpr int MMA_BN = 64, MMA_BK = 32, MMA_THREADS = 128;
+
+__device__ __forceinline__ void cp_async_16(void* smem, const void* global, bool valid) {
+    const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+    // src-size 0 reads nothing and zero-fills the 16 bytes.
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(global), "r"(valid ? 16 : 0)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+template <int MI, int STAGES, int EPI>
+__device__ __forceinline__ void conv_mma(const GemmIn in, const GemmOut out) {
+    constexpr int BM = 32 * MI, BN = MMA_BN, BK = MMA_BK;
+    __shared__ __align__(16) f16 as[STAGES][BM][BK];
+    __shared__ __align__(16) f16 bs[STAGES][BN][BK];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, c4 = lane & 3;
+    const int wm = (warp >> 1) * 16 * MI, wn = (warp & 1) * 32;
+    const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;  // row tiles on x: no 65535 limit
+    const int K = in.taps * in.C, steps = (K + BK - 1) / BK;
+
+    // Thread i copies the 16-byte piece i % 4 (k = 8·(i % 4) of the step) of rows i / 4 + 32j:
+    // one tap / channel split per step.
+    const int piece = threadIdx.x & 3, prow = threadIdx.x >> 2;
+    auto load = [&](int step, int stage) {
+        const int k = step * BK + 8 * piece;
+        const bool in_k = k < K;
+        const int t = in_k ? k / in.C : 0;
+        const int c = k - t * in.C;
+#pragma unroll
+        for (int j = 0; j < BM / 32; ++j) {
+            const int r = prow + 32 * j, m = m0 + r;
+            const bool ok = in_k && m < out.M;
+            const f16* src = ok ? in.a + (size_t)(m + in.a_base + t * in.a_tap) * in.C + c : in.a;
+            cp_async_16(&as[stage][r][8 * piece], src, ok);
+        }
+#pragma unroll
+        for (int j = 0; j < BN / 32; ++j) {
+            const int r = prow + 32 * j, n = n0 + r;
+            const bool ok = in_k && n < out.N;
+            const f16* src = ok ? in.w + (size_t)n * in.b_row + (size_t)t * in.b_tap + c : in.w;
+            cp_async_16(&bs[stage][r][8 * piece], src, ok);
+        }
+    };
+
+    float acc[MI][4][4];
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < steps) load(s, s);
+        cp_async_commit();  // empty groups too: the wait below counts groups
+    }
+    for (int step = 0; step < steps; ++step) {
+        cp_async_wait<STAGES - 2>();  // this thread's pieces of `step` have landed
+        __syncthreads();              // everyone's have, and step − 1's stage is free again
+        const int next = step + STAGES - 1;
+        if (next < steps) load(next, next % STAGES);
+        cp_async_commit();
+        const int stage = step % STAGES;
+        uint4 b[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) b[j] = *reinterpret_cast<const uint4*>(&bs[stage][wn + 8 * j + g][8 * c4]);
+#pragma unroll
+        for (int i = 0; i < MI; ++i) {
+            const uint4 ag = *reinterpret_cast<const uint4*>(&as[stage][wm + 16 * i + g][8 * c4]);
+            const uint4 ag8 = *reinterpret_cast<const uint4*>(&as[stage][wm + 16 * i + g + 8][8 * c4]);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) mma_f16_k32(acc[i][j], ag, ag8, b[j]);
+        }
+    }
+
+    // Lane (g, c4) holds rows g and g + 8 of each m16 fragment, columns 2·c4 and 2·c4 + 1 of
+    // each n8 fragment.
+    const int flags = out.flags();
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int m = m0 + wm + 16 * i + g + 8 * h;
+            if (m >= out.M) continue;
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int n = n0 + wn + 8 * j + 2 * c4 + e;
+                    if (n < out.N) out.store<EPI>(m, n, acc[i][j][2 * h + e], flags);
+                }
+        }
+}
+
+// ---- CUDA cores (any C) -----------------------------------------------------------------------
+// Grid: (ceil(M / 64), ceil(N / 64)); 256 threads as 16 × 16, thread (ty, tx) owns outputs
+// (m0 + ty + 16i, n0 + tx + 16j), i, j < 4. Tiles are staged in shared memory as f32, transposed
+// to [k][row] and padded (conflict-free stores); the next tile's global loads are in flight while
+// the current one is multiplied. Every thread loads the same k column of every tile
+// (k = threadIdx.x % 32), so the tap / channel split is computed once per tile.
+constexpr int SCALAR_BM = 64, SCALAR_BN = 64, SCALAR_BK = 32, SCALAR_THREADS = 256;
+
+template <int EPI>
+__device__ __forceinline__ void conv_gemm_scalar(const GemmIn in, const GemmOut out) {
+    constexpr int BM = SCALAR_BM, BN = SCALAR_BN, BK = SCALAR_BK, TM = BM / 16, TN = BN / 16;
+    constexpr int ROWS_PER_PASS = SCALAR_THREADS / BK;  // 8 rows of a tile per pass of the block
     constexpr int A_LOADS = BM / ROWS_PER_PASS, B_LOADS = BN / ROWS_PER_PASS;
     __shared__ float as[BK][BM + 1];
     __shared__ float bs[BK][BN + 1];
     const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
     const int kcol = threadIdx.x % BK, row0 = threadIdx.x / BK;
-    const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;  // row tiles on x: no 65535 limit
-    const int K = taps * C;
+    const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
+    const int K = in.taps * in.C;
 
     float ra[A_LOADS], rb[B_LOADS];
     auto load = [&](int k0) {
         const int kk = k0 + kcol;
         const bool in_k = kk < K;
-        const int t = in_k ? kk / C : 0;
-        const int c = kk - t * C;
+        const int t = in_k ? kk / in.C : 0;
+        const int c = kk - t * in.C;
 #pragma unroll
         for (int i = 0; i < A_LOADS; ++i) {
             const int m = m0 + row0 + ROWS_PER_PASS * i;
-            ra[i] = in_k && m < M ? h2f(a[(size_t)(m + a_base + t * a_tap) * C + c]) : 0.f;
+            ra[i] = in_k && m < out.M ? h2f(in.a[(size_t)(m + in.a_base + t * in.a_tap) * in.C + c]) : 0.f;
         }
 #pragma unroll
         for (int i = 0; i < B_LOADS; ++i) {
             const int n = n0 + row0 + ROWS_PER_PASS * i;
-            rb[i] = in_k && n < N ? h2f(w[(size_t)n * b_row + (size_t)t * b_tap + c]) : 0.f;
+            rb[i] = in_k && n < out.N ? h2f(in.w[(size_t)n * in.b_row + (size_t)t * in.b_tap + c]) : 0.f;
         }
     };
 
-    float acc[TM][4];
+    float acc[TM][TN];
 #pragma unroll
     for (int i = 0; i < TM; ++i)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) acc[i][j] = 0.f;
+        for (int j = 0; j < TN; ++j) acc[i][j] = 0.f;
 
     load(0);
     for (int k0 = 0; k0 < K; k0 += BK) {
@@ -323,52 +487,59 @@ __device__ __forceinline__ void conv_gemm(const f16* __restrict__ a, const f16* 
         if (k0 + BK < K) load(k0 + BK);
 #pragma unroll
         for (int k = 0; k < BK; ++k) {
-            float av[TM], bv[4];
+            float av[TM], bv[TN];
 #pragma unroll
             for (int i = 0; i < TM; ++i) av[i] = as[k][ty + 16 * i];
 #pragma unroll
-            for (int j = 0; j < 4; ++j) bv[j] = bs[k][tx + 16 * j];
+            for (int j = 0; j < TN; ++j) bv[j] = bs[k][tx + 16 * j];
 #pragma unroll
             for (int i = 0; i < TM; ++i)
 #pragma unroll
-                for (int j = 0; j < 4; ++j) acc[i][j] = __fmaf_rn(av[i], bv[j], acc[i][j]);
+                for (int j = 0; j < TN; ++j) acc[i][j] = __fmaf_rn(av[i], bv[j], acc[i][j]);
         }
         __syncthreads();
     }
 
-    const int flags = (bias != nullptr ? HAS_BIAS : 0) | (res != nullptr ? HAS_RES : 0) |
-                      (gamma != nullptr ? HAS_GAMMA : 0);
+    const int flags = out.flags();
 #pragma unroll
     for (int i = 0; i < TM; ++i) {
         const int m = m0 + ty + 16 * i;
-        if (m >= M) continue;
+        if (m >= out.M) continue;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
+        for (int j = 0; j < TN; ++j) {
             const int n = n0 + tx + 16 * j;
-            if (n >= N) continue;
-            const size_t at = (size_t)m * N + n;
-            const float b = bias != nullptr ? h2f(bias[n % bias_len]) : 0.f;
-            const float x = EPI == EPI_SNAKE ? h2f(aux[n]) : EPI == EPI_GATE ? h2f(aux[at]) : 0.f;
-            const float r = res != nullptr ? h2f(res[at]) : 0.f;
-            const float g = gamma != nullptr ? h2f(gamma[n]) : 0.f;
-            y[at] = f2h(gemm_finish<EPI>(acc[i][j], b, x, r, g, flags));
+            if (n < out.N) out.store<EPI>(m, n, acc[i][j], flags);
         }
     }
 }
 
-// Entry points: TM = 1 (16-row tiles, for calls of few rows: streaming one frame) and TM = 4
-// (64-row tiles), each with every epilogue. Both compute every output identically.
-#define CODEC_GEMM(NAME, TM, EPI)                                                                                    \
-    extern "C" __global__ void __launch_bounds__(GEMM_THREADS)                                                       \
-        NAME(const f16* a, const f16* w, f16* y, int M, int N, int C, int taps, int a_base, int a_tap, int b_row,  \
-             int b_tap, const f16* bias, int bias_len, const f16* aux, const f16* res, const f16* gamma) {          \
-        conv_gemm<TM, EPI>(a, w, y, M, N, C, taps, a_base, a_tap, b_row, b_tap, bias, bias_len, aux, res, gamma); \
+// Entry points, each with every epilogue: codec_gemm_m32* and codec_gemm_m128* (tensor cores,
+// 32- and 128-row tiles, identical outputs) and codec_gemm_scalar* (C not a multiple of 8).
+// All take the same arguments; grid (ceil(M / tile rows), ceil(N / 64)).
+#define CODEC_GEMM_PARAMS                                                                                \
+    const f16 *a, const f16 *w, f16 *y, int M, int N, int C, int taps, int a_base, int a_tap, int b_row, \
+        int b_tap, const f16 *bias, int bias_len, const f16 *aux, const f16 *res, const f16 *gamma
+#define CODEC_GEMM_ARGS \
+    GemmIn{a, w, C, taps, a_base, a_tap, b_row, b_tap}, GemmOut{y, bias, bias_len, aux, res, gamma, M, N}
+#define CODEC_GEMM_MMA(NAME, MI, STAGES, EPI)                                                       \
+    extern "C" __global__ void __launch_bounds__(MMA_THREADS) NAME(CODEC_GEMM_PARAMS) {             \
+        conv_mma<MI, STAGES, EPI>(CODEC_GEMM_ARGS);                                                 \
     }
-CODEC_GEMM(codec_gemm_m16, 1, EPI_NONE)
-CODEC_GEMM(codec_gemm_m16_gelu, 1, EPI_GELU)
-CODEC_GEMM(codec_gemm_m16_snake, 1, EPI_SNAKE)
-CODEC_GEMM(codec_gemm_m16_gate, 1, EPI_GATE)
-CODEC_GEMM(codec_gemm_m64, 4, EPI_NONE)
-CODEC_GEMM(codec_gemm_m64_gelu, 4, EPI_GELU)
-CODEC_GEMM(codec_gemm_m64_snake, 4, EPI_SNAKE)
-CODEC_GEMM(codec_gemm_m64_gate, 4, EPI_GATE)
+#define CODEC_GEMM_SCALAR(NAME, EPI)                                                                \
+    extern "C" __global__ void __launch_bounds__(SCALAR_THREADS) NAME(CODEC_GEMM_PARAMS) {          \
+        conv_gemm_scalar<EPI>(CODEC_GEMM_ARGS);                                                     \
+    }
+// Shared memory: (32·MI + 64) rows × 64 bytes per stage: 8 stages of the 32-row tile (more of
+// the weight in flight when it is the traffic) and 4 of the 128-row one, 48 KiB each.
+CODEC_GEMM_MMA(codec_gemm_m32, 1, 8, EPI_NONE)
+CODEC_GEMM_MMA(codec_gemm_m32_gelu, 1, 8, EPI_GELU)
+CODEC_GEMM_MMA(codec_gemm_m32_snake, 1, 8, EPI_SNAKE)
+CODEC_GEMM_MMA(codec_gemm_m32_gate, 1, 8, EPI_GATE)
+CODEC_GEMM_MMA(codec_gemm_m128, 4, 4, EPI_NONE)
+CODEC_GEMM_MMA(codec_gemm_m128_gelu, 4, 4, EPI_GELU)
+CODEC_GEMM_MMA(codec_gemm_m128_snake, 4, 4, EPI_SNAKE)
+CODEC_GEMM_MMA(codec_gemm_m128_gate, 4, 4, EPI_GATE)
+CODEC_GEMM_SCALAR(codec_gemm_scalar, EPI_NONE)
+CODEC_GEMM_SCALAR(codec_gemm_scalar_gelu, EPI_GELU)
+CODEC_GEMM_SCALAR(codec_gemm_scalar_snake, EPI_SNAKE)
+CODEC_GEMM_SCALAR(codec_gemm_scalar_gate, EPI_GATE)

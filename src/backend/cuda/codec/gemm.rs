@@ -2,11 +2,13 @@
 //! transposed convs as an implicit GEMM over f16 rows, f32 accumulation in a fixed order, with a
 //! fused epilogue (bias, GELU / Snake / SiLU gate, LayerScale'd residual).
 //!
-//! Exactness: every output is one fmaf chain over the reduction index in order, whichever tile
-//! size the call picks, so a row's result never depends on how many rows came with it.
+//! Exactness: the kernel is chosen by the weight's input width alone ([`uses_tensor_cores`]), so
+//! every call with one weight takes the same one; within it, every output is reduced in an order
+//! fixed by K (mma.sync k32 steps, or one fmaf chain), whichever tile the call picks
+//! ([`Tile::for_call`]): a row's result never depends on how many rows came with it.
 
 use super::super::Cuda;
-use super::super::launch::Dims;
+use super::super::launch::{Dims, Kernel, KernelError, Module};
 use super::super::tensor::{DType, Elem, GpuMatrix, GpuWeight};
 
 /// How each tap of output row `m` reads the input rows, and where its weights sit.
@@ -101,17 +103,78 @@ pub struct Gemm<'a> {
     pub residual: Option<Residual<'a>>,
 }
 
-/// Rows per tile: 16 for calls of few rows (more blocks for a streamed frame), else 64. Both
-/// tile sizes compute each output identically.
-pub fn tile_rows(rows: usize) -> usize {
-    if rows < 64 { 16 } else { 64 }
+/// The tensor-core kernel needs each input row and each tap's weights as whole 16-byte vectors:
+/// `cin` a multiple of 8, true of every layer of the published codec. Other widths (the tiny
+/// test codec's narrowest blocks) take the CUDA-core kernel. A function of the weight alone.
+pub fn uses_tensor_cores(cin: usize) -> bool {
+    cin.is_multiple_of(8)
 }
 
-const THREADS: u32 = 256;
+/// Rows per tile of the tensor-core kernel. Both tiles compute each output identically.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tile {
+    /// 32 rows: calls of few rows (a streamed frame group), whose cost is reading the weight.
+    M32,
+    /// 128 rows: many rows (the decode batch's stacked windows), whose cost is the MMAs.
+    M128,
+}
+
+impl Tile {
+    fn rows(self) -> usize {
+        match self {
+            Tile::M32 => 32,
+            Tile::M128 => 128,
+        }
+    }
+
+    /// 128-row tiles once they still give every one of the GPU's `sms` two blocks; before that,
+    /// 32-row tiles, which spread the call over four times as many.
+    pub fn for_call(rows: usize, n: usize, sms: usize) -> Tile {
+        if rows.div_ceil(Tile::M128.rows()) * n.div_ceil(TILE_N) >= 2 * sms { Tile::M128 } else { Tile::M32 }
+    }
+}
+
+/// The GEMM's entry points, per epilogue (none, GELU, Snake, SiLU gate).
+pub struct GemmKernels {
+    m32: [Kernel; 4],
+    m128: [Kernel; 4],
+    scalar: [Kernel; 4],
+}
+
+impl GemmKernels {
+    pub fn load(m: &Module) -> Result<GemmKernels, KernelError> {
+        let four = |names: [&'static str; 4]| -> Result<[Kernel; 4], KernelError> {
+            let [a, b, c, d] = names.map(|name| m.kernel(name));
+            Ok([a?, b?, c?, d?])
+        };
+        Ok(GemmKernels {
+            m32: four(["codec_gemm_m32", "codec_gemm_m32_gelu", "codec_gemm_m32_snake", "codec_gemm_m32_gate"])?,
+            m128: four(["codec_gemm_m128", "codec_gemm_m128_gelu", "codec_gemm_m128_snake", "codec_gemm_m128_gate"])?,
+            scalar: four([
+                "codec_gemm_scalar",
+                "codec_gemm_scalar_gelu",
+                "codec_gemm_scalar_snake",
+                "codec_gemm_scalar_gate",
+            ])?,
+        })
+    }
+}
+
+/// Threads per block and rows per tile of the CUDA-core kernel; columns per tile of both.
+const SCALAR_THREADS: u32 = 256;
+const SCALAR_TILE_M: usize = 64;
+const MMA_THREADS: u32 = 128;
 const TILE_N: usize = 64;
 
-/// Runs the GEMM into a new f16 matrix `[rows, n]`.
+/// Runs the GEMM into a new f16 matrix `[rows, n]`, the tile picked by [`Tile::for_call`].
 pub fn gemm(cuda: &Cuda, g: &Gemm<'_>) -> GpuMatrix {
+    let sms = usize::try_from(cuda.info().multiprocessors).expect("multiprocessor count");
+    gemm_tiled(cuda, g, Tile::for_call(g.rows, g.n, sms))
+}
+
+/// [`gemm`] with the tensor-core kernel's tile given (the GPU checks run both at one shape);
+/// the CUDA-core kernel has one tile.
+pub fn gemm_tiled(cuda: &Cuda, g: &Gemm<'_>, tile: Tile) -> GpuMatrix {
     let cin = g.input.cols;
     let a = g.taps.args(cin);
     assert_eq!(g.input.elem, Elem::F16, "codec GEMM input must be f16");
@@ -148,20 +211,26 @@ pub fn gemm(cuda: &Cuda, g: &Gemm<'_>) -> GpuMatrix {
     if g.rows == 0 || g.n == 0 {
         return y;
     }
-    let tile = tile_rows(g.rows);
-    let kernels = &cuda.kernels.codec;
-    let kernel = match (&g.epilogue, tile) {
-        (Epilogue::None, 16) => &kernels.gemm_m16,
-        (Epilogue::Gelu, 16) => &kernels.gemm_m16_gelu,
-        (Epilogue::Snake(_), 16) => &kernels.gemm_m16_snake,
-        (Epilogue::SiluGate(_), 16) => &kernels.gemm_m16_gate,
-        (Epilogue::None, _) => &kernels.gemm_m64,
-        (Epilogue::Gelu, _) => &kernels.gemm_m64_gelu,
-        (Epilogue::Snake(_), _) => &kernels.gemm_m64_snake,
-        (Epilogue::SiluGate(_), _) => &kernels.gemm_m64_gate,
+    let epilogue = match g.epilogue {
+        Epilogue::None => 0,
+        Epilogue::Gelu => 1,
+        Epilogue::Snake(_) => 2,
+        Epilogue::SiluGate(_) => 3,
+    };
+    let kernels = &cuda.kernels.codec.gemm;
+    let (kernel, tile_m, threads) = if uses_tensor_cores(cin) {
+        // 16-byte cp.async of rows `cin` apart, from buffers the pool and arena align to 256.
+        assert!(
+            g.input.ptr().is_multiple_of(16) && g.weight.ptr.is_multiple_of(16),
+            "codec GEMM operands are 16-byte aligned"
+        );
+        let kernels = if tile == Tile::M128 { &kernels.m128 } else { &kernels.m32 };
+        (&kernels[epilogue], tile.rows(), MMA_THREADS)
+    } else {
+        (&kernels.scalar[epilogue], SCALAR_TILE_M, SCALAR_THREADS)
     };
     let grid = (
-        u32::try_from(g.rows.div_ceil(tile)).expect("GEMM row tiles"),
+        u32::try_from(g.rows.div_ceil(tile_m)).expect("GEMM row tiles"),
         u32::try_from(g.n.div_ceil(TILE_N)).expect("GEMM column tiles"),
         1,
     );
@@ -183,7 +252,7 @@ pub fn gemm(cuda: &Cuda, g: &Gemm<'_>) -> GpuMatrix {
         res.into(),
         gamma.into(),
     ];
-    kernel.launch(cuda.stream(), Dims::grid(grid, THREADS), &args);
+    kernel.launch(cuda.stream(), Dims::grid(grid, threads), &args);
     y
 }
 
@@ -301,7 +370,24 @@ mod tests {
     }
 
     #[test]
-    fn small_calls_take_small_tiles() {
-        assert_eq!((tile_rows(1), tile_rows(63), tile_rows(64), tile_rows(4096)), (16, 16, 64, 64));
+    fn the_kernel_is_a_function_of_the_input_width() {
+        // Every width of the published codec (`codec.md` §1.3–1.5) runs on tensor cores.
+        for cin in [1024, 3072, 4096, 1536, 768, 384, 192, 96] {
+            assert!(uses_tensor_cores(cin), "{cin}");
+        }
+        // The tiny codec's 24 and 48 too; its 6 and 12 on CUDA cores.
+        assert!(uses_tensor_cores(24) && uses_tensor_cores(48));
+        assert!(!uses_tensor_cores(6) && !uses_tensor_cores(12));
+    }
+
+    #[test]
+    fn large_tiles_only_when_they_fill_the_gpu_twice() {
+        // 132 SMs: 264 blocks of 128 × 64.
+        assert_eq!(Tile::for_call(1, 3072, 132), Tile::M32);
+        assert_eq!(Tile::for_call(310, 768, 132), Tile::M32);
+        assert_eq!(Tile::for_call(16_438, 96, 132), Tile::M32);
+        assert_eq!(Tile::for_call(16_384 + 1, 192, 132), Tile::M128);
+        assert_eq!(Tile::for_call(128 * 132, 128, 132), Tile::M128);
+        assert_eq!(Tile::for_call(128 * 132 - 128, 128, 132), Tile::M32);
     }
 }

@@ -34,14 +34,7 @@ pub struct CodecKernels {
     window: Kernel,
     convnext_dw_norm: Kernel,
     tanh: Kernel,
-    gemm_m16: Kernel,
-    gemm_m16_gelu: Kernel,
-    gemm_m16_snake: Kernel,
-    gemm_m16_gate: Kernel,
-    gemm_m64: Kernel,
-    gemm_m64_gelu: Kernel,
-    gemm_m64_snake: Kernel,
-    gemm_m64_gate: Kernel,
+    gemm: gemm::GemmKernels,
 }
 
 impl CodecKernels {
@@ -55,14 +48,7 @@ impl CodecKernels {
             window: m.kernel("codec_window")?,
             convnext_dw_norm: m.kernel("codec_convnext_dw_norm")?,
             tanh: m.kernel("codec_tanh")?,
-            gemm_m16: m.kernel("codec_gemm_m16")?,
-            gemm_m16_gelu: m.kernel("codec_gemm_m16_gelu")?,
-            gemm_m16_snake: m.kernel("codec_gemm_m16_snake")?,
-            gemm_m16_gate: m.kernel("codec_gemm_m16_gate")?,
-            gemm_m64: m.kernel("codec_gemm_m64")?,
-            gemm_m64_gelu: m.kernel("codec_gemm_m64_gelu")?,
-            gemm_m64_snake: m.kernel("codec_gemm_m64_snake")?,
-            gemm_m64_gate: m.kernel("codec_gemm_m64_gate")?,
+            gemm: gemm::GemmKernels::load(&m)?,
         })
     }
 }
