@@ -317,6 +317,11 @@ impl GemmShape {
         Gemm { input, rows, taps, weight: &c.gw, n, bias, epilogue, residual: None }
     }
 
+    /// Which kernel and tile run, for the checks' names.
+    fn kernel(&self, tile: Tile) -> String {
+        if uses_tensor_cores(self.cin) { format!("{tile:?} tile") } else { "CUDA cores".into() }
+    }
+
     /// The tiles to run: both on tensor cores; the CUDA-core kernel has one.
     fn tiles(&self) -> &'static [Tile] {
         if uses_tensor_cores(self.cin) { &[Tile::M32, Tile::M128] } else { &[Tile::M32] }
@@ -360,7 +365,7 @@ fn gemm_shapes(ctx: &mut Ctx) {
         for &tile in s.tiles() {
             let got = run_gemm(ctx, &s.call(&c, &c.gx, ROWS, Epilogue::None), Some(tile));
             let value = rel_l2(&got, &want);
-            let kernel = if uses_tensor_cores(s.cin) { format!("{tile:?} tile") } else { "CUDA cores".into() };
+            let kernel = s.kernel(tile);
             ctx.check(
                 format!("codec GEMM vs exact [{} {}→{}, {ROWS} rows, {kernel}]", s.name, s.cin, s.n),
                 "rel L2",
@@ -401,7 +406,13 @@ fn gemm_rows(ctx: &mut Ctx) {
                 }
             }
             ctx.check(
-                format!("codec GEMM rows in calls of {CALLS:?} == alone [{} {}→{}, {tile:?} tile]", s.name, s.cin, s.n),
+                format!(
+                    "codec GEMM rows in calls of {CALLS:?} == alone [{} {}→{}, {}]",
+                    s.name,
+                    s.cin,
+                    s.n,
+                    s.kernel(tile)
+                ),
                 "differing values",
                 "0".into(),
                 format!("{differ} of {total}"),
