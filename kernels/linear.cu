@@ -1,7 +1,7 @@
 // Dense bf16 projections y = x · Wᵀ (W: [n, k] row-major as stored), the input-embedding gather
 // and the restricted lm_head. fp32 accumulation; projection and embedding outputs are rounded
-// once to bf16, logits stay f32. Multi-row projections normally go to cuBLASLt
-// (src/backend/cuda/cublaslt.rs); `linear_tiled` is the fallback when the library is absent.
+// once to bf16, logits stay f32. Decode rows go to the tensor-core `linear_mma_*`; prefill goes
+// to cuBLASLt (src/backend/cuda/cublaslt.rs), or to `linear_tiled` when the library is absent.
 #include "mma.cuh"
 
 // The 8 bf16 of a 16-byte vector as f32 (bf16 → f32 is a 16-bit shift: exact).
@@ -27,99 +27,147 @@ __device__ __forceinline__ uint4 pack8(const float* f) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// GEMV for few rows (decode). Bandwidth-bound: every weight byte is read once per group of R
-// input rows (R ≤ 8, so once per call for decode), with 16-byte loads, GEMV_UNROLL of them in
-// flight per lane per weight row; the R input rows sit in shared memory and are reused across
-// the GEMV_ROWS_PER_WARP weight rows a warp holds in registers.
+// Decode projections on tensor cores (`linear_mma_r8`, `linear_mma_r64`): the decode batch at
+// any row count (`linear_rows`) and the single-stream decode (`linear`, ≤ 8 rows).
 //
-// Floor on the H200 (≈4.3 TB/s measured copy bandwidth): bytes of W / 4.3e12, e.g.
-//   [8192, 2048] 32 MiB → 7.8 µs; [4096, 2048] and [2048, 4096] 16 MiB → 3.9 µs;
-//   [512, 2048] 2 MiB → 0.49 µs; [32, 2048] 128 KiB → 0.03 µs (launch latency dominates).
+// Swap-AB tiles on mma.sync m16n8k16 bf16 (f32 accumulate): a block owns 16 output features
+// (the MMA's A rows: weight rows f0 + g and f0 + g + 8) and up to 8·R8 input rows (R8 n8 tiles,
+// the MMA's B columns). Fragments come straight from global memory with the k permutation of
+// mma.cuh: in k32 step t, lane (g, c) loads the 16 bytes at k = 32t + 8c of its two weight rows
+// (load_stream: read once) and of input row 8j + g of each n8 tile j (__ldg: x is re-read by
+// every block, so it stays in L1/L2). Features past n, rows past `rows` and the k tail past k
+// (k % 32 != 0: the last step's lanes with 32t + 8c ≥ k) load zeros and are never stored.
 //
-// Launch: block = GEMV_WARPS·32 = 256 threads, grid = (ceil(n / 16), ceil(rows / R)), dynamic
-// shared memory R·k·2 bytes. Block (bx, by) computes outputs [16·bx, 16·bx + 16) of input rows
-// [R·by, R·by + R); input rows past `rows` are zero-filled in shared memory and never stored.
-// Needs k % 8 == 0 (16-byte vectors; every row start is then 16-byte aligned).
-constexpr int GEMV_WARPS = 8;
-constexpr int GEMV_ROWS_PER_WARP = 2;
-constexpr int GEMV_UNROLL = 4;
+// Per-output reduction order, fixed by k alone: the k32 steps are dealt to MMA_SLICES = 8
+// slices, slice s taking steps s, s + 8, s + 16, … in increasing order into fresh accumulators
+// (one warp per slice: 8 warps per block, always); the 8 partials then meet in shared memory and
+// are added in slice order ((p0 + p1) + p2) + … + p7, and rounded once to bf16. An MMA computes
+// each output from its own A row and B column only, so a row's bits do not depend on the rows
+// that share its tile, on the template (R8 = 1 or 8), nor on the grid: `linear_mma_r8` and
+// `linear_mma_r64` give every row the same bits, alone or in any batch. No atomics.
+//
+// Launch: block = 256 threads, grid = (ceil(n / 16), ceil(rows / (8·R8))); rows past one
+// block's capacity go to blockIdx.y with the same arithmetic. Needs k % 8 == 0 (16-byte
+// vectors, every row start 16-byte aligned). Static shared memory 4·R8 KiB (the partials).
+//
+// Floor on the H200 (4.18 TB/s measured copy): weight bytes / 4.18e12 — the weight is read
+// once whatever the row count up to 64 (once per 64 rows above):
+//   [8192, 2048] 32 MiB → 8.0 µs; [4096, 2048], [2048, 4096] 16 MiB → 4.0 µs;
+//   [2048, 2048] 8 MiB → 2.0 µs; [1024, 2048] 4 MiB → 1.0 µs; [512, 2048] 2 MiB → 0.50 µs;
+//   [64, 2048] 256 KiB → 0.06 µs, [32, 2048] 128 KiB → 0.03 µs (launch latency dominates).
+// Bytes in flight: a warp keeps the weights of its next P steps in registers, 1 KiB per step
+// (16 rows × 64 bytes), refilled as each is consumed; ptxas issues a pass's refills ahead of its
+// MMAs, so P to 2P steps are in flight. r8 (≤ 8 rows, P = 4, ~96 registers: 2 blocks per SM):
+// 4–8 KiB per warp, 32–64 KiB per block; [8192, 2048] → 512 blocks (64–128 KiB per SM),
+// [2048, 4096] → 128 blocks (4–8 MiB in flight over the GPU), [512, 2048] → 32 blocks holding
+// 1–2 MiB of its 2 MiB in flight (the r1 GEMV this replaces: 32 KiB per block, n / 16 blocks
+// too). Copy bandwidth needs ≈ 4.18 TB/s × ~0.8 µs ≈ 3.3 MB in flight over the GPU. r64
+// (P = 3, ≤ 128 registers: 2 blocks per SM): 3–6 KiB per warp, 48–96 KiB per SM.
+// x's re-reads: each block reads its rows of x once (its 8 warps read disjoint k), so at 64
+// rows the blocks read 64·k·2·n/16 bytes of x, 4× the weight bytes, from L1/L2: blocks sharing
+// an SM walk k in the same order and share x in L1 (n ≥ 4096: ≥ 2 blocks per SM); with n =
+// 2048 each SM reads the whole of x (512 KiB at k = 4096) from L2, which bounds those shapes at
+// about 2–2.5× their floor. Expected at 64 rows: 1.2–2.5× the floor (the r8 GEMV read every
+// weight 8 times); at 1 row within 1.2× (tiny shapes: launch-bound). Compute is not the limit:
+// 64 rows of [8192, 2048] are 0.5 M MMAs, ~4 µs of the H200's mma.sync rate, overlapped.
+constexpr int MMA_SLICES = 8;
 
-template <int R>
-__device__ __forceinline__ void gemv(const bf16* __restrict__ x, const bf16* __restrict__ w,
-                                     bf16* __restrict__ y, int rows, int n, int k) {
-    extern __shared__ uint4 xs[];  // [R][k / 8]
-    constexpr int NW = GEMV_ROWS_PER_WARP, U = GEMV_UNROLL;
+// load_stream where `ok`, else zeros without touching memory (p need not be valid then).
+__device__ __forceinline__ uint4 load_stream_if(const uint4* p, bool ok) {
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    asm("{\n .reg .pred q;\n setp.ne.b32 q, %5, 0;\n"
+        " @q ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n}"
+        : "+r"(v.x), "+r"(v.y), "+r"(v.z), "+r"(v.w)
+        : "l"(p), "r"((int)ok));
+    return v;
+}
+
+template <int R8, int P>
+__device__ __forceinline__ void linear_mma(const bf16* __restrict__ x, const bf16* __restrict__ w,
+                                           bf16* __restrict__ y, int rows, int n, int k) {
+    __shared__ float part[MMA_SLICES][4 * R8][32];  // [slice][tile·4 + d][lane]
+    const int slice = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    const int f0 = blockIdx.x * 16, row0 = blockIdx.y * 8 * R8;
+    const int tiles = min(R8, (rows - row0 + 7) >> 3);  // n8 tiles holding rows (≥ 1)
     const int k8 = k >> 3;
-    const int row0 = blockIdx.y * R;
-    const uint4* xg = reinterpret_cast<const uint4*>(x);
-    for (int i = threadIdx.x; i < R * k8; i += blockDim.x) {
-        const int r = i / k8;
-        xs[i] = row0 + r < rows ? xg[(size_t)(row0 + r) * k8 + (i - r * k8)] : make_uint4(0, 0, 0, 0);
+    const int steps = (k + 31) >> 5;
+    const int mine = steps > slice ? (steps - slice + MMA_SLICES - 1) / MMA_SLICES : 0;  // steps slice + 8i
+
+    // The lane's vector of step t is t·4 + c of its rows; past n, rows or k it is zeros.
+    const uint4* wv = reinterpret_cast<const uint4*>(w);
+    const bool a_ok = f0 + g < n, b_ok = f0 + g + 8 < n;
+    const uint4* wa = wv + (size_t)(f0 + g) * k8;
+    const uint4* wb = wv + (size_t)(f0 + g + 8) * k8;
+    const uint4* xg = reinterpret_cast<const uint4*>(x) + (size_t)(row0 + g) * k8;
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    auto weight = [&](const uint4* row, bool ok, int t) {
+        const int v = t * 4 + c;
+        return load_stream_if(row + v, ok && v < k8);
+    };
+
+    // The weights of the slice's next P steps, refilled as each step is consumed (slot j holds
+    // the steps i ≡ j mod P).
+    uint4 ring[P][2];
+#pragma unroll
+    for (int j = 0; j < P; ++j) {
+        ring[j][0] = weight(wa, a_ok, slice + MMA_SLICES * j);
+        ring[j][1] = weight(wb, b_ok, slice + MMA_SLICES * j);
     }
+    float acc[R8][4];
+#pragma unroll
+    for (int r = 0; r < R8; ++r)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[r][e] = 0.f;
+
+    for (int i0 = 0; i0 < mine; i0 += P) {
+#pragma unroll
+        for (int j = 0; j < P; ++j) {
+            const int i = i0 + j;
+            if (i >= mine) break;
+            const int t = slice + MMA_SLICES * i, v = t * 4 + c;
+            uint4 b[R8];
+#pragma unroll
+            for (int r = 0; r < R8; ++r)
+                b[r] = r < tiles && row0 + 8 * r + g < rows && v < k8 ? __ldg(xg + (size_t)(8 * r) * k8 + v) : zero;
+            const uint4 a0 = ring[j][0], a1 = ring[j][1];
+            ring[j][0] = weight(wa, a_ok, t + MMA_SLICES * P);  // past the slice's end: no load
+            ring[j][1] = weight(wb, b_ok, t + MMA_SLICES * P);
+#pragma unroll
+            for (int r = 0; r < R8; ++r)
+                if (r < tiles) mma_bf16_k32(acc[r], a0, a1, b[r]);
+        }
+    }
+
+#pragma unroll
+    for (int r = 0; r < R8; ++r)
+        if (r < tiles)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) part[slice][4 * r + e][lane] = acc[r][e];
     __syncthreads();
 
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int n0 = (blockIdx.x * GEMV_WARPS + warp) * NW;
-    if (n0 >= n) return;  // after the block's only barrier
-    const uint4* wr[NW];
+    // Thread v sums output (row0 + v / 16, f0 + v % 16): 16 consecutive features of a row per
+    // half-warp. Its partials sit where the D fragment put them: d[e] of lane (g, c) of tile j is
+    // feature g + 8·(e / 2), tile row 2c + e % 2.
+    for (int v = threadIdx.x; v < tiles * 128; v += blockDim.x) {
+        const int rl = v >> 4, fl = v & 15;
+        const int row = row0 + rl, f = f0 + fl;
+        if (row >= rows || f >= n) continue;
+        const int tr = rl & 7;
+        const int slot = 4 * (rl >> 3) + 2 * (fl >> 3) + (tr & 1), ln = 4 * (fl & 7) + (tr >> 1);
+        float s = part[0][slot][ln];
 #pragma unroll
-    for (int j = 0; j < NW; ++j) wr[j] = reinterpret_cast<const uint4*>(w) + (size_t)min(n0 + j, n - 1) * k8;
-
-    float acc[NW][R];
-#pragma unroll
-    for (int j = 0; j < NW; ++j)
-#pragma unroll
-        for (int r = 0; r < R; ++r) acc[j][r] = 0.f;
-
-    for (int base = lane; base < k8; base += 32 * U) {
-        uint4 wv[NW][U];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int c = base + 32 * u;
-#pragma unroll
-            for (int j = 0; j < NW; ++j) wv[j][u] = c < k8 ? load_stream(wr[j] + c) : make_uint4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int c = base + 32 * u;
-            if (c >= k8) break;
-            float wf[NW][8];
-#pragma unroll
-            for (int j = 0; j < NW; ++j) unpack8(wv[j][u], wf[j]);
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-                float xf[8];
-                unpack8(xs[r * k8 + c], xf);
-#pragma unroll
-                for (int j = 0; j < NW; ++j)
-#pragma unroll
-                    for (int e = 0; e < 8; ++e) acc[j][r] = fmaf(wf[j][e], xf[e], acc[j][r]);
-            }
-        }
+        for (int q = 1; q < MMA_SLICES; ++q) s += part[q][slot][ln];
+        y[(size_t)row * n + f] = to_bf16(s);
     }
-
-    // Every lane gets every sum; lane j·R + r stores output (row0 + r, n0 + j).
-#pragma unroll
-    for (int j = 0; j < NW; ++j)
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const float s = warp_sum(acc[j][r]);
-            if (lane == j * R + r && n0 + j < n && row0 + r < rows) y[(size_t)(row0 + r) * n + n0 + j] = to_bf16(s);
-        }
 }
 
-// The GEMV at the four group widths the host picks from (rows rounded up to a power of two).
-extern "C" __global__ void __launch_bounds__(256) linear_gemv_r1(const bf16* x, const bf16* w, bf16* y, int rows, int n, int k) {
-    gemv<1>(x, w, y, rows, n, k);
+// ≤ 8 rows per block (one n8 tile): the single-row and single-stream decode.
+extern "C" __global__ void __launch_bounds__(256, 2) linear_mma_r8(const bf16* x, const bf16* w, bf16* y, int rows, int n, int k) {
+    linear_mma<1, 4>(x, w, y, rows, n, k);
 }
-extern "C" __global__ void __launch_bounds__(256) linear_gemv_r2(const bf16* x, const bf16* w, bf16* y, int rows, int n, int k) {
-    gemv<2>(x, w, y, rows, n, k);
-}
-extern "C" __global__ void __launch_bounds__(256) linear_gemv_r4(const bf16* x, const bf16* w, bf16* y, int rows, int n, int k) {
-    gemv<4>(x, w, y, rows, n, k);
-}
-extern "C" __global__ void __launch_bounds__(256) linear_gemv_r8(const bf16* x, const bf16* w, bf16* y, int rows, int n, int k) {
-    gemv<8>(x, w, y, rows, n, k);
+// ≤ 64 rows per block (eight n8 tiles): the decode batch.
+extern "C" __global__ void __launch_bounds__(256, 2) linear_mma_r64(const bf16* x, const bf16* w, bf16* y, int rows, int n, int k) {
+    linear_mma<8, 3>(x, w, y, rows, n, k);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,24 +1,43 @@
-//! `kernels/linear.cu` and cuBLASLt against the host: dense projections on every path (GEMV,
-//! cuBLASLt, tiled fallback) at the real model's shapes and odd ones, the input-embedding gather
-//! and the restricted `lm_head`, all on identical bf16 inputs.
+//! `kernels/linear.cu` and cuBLASLt against the host: dense projections on every path (tensor-core
+//! decode kernel, cuBLASLt, tiled fallback) at the real model's shapes and odd ones, the decode
+//! kernel's row invariance, the input-embedding gather and the restricted `lm_head`, all on
+//! identical bf16 inputs.
 
 use half::bf16;
 use limelight::backend::BackendTypes;
 use limelight::backend::backbone::{BackboneOps, EmbedRow};
 use limelight::backend::cpu::{CpuWeight, Matrix};
-use limelight::backend::cuda::linear::{self, GEMV_MAX_ROWS, Path, RestrictedHead};
+use limelight::backend::cuda::linear::{self, DECODE_MAX_ROWS, Path, RestrictedHead};
 use limelight::backend::cuda::tensor::GpuWeight;
 use limelight::checkpoint::{Dtype, TensorView};
 use limelight::model::weights::TensorSpec;
 
 use crate::harness::Ctx;
 
-/// Weight shapes `[n, k]`: the real model's dense projections, then odd ones.
-const SHAPES: &[(usize, usize)] =
-    &[(8192, 2048), (4096, 2048), (32, 2048), (2048, 4096), (512, 2048), (1, 2048), (100, 72), (33, 2048)];
-const ROWS: &[usize] = &[1, 2, 3, 8, 9, 64, 200];
-/// bf16 output rounding gives ≈3e-3 relative L2; accumulation-order differences are far below.
+/// Weight shapes `[n, k]`: the real model's dense projections (GDN qkv / z / b, attention q / k /
+/// o, shared expert up / down, the tower's heads), then odd ones: n not a multiple of 16, k not a
+/// multiple of 32 (the decode kernel's zero-padded last step), a single k32 step.
+const SHAPES: &[(usize, usize)] = &[
+    (8192, 2048),
+    (4096, 2048),
+    (32, 2048),
+    (2048, 4096),
+    (512, 2048),
+    (2048, 512),
+    (1, 2048),
+    (100, 72),
+    (33, 2048),
+    (70, 1000),
+    (24, 8),
+];
+/// Row counts: single rows, the r8 kernel's edge (8, 9), the r64 kernel's (64, 65) and several of
+/// its blocks (130), prefill (200).
+const ROWS: &[usize] = &[1, 2, 3, 8, 9, 64, 65, 130, 200];
+/// bf16 output rounding is at most 2^-9 ≈ 2e-3 relative per output (≈1e-3 RMS); f32 accumulation
+/// in a different order from the f64 reference adds ~1e-6 at k ≤ 4096.
 const LINEAR_BOUND: f64 = 1e-2;
+/// Row counts of the row-invariance check (each row of an M-row call against the row alone).
+const INVARIANCE_ROWS: &[usize] = &[1, 2, 7, 8, 9, 33, 64, 65, 130];
 
 pub fn run(ctx: &mut Ctx) {
     ctx.cuda.pool().set_poison(true);
@@ -28,8 +47,11 @@ pub fn run(ctx: &mut Ctx) {
     for &(n, k) in SHAPES {
         projections(ctx, n, k);
     }
-    // k not a multiple of 8: no GEMV; cuBLASLt and the tiled kernel must still be right.
+    // k not a multiple of 8: no tensor-core path; cuBLASLt and the tiled kernel must still be right.
     projections(ctx, 40, 100);
+    for (n, k) in [(2048, 4096), (4096, 2048), (100, 72)] {
+        row_invariance(ctx, n, k);
+    }
     routing(ctx);
     for hidden in [2048, 100] {
         embed(ctx, hidden);
@@ -72,14 +94,14 @@ fn reference(x: &Matrix, w: &Matrix) -> Vec<f32> {
 fn projections(ctx: &mut Ctx, n: usize, k: usize) {
     let w = ctx.random_bf16(n, k, 0.05);
     let (_, gw) = upload_bf16(ctx, "linear check weight", &w);
-    let gemv_ok = k.is_multiple_of(8);
+    let mma_ok = k.is_multiple_of(8);
     for &rows in ROWS {
         let x = ctx.random_bf16(rows, k, 1.0);
         let want = reference(&x, &w);
         let gx = ctx.cuda.upload_matrix(&x);
         let mut paths = vec![Path::Tiled];
-        if gemv_ok {
-            paths.push(Path::Gemv);
+        if mma_ok {
+            paths.push(Path::Mma);
         }
         if ctx.cuda.blas.is_some() {
             paths.push(Path::Blas);
@@ -98,10 +120,33 @@ fn projections(ctx: &mut Ctx, n: usize, k: usize) {
     }
 }
 
-/// Decode batches take the GEMV, prefill takes cuBLASLt.
+/// The decode kernel's rows are their own: each row of an M-row `linear_rows` call (both the r8
+/// and the r64 kernels, one block of rows or several) has the bits of that row computed alone,
+/// which is also what `linear` gives a single-stream decode row (`routing`: the same path).
+fn row_invariance(ctx: &mut Ctx, n: usize, k: usize) {
+    let w = ctx.random_bf16(n, k, 0.05);
+    let (_, gw) = upload_bf16(ctx, "linear invariance weight", &w);
+    let most = INVARIANCE_ROWS.iter().copied().max().unwrap_or(1);
+    let x = ctx.random_bf16(most, k, 1.0);
+    let bits = |m: &Matrix| m.data.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
+    let alone: Vec<Vec<u32>> = (0..most)
+        .map(|r| {
+            let row = ctx.cuda.upload_matrix(&Matrix::from_vec(1, k, x.row(r).to_vec()));
+            bits(&ctx.cuda.to_host(&linear::linear_rows(ctx.cuda, &row, &gw)))
+        })
+        .collect();
+    for &m in INVARIANCE_ROWS {
+        let xm = Matrix::from_vec(m, k, x.data[..m * k].to_vec());
+        let got = bits(&ctx.cuda.to_host(&linear::linear_rows(ctx.cuda, &ctx.cuda.upload_matrix(&xm), &gw)));
+        let want: Vec<u32> = alone[..m].concat();
+        ctx.exact(format!("linear_rows [{m}, {k}]·[{n}, {k}]ᵀ rows vs alone (bits)"), &got, &want);
+    }
+}
+
+/// Decode batches take the tensor-core kernel, prefill takes cuBLASLt.
 fn routing(ctx: &mut Ctx) {
-    for rows in [1, GEMV_MAX_ROWS, GEMV_MAX_ROWS + 1, 200] {
-        let want = if rows <= GEMV_MAX_ROWS { Path::Gemv } else { Path::Blas };
+    for rows in [1, DECODE_MAX_ROWS, DECODE_MAX_ROWS + 1, 200] {
+        let want = if rows <= DECODE_MAX_ROWS { Path::Mma } else { Path::Blas };
         let got = linear::path_for(ctx.cuda, rows, 2048);
         let pass = got == want;
         ctx.check(format!("linear path [{rows}, 2048]"), "path", format!("{want:?}"), format!("{got:?}"), pass);

@@ -1,9 +1,12 @@
 //! `kernels/linear.cu` and cuBLASLt: dense bf16 projections `y = x · Wᵀ` (fp32 accumulation, one
 //! rounding to bf16), the input-embedding gather and the restricted `lm_head`.
 //!
-//! Projections pick a path by row count: up to [`GEMV_MAX_ROWS`] rows (decode) a bandwidth-bound
-//! GEMV that reads each weight byte once; more rows (prefill) go to cuBLASLt, or to a simple
-//! tiled kernel when the library is not loaded.
+//! Projections pick a path by row count: up to [`DECODE_MAX_ROWS`] rows (decode) a bandwidth-bound
+//! tensor-core kernel (`linear_mma_*`) that reads each weight byte once; more rows (prefill) go to
+//! cuBLASLt, or to a simple tiled kernel when the library is not loaded. The decode batch
+//! ([`linear_rows`]) takes the tensor-core kernel at every row count: its per-output reduction
+//! order is fixed by `k` alone, so each row gets the bits it gets alone, and the single-stream
+//! decode (`linear`, ≤ 8 rows) the same bits as the batch.
 
 use std::sync::Arc;
 
@@ -18,14 +21,14 @@ use crate::backend::backbone::EmbedRow;
 
 pub use super::cublaslt::Blas;
 
-/// Rows up to which a projection uses the GEMV (the decode batch); above, cuBLASLt.
-pub const GEMV_MAX_ROWS: usize = 8;
+/// Rows up to which [`linear`] uses the tensor-core decode kernel; above, cuBLASLt.
+pub const DECODE_MAX_ROWS: usize = 8;
 
-/// Dynamic shared memory the GEMV may use for its input rows (`R·k·2` bytes). 96 KiB fits every
-/// target (sm_86/89/120 allow 99 KiB per block) and holds 8 rows of k = 6144.
-const GEMV_SMEM_CAP: usize = 96 << 10;
-/// Outputs per GEMV block: 8 warps × 2 weight rows (`GEMV_WARPS · GEMV_ROWS_PER_WARP` in the .cu).
-const GEMV_BLOCK_OUTPUTS: usize = 16;
+/// Output features per `linear_mma_*` block (the MMA's 16 A rows).
+const MMA_BLOCK_FEATURES: usize = 16;
+/// Input rows per block of `linear_mma_r8` and `linear_mma_r64` (1 and 8 n8 tiles).
+const MMA_R8_ROWS: usize = 8;
+const MMA_R64_ROWS: usize = 64;
 /// Output tile of `linear_tiled` (`TILE_M`, `TILE_N` in the .cu).
 const TILE: usize = 64;
 const THREADS: u32 = 256;
@@ -35,8 +38,9 @@ const HEAD_WARPS: usize = 8;
 const HEAD_SMEM_CAP: usize = 48 << 10;
 
 pub struct LinearKernels {
-    /// `linear_gemv_r{1,2,4,8}`: index = log2 of the row-group width.
-    gemv: [Kernel; 4],
+    /// `linear_mma_r8` (≤ 8 rows per block) and `linear_mma_r64` (≤ 64): the same arithmetic.
+    mma_r8: Kernel,
+    mma_r64: Kernel,
     tiled: Kernel,
     embed_gather: Kernel,
     restricted_logits: Kernel,
@@ -45,21 +49,9 @@ pub struct LinearKernels {
 impl LinearKernels {
     pub fn load(ctx: &Arc<CudaContext>) -> Result<LinearKernels, KernelError> {
         let m = Module::load(ctx, "linear", embedded::LINEAR)?;
-        let gemv = [
-            m.kernel("linear_gemv_r1")?,
-            m.kernel("linear_gemv_r2")?,
-            m.kernel("linear_gemv_r4")?,
-            m.kernel("linear_gemv_r8")?,
-        ];
-        for k in &gemv {
-            k.allow_shared_bytes(GEMV_SMEM_CAP as u32).map_err(|source| KernelError {
-                module: "linear",
-                kernel: Some(k.name),
-                source,
-            })?;
-        }
         Ok(LinearKernels {
-            gemv,
+            mma_r8: m.kernel("linear_mma_r8")?,
+            mma_r64: m.kernel("linear_mma_r64")?,
             tiled: m.kernel("linear_tiled")?,
             embed_gather: m.kernel("embed_gather")?,
             restricted_logits: m.kernel("restricted_logits")?,
@@ -70,34 +62,24 @@ impl LinearKernels {
 /// How a projection is computed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Path {
-    /// `linear_gemv_r*`: weight streamed once per group of ≤ 8 rows.
-    Gemv,
+    /// `linear_mma_*`: tensor cores, weight streamed once per 64 rows, per-output order fixed by
+    /// `k` (any row count; needs `k % 8 == 0`).
+    Mma,
     /// cuBLASLt (bf16 in/out, fp32 compute).
     Blas,
     /// `linear_tiled`: the fallback without cuBLASLt (any shape).
     Tiled,
 }
 
-/// The GEMV's row-group width for `rows` inputs of width `k`, or `None` when it cannot run
-/// (k not a multiple of 8, or one row does not fit its shared memory).
-fn gemv_group(rows: usize, k: usize) -> Option<usize> {
-    if !k.is_multiple_of(8) {
-        return None;
-    }
-    let mut group = rows.next_power_of_two().min(GEMV_MAX_ROWS);
-    while group * k * 2 > GEMV_SMEM_CAP {
-        if group == 1 {
-            return None;
-        }
-        group /= 2;
-    }
-    Some(group)
+/// Whether `linear_mma_*` can run inputs of width `k` (16-byte vectors of 8 bf16).
+fn mma_fits(k: usize) -> bool {
+    k.is_multiple_of(8)
 }
 
 /// The path [`linear`] takes for `rows` inputs of width `k`.
 pub fn path_for(cuda: &Cuda, rows: usize, k: usize) -> Path {
-    if rows <= GEMV_MAX_ROWS && gemv_group(rows, k).is_some() {
-        Path::Gemv
+    if rows <= DECODE_MAX_ROWS && mma_fits(k) {
+        Path::Mma
     } else if cuda.blas.is_some() {
         Path::Blas
     } else {
@@ -115,22 +97,21 @@ pub fn linear(cuda: &Cuda, x: &GpuMatrix, w: &GpuWeight) -> GpuMatrix {
     })
 }
 
-/// [`linear`] under the decode batch's contract (`BackboneOps::gdn_decode_rows`): the GEMV at any
-/// row count (groups of up to 8 rows, each row's sums in the same lane order whatever its
-/// group), or where the GEMV cannot run the tiled kernel (whose per-output order does not depend
-/// on the row count either); never cuBLASLt, whose algorithm changes with the row count.
+/// [`linear`] under the decode batch's contract (`BackboneOps::gdn_decode_rows`): the tensor-core
+/// kernel at any row count (each output's K order fixed by `k` alone, so a row's bits are those
+/// it gets alone, and those [`linear`] gives it up to [`DECODE_MAX_ROWS`] rows), or where it
+/// cannot run the tiled kernel (whose per-output order does not depend on the row count
+/// either); never cuBLASLt, whose algorithm changes with the row count.
 pub fn linear_rows(cuda: &Cuda, x: &GpuMatrix, w: &GpuWeight) -> GpuMatrix {
-    let k = w.matrix_dims().1;
-    let path = if gemv_group(x.rows.min(GEMV_MAX_ROWS), k).is_some() { Path::Gemv } else { Path::Tiled };
-    linear_via(cuda, x, w, path).expect("the GEMV and tiled paths have no failure path")
+    let path = if mma_fits(w.matrix_dims().1) { Path::Mma } else { Path::Tiled };
+    linear_via(cuda, x, w, path).expect("the tensor-core and tiled paths have no failure path")
 }
 
 /// [`linear`] on a given path (checks compare the paths). Only `Blas` can fail (the library
 /// refused the problem); `linear` then falls back to `Tiled`.
 ///
 /// # Panics
-/// If `path` cannot serve the shape: `Gemv` needs `k % 8 == 0` and `k ≤ 49152`; `Blas` needs
-/// cuBLASLt loaded.
+/// If `path` cannot serve the shape: `Mma` needs `k % 8 == 0`; `Blas` needs cuBLASLt loaded.
 pub fn linear_via(cuda: &Cuda, x: &GpuMatrix, w: &GpuWeight, path: Path) -> Result<GpuMatrix, CublasError> {
     assert_eq!(w.dtype, DType::Bf16, "dense projection weight must be bf16");
     let (n, k) = w.matrix_dims();
@@ -140,13 +121,14 @@ pub fn linear_via(cuda: &Cuda, x: &GpuMatrix, w: &GpuWeight, path: Path) -> Resu
         return Ok(y);
     }
     match path {
-        Path::Gemv => {
-            let group = gemv_group(x.rows, k).unwrap_or_else(|| panic!("GEMV cannot run k = {k}"));
-            let kernel = &cuda.kernels.linear.gemv[group.trailing_zeros() as usize];
-            let grid = (n.div_ceil(GEMV_BLOCK_OUTPUTS) as u32, x.rows.div_ceil(group) as u32, 1);
-            let dims = Dims::grid(grid, THREADS).with_shared((group * k * 2) as u32);
+        Path::Mma => {
+            assert!(mma_fits(k), "the tensor-core projection needs k % 8 == 0, not k = {k}");
+            let kernels = &cuda.kernels.linear;
+            let (kernel, per_block) =
+                if x.rows <= MMA_R8_ROWS { (&kernels.mma_r8, MMA_R8_ROWS) } else { (&kernels.mma_r64, MMA_R64_ROWS) };
+            let grid = (n.div_ceil(MMA_BLOCK_FEATURES) as u32, x.rows.div_ceil(per_block) as u32, 1);
             let args = [x.ptr().into(), w.ptr.into(), y.ptr().into(), x.rows.into(), n.into(), k.into()];
-            kernel.launch(cuda.stream(), dims, &args);
+            kernel.launch(cuda.stream(), Dims::grid(grid, THREADS), &args);
         }
         Path::Blas => {
             let blas = cuda.blas.as_ref().expect("cuBLASLt path forced but libcublasLt is not loaded");
