@@ -138,10 +138,14 @@ pub fn kept_candidates(logits: &[f32], filter: &Filter) -> Result<Vec<(usize, f6
     if let Some((index, &score)) = scores.iter().enumerate().find(|(_, s)| s.is_nan() || **s == f32::INFINITY) {
         return Err(SamplingError::NonFinite { index, score });
     }
-    let mut order: Vec<usize> = (0..scores.len()).collect();
-    // No NaN is left, so partial_cmp is total here; -0.0 and 0.0 compare equal, as in S1's keys.
-    // Ties break by index, so the order is unique and an unstable sort gives the stable one's.
-    order.sort_unstable_by(|&a, &b| scores[b].partial_cmp(&scores[a]).expect("no NaN").then(a.cmp(&b)));
+    // Best first, ties by index: the order is unique, so an unstable sort gives the stable one's.
+    // Sorted as one integer key per candidate (the host draws of a decode batch sort thousands
+    // of rows per step): `descending_key` orders scores as `partial_cmp` does, with -0.0 and 0.0
+    // equal as in S1's keys; the index in the low bits breaks ties.
+    let mut keys: Vec<u64> =
+        (scores.iter().enumerate()).map(|(i, &s)| (u64::from(descending_key(s)) << 32) | i as u64).collect();
+    keys.sort_unstable();
+    let order: Vec<usize> = keys.iter().map(|&k| (k & u64::from(u32::MAX)) as usize).collect();
     let best = match order.first() {
         Some(&i) if scores[i] > f32::NEG_INFINITY => f64::from(scores[i]),
         _ => return Err(SamplingError::NoCandidates),
@@ -164,6 +168,15 @@ pub fn kept_candidates(logits: &[f32], filter: &Filter) -> Result<Vec<(usize, f6
         kept.push((order[r], weights[r]));
     }
     Ok(kept)
+}
+
+/// A key whose ascending order is the descending order of non-NaN scores (-0.0 as 0.0): the
+/// IEEE bits made monotone (negative values flipped whole, positive ones with the sign bit set),
+/// then inverted.
+fn descending_key(score: f32) -> u32 {
+    let bits = (score + 0.0).to_bits(); // -0.0 + 0.0 = +0.0
+    let ascending = if bits & 0x8000_0000 != 0 { !bits } else { bits | 0x8000_0000 };
+    !ascending
 }
 
 /// The exponential race over kept candidates: the index with the largest `w / E(index)`.
@@ -312,4 +325,32 @@ pub fn sample_head(
 ) -> Result<u32, SamplingError> {
     let code = sample_top_k_top_p(logits, &params.head_filter(), &DrawKey::head(seed, frame, r))?;
     Ok(u32::try_from(code).expect("codebook sizes fit u32"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::descending_key;
+
+    /// The integer keys sort scores exactly as the comparator they replace: best first, -0.0 and
+    /// 0.0 equal (so their ties break by index), -inf last.
+    #[test]
+    fn descending_keys_order_as_partial_cmp() {
+        let mut scores = vec![0.0f32, -0.0, 1.5, -1.5, f32::NEG_INFINITY, f32::MAX, -f32::MAX, 1e-45, -1e-45, 3.0, 3.0];
+        let mut x = 0x9e37_79b9u32;
+        for _ in 0..2000 {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            let v = f32::from_bits(x);
+            if !v.is_nan() && v != f32::INFINITY {
+                scores.push(v);
+            }
+        }
+        let mut by_cmp: Vec<usize> = (0..scores.len()).collect();
+        by_cmp.sort_by(|&a, &b| scores[b].partial_cmp(&scores[a]).unwrap().then(a.cmp(&b)));
+        let mut by_key: Vec<usize> = (0..scores.len()).collect();
+        by_key.sort_by_key(|&i| (descending_key(scores[i]), i));
+        assert_eq!(by_key, by_cmp);
+        assert_eq!(descending_key(0.0), descending_key(-0.0));
+    }
 }
