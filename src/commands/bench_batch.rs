@@ -46,6 +46,8 @@ pub struct BatchRow {
     pub floor_ms: f64,
     pub frame_step_ratio_to_floor: f64,
     pub driver_allocations_while_timed: u64,
+    /// Streams that drew EOS during the whole-step timing and were replaced by fresh ones.
+    pub streams_restarted: usize,
     /// The whole step per kernel, where `--profile` asked for this size.
     pub profile: Option<StepProfile>,
 }
@@ -152,15 +154,30 @@ pub fn bench_batch(args: &BenchBatchArgs) -> anyhow::Result<BatchBench> {
         for g in &mut generations {
             while !engine.prefill_generation(g, crate::engine::generate::PREFILL_CHUNK)? {}
         }
-        let mut refs: Vec<&mut Generation<'_, Cuda>> = generations.iter_mut().collect();
+        // A stream that draws EOS is replaced by a fresh one (its prompt runs inside the step
+        // that replaced it; `restarted` counts them), so every timed step has `batch` streams.
+        let mut restarted = 0;
+        let mut step = || -> anyhow::Result<()> {
+            let mut refs: Vec<&mut Generation<'_, Cuda>> = generations.iter_mut().collect();
+            let results = engine.step(&mut refs);
+            for (i, result) in results.into_iter().enumerate() {
+                if result?.finished.is_some() {
+                    let mut fresh = engine.start(&prompt, &opts(i as u64))?;
+                    while !engine.prefill_generation(&mut fresh, crate::engine::generate::PREFILL_CHUNK)? {}
+                    generations[i] = fresh;
+                    restarted += 1;
+                }
+            }
+            Ok(())
+        };
         for _ in 0..warm_up {
-            check(engine.step(&mut refs))?;
+            step()?;
         }
         cuda.synchronize();
         let before = cuda.pool().stats().driver_allocations;
         let t = Instant::now();
         for _ in 0..args.frames {
-            check(engine.step(&mut refs))?;
+            step()?;
         }
         cuda.synchronize();
         let step_ms = t.elapsed().as_secs_f64() * 1e3 / args.frames as f64;
@@ -169,7 +186,7 @@ pub fn bench_batch(args: &BenchBatchArgs) -> anyhow::Result<BatchBench> {
             let t = Instant::now();
             profile::start();
             for _ in 0..phased {
-                check(engine.step(&mut refs))?;
+                step()?;
             }
             cuda.synchronize();
             let wall_ms = t.elapsed().as_secs_f64() * 1e3 / phased as f64;
@@ -195,6 +212,7 @@ pub fn bench_batch(args: &BenchBatchArgs) -> anyhow::Result<BatchBench> {
             floor_ms,
             frame_step_ratio_to_floor: frame_step_ms / floor_ms,
             driver_allocations_while_timed: allocations,
+            streams_restarted: restarted,
             profile,
         });
         let row = rows.last().expect("just pushed");
@@ -250,7 +268,7 @@ impl BatchRow {
     fn line(&self) -> String {
         format!(
             "B = {:>3}: frame step {:.2} ms (floor {:.2} ms, {:.1}×; main draws {:.2}, tower {:.2}, backbone {:.2} \
-             when synced), with the codec {:.2} ms = {:.0} frames/s",
+             when synced), with the codec {:.2} ms = {:.0} frames/s{}",
             self.batch,
             self.frame_step_ms,
             self.floor_ms,
@@ -259,7 +277,12 @@ impl BatchRow {
             self.tower_ms,
             self.backbone_ms,
             self.step_ms,
-            self.frames_per_s
+            self.frames_per_s,
+            if self.streams_restarted > 0 {
+                format!(" ({} streams drew EOS and were replaced)", self.streams_restarted)
+            } else {
+                String::new()
+            }
         )
     }
 }
