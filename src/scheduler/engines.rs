@@ -262,7 +262,9 @@ impl<B: Backend> Synthesizer for EngineModel<'_, B> {
             // The backbone checks every stream's rows and state before it runs any (a failure
             // there changed nothing), so each stream can be retried alone: only a stream that
             // fails alone fails. A fault past the checks is the device's, and fails them all.
-            Err(_) if ids.len() > 1 => ids.iter().map(|&id| self.prefill_together(&[id]).map(|mut p| p.remove(0))).collect(),
+            Err(_) if ids.len() > 1 => {
+                ids.iter().map(|&id| self.prefill_together(&[id]).map(|mut p| p.remove(0))).collect()
+            }
             Err(e) => vec![Err(e)],
         }
     }
