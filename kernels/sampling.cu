@@ -1,16 +1,21 @@
 // Token sampling on the GPU (`model.md` §8.1 steps 2 and 4, §8.2): the same decisions as the CPU
-// sampler (src/engine/sampling.rs, the oracle) on the same logits, with the same Philox draws
-// (src/engine/rng.rs). Built for CUDA-graph capture: every input and output is device memory at a
+// sampler (src/model/sampling.rs, the oracle) on the same logits, with the same Philox draws
+// (src/model/rng.rs). Built for CUDA-graph capture: every input and output is device memory at a
 // fixed address, and the per-request knobs, the RAS window and the frame counter live in a device
-// `SamplerState`, written once per request and advanced on the device, so a captured frame
-// replays correctly frame after frame.
+// `SamplerState`, so a captured frame replays correctly frame after frame.
 //
-//   sample_main_draws   2 blocks: the first draw (block 0, request knobs) and the RAS draw
-//                       (block 1, T 1.0, top-k 30, top-p 0.95), both keeping the crossing token;
-//   sample_main_finish  the window check, the push into the RAS window, and the frame row's
-//                       main token, c0 and "is semantic";
-//   sample_head         codebook head r's draw (crossing token dropped), code c_{r+1};
-//   sampler_end_frame   the frame counter + 1.
+// Every kernel serves `rows` requests at once (the decode batch): row b reads `SamplerState`
+// st[b] and its logits row, and writes `SamplerOut` out[b]. Each row's draws are its own row's
+// alone, so a row's picks never depend on the others.
+//
+//   sample_main_draws   2 × rows blocks: the first draw (blockIdx.x 0, request knobs) and the RAS
+//                       draw (blockIdx.x 1, T 1.0, top-k 30, top-p 0.95), both keeping the
+//                       crossing token; blockIdx.y is the row;
+//   sample_main_finish  one block per row: the window check, the push into the RAS window, and
+//                       the frame row's main token, c0 and "is semantic";
+//   sample_head         one block per row: codebook head r's draw (crossing token dropped), code
+//                       c_{r+1};
+//   sampler_end_frame   one block per row: the frame counter + 1.
 //
 // One draw = one block of THREADS threads over one row of n ≤ SORT_CAP logits:
 //   1. scores s_i = x_i / max(T, 1e-5) in f32 (IEEE division, as Rust's `/`);
@@ -95,7 +100,7 @@ struct SamplerOut {
 static_assert(sizeof(SamplerOut) == 34 * 4, "SamplerOut layout (DeviceOutputs in sampling.rs)");
 
 // ---------------------------------------------------------------------------------------------
-// Philox4x32-10 and the uniform → Exp(1) mapping, exactly as src/engine/rng.rs:
+// Philox4x32-10 and the uniform → Exp(1) mapping, exactly as src/model/rng.rs:
 //   key = [seed_lo, seed_hi ^ frame_hi], counter = [candidate, 0, stream, frame_lo],
 //   u = ((bits >> 9) + 0.5) · 2^-23 (exact in f32), E = −ln(u) in f64.
 struct DrawKey {
@@ -414,29 +419,36 @@ __device__ void record_fault(SamplerOut* out, const SamplerState* st, uint32_t s
 }
 
 // ---------------------------------------------------------------------------------------------
-// Grid 2 blocks × THREADS, dynamic shared memory n_pad · 8 bytes. logits: the restricted logits
-// [n] f32 in the head's order; logit_index[i]: the head row of candidate i (candidates ascend by
-// token id; i is also the draw's Philox counter).
+// Grid (2, rows) blocks × THREADS, dynamic shared memory n_pad · 8 bytes. logits: row b's
+// restricted logits at logits + b · logits_stride, [n] f32 in the head's order; logit_index[i]:
+// the head row of candidate i (candidates ascend by token id; i is also the draw's Philox counter).
 extern "C" __global__ void __launch_bounds__(THREADS)
     sample_main_draws(const float* __restrict__ logits, const uint32_t* __restrict__ logit_index, int n, int n_pad,
-                      const SamplerState* __restrict__ st, SamplerOut* __restrict__ out) {
+                      int logits_stride, const SamplerState* __restrict__ states, SamplerOut* __restrict__ outs) {
+    const int b = blockIdx.y;
+    const SamplerState* st = states + b;
+    SamplerOut* out = outs + b;
     const uint32_t stream = blockIdx.x == 0 ? MAIN_STREAM : RAS_STREAM;
     const Filter filter = stream == MAIN_STREAM ? Filter{st->temperature, st->main_top_k, st->top_p, true}
                                                 : Filter{RAS_TEMPERATURE, RAS_TOP_K, RAS_TOP_P, true};
-    const Draw d = draw(MainRow{logits, logit_index}, n, n_pad, filter, draw_key(st, stream));
+    const Draw d =
+        draw(MainRow{logits + (size_t)b * logits_stride, logit_index}, n, n_pad, filter, draw_key(st, stream));
     if (threadIdx.x == 0) {
         out->pick[blockIdx.x] = d.pick;
         out->draw_fault[blockIdx.x] = d.fault;
     }
 }
 
-// One thread, after sample_main_draws. ids[i]: token of candidate i; the semantic band is
-// [semantic_start, semantic_end]. The RAS draw replaces the first when the first is semantic and
-// among the window's tokens; the chosen token is then pushed into the window (oldest dropped).
+// One block per row (thread 0 works), after sample_main_draws. ids[i]: token of candidate i; the
+// semantic band is [semantic_start, semantic_end]. The RAS draw replaces the first when the first
+// is semantic and among the window's tokens; the chosen token is then pushed into the window
+// (oldest dropped).
 extern "C" __global__ void sample_main_finish(const uint32_t* __restrict__ ids, uint32_t semantic_start,
-                                              uint32_t semantic_end, SamplerState* __restrict__ st,
-                                              SamplerOut* __restrict__ out) {
-    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+                                              uint32_t semantic_end, SamplerState* __restrict__ states,
+                                              SamplerOut* __restrict__ outs) {
+    if (threadIdx.x != 0) return;
+    SamplerState* st = states + blockIdx.x;
+    SamplerOut* out = outs + blockIdx.x;
     const uint32_t first = ids[out->pick[0]], ras = ids[out->pick[1]];
     bool seen = false;
     for (int i = RAS_WINDOW - (int)st->window_len; i < RAS_WINDOW; ++i) seen |= st->window[i] == first;
@@ -457,23 +469,27 @@ extern "C" __global__ void sample_main_finish(const uint32_t* __restrict__ ids, 
     record_fault(out, st, RAS_STREAM, out->draw_fault[1]);
 }
 
-// Grid 1 block × THREADS, dynamic shared memory n_pad · 8 bytes. logits: head r's [n] bf16 row.
-// Writes c_{r+1} into row[2 + r].
+// One block of THREADS per row, dynamic shared memory n_pad · 8 bytes. logits: head r's
+// [rows, n] bf16. Writes row b's c_{r+1} into out[b].row[2 + r].
 extern "C" __global__ void __launch_bounds__(THREADS)
-    sample_head(const bf16* __restrict__ logits, int n, int n_pad, int r, const SamplerState* __restrict__ st,
-                SamplerOut* __restrict__ out) {
+    sample_head(const bf16* __restrict__ logits, int n, int n_pad, int r, const SamplerState* __restrict__ states,
+                SamplerOut* __restrict__ outs) {
+    const SamplerState* st = states + blockIdx.x;
+    SamplerOut* out = outs + blockIdx.x;
     const Filter filter{st->temperature, st->head_top_k, st->top_p, false};
     const uint32_t stream = FIRST_HEAD_STREAM + (uint32_t)r;
-    const Draw d = draw(HeadRow{logits}, n, n_pad, filter, draw_key(st, stream));
+    const Draw d = draw(HeadRow{logits + (size_t)blockIdx.x * n}, n, n_pad, filter, draw_key(st, stream));
     if (threadIdx.x == 0) {
         out->row[2 + r] = d.pick;
         record_fault(out, st, stream, d.fault);
     }
 }
 
-// One thread, at the end of a frame: the next frame's draws use the next counter.
-extern "C" __global__ void sampler_end_frame(SamplerState* __restrict__ st) {
-    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+// One block per row (thread 0 works), at the end of a frame: the next frame's draws use the
+// next counter.
+extern "C" __global__ void sampler_end_frame(SamplerState* __restrict__ states) {
+    if (threadIdx.x != 0) return;
+    SamplerState* st = states + blockIdx.x;
     const unsigned long long frame = (((unsigned long long)st->frame_hi << 32) | st->frame_lo) + 1;
     st->frame_lo = (uint32_t)frame;
     st->frame_hi = (uint32_t)(frame >> 32);

@@ -4,21 +4,26 @@
 //   step_advance       the row becomes the next frame's input row, and the position counter moves.
 #include "common.cuh"
 
-// One thread. row: the sampler's frame row [main, c0, c1..] (u32); recipe: the `embed_gather`
-// recipe of that one row (linear.cu): header {token, 4, count, scale bits}, then `count` codebook
-// rows. Semantic rows (main in [semantic_start, semantic_start + vocab)) mix codebooks 1..=k,
-// clamped into the table, scaled by `scale` = 1/sqrt(1 + k); other rows (EOS) are the plain token
-// embedding (`model.md` §5, `BackboneConfig::embed_row`).
-extern "C" __global__ void step_embed_recipe(const uint32_t* __restrict__ row, uint32_t* __restrict__ recipe,
-                                             uint32_t semantic_start, int vocab, int k, float scale) {
-    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+// One thread per row, rows = n. rows: the sampler's frame rows [main, c0, c1..] (u32), row b's at
+// b · row_stride words; recipe: the `embed_gather` recipe of the n rows (linear.cu): row b's header
+// {token, first, count, scale bits} at 4b, its codebook rows at first = 4n + b·k. Semantic rows
+// (main in [semantic_start, semantic_start + vocab)) mix codebooks 1..=k, clamped into the table,
+// scaled by `scale` = 1/sqrt(1 + k); other rows (EOS) are the plain token embedding (`model.md`
+// §5, `BackboneConfig::embed_row`).
+extern "C" __global__ void step_embed_recipe(const uint32_t* __restrict__ rows, int row_stride, int n,
+                                             uint32_t* __restrict__ recipe, uint32_t semantic_start, int vocab,
+                                             int k, float scale) {
+    const int b = blockIdx.x * blockDim.x + threadIdx.x;
+    if (b >= n) return;
+    const uint32_t* row = rows + (size_t)b * row_stride;
     const uint32_t token = row[0];
     const bool semantic = token >= semantic_start && token - semantic_start < (uint32_t)vocab;
-    recipe[0] = token;
-    recipe[1] = 4;
-    recipe[2] = semantic ? (uint32_t)k : 0u;
-    recipe[3] = __float_as_uint(semantic ? scale : 1.f);
-    for (int i = 1; i <= k; ++i) recipe[3 + i] = (uint32_t)(i * vocab) + min(row[1 + i], (uint32_t)(vocab - 1));
+    const uint32_t first = (uint32_t)(4 * n + b * k);
+    recipe[4 * b] = token;
+    recipe[4 * b + 1] = first;
+    recipe[4 * b + 2] = semantic ? (uint32_t)k : 0u;
+    recipe[4 * b + 3] = __float_as_uint(semantic ? scale : 1.f);
+    for (int i = 1; i <= k; ++i) recipe[first + i - 1] = (uint32_t)(i * vocab) + min(row[1 + i], (uint32_t)(vocab - 1));
 }
 
 // One warp. Copies the frame row (`width` words) and its semantic flag into the input row of the

@@ -38,18 +38,19 @@ __device__ __forceinline__ float embedding_value(const bf16* emb_row, const bf16
     return e;
 }
 
-// One block per row, 256 threads. hidden: [rows, dim] bf16; emb: [V, dim] bf16; codes, mask: [rows];
-// unseen: [rows, dim] bf16 or null; enorm, hnorm: [dim] f32 (stored gains w, applied as 1 + w);
-// out: [rows, 2·dim] bf16 = [enorm(e) | hnorm(h)].
+// One block per row, 256 threads. hidden: [rows, dim] bf16; emb: [V, dim] bf16; codes, mask: row
+// r's at r · label_stride words (1 for packed arrays, a `SamplerOut`'s words for the sampler's
+// rows); unseen: [rows, dim] bf16 or null; enorm, hnorm: [dim] f32 (stored gains w, applied as
+// 1 + w); out: [rows, 2·dim] bf16 = [enorm(e) | hnorm(h)].
 extern "C" __global__ void tower_mix(const bf16* __restrict__ hidden, const bf16* __restrict__ emb,
                                      const uint32_t* __restrict__ codes, const uint32_t* __restrict__ mask,
-                                     const bf16* __restrict__ unseen, const float* __restrict__ enorm,
-                                     const float* __restrict__ hnorm, bf16* __restrict__ out, int dim, int vocab,
-                                     float eps) {
+                                     int label_stride, const bf16* __restrict__ unseen,
+                                     const float* __restrict__ enorm, const float* __restrict__ hnorm,
+                                     bf16* __restrict__ out, int dim, int vocab, float eps) {
     __shared__ float scratch[32];
     const int r = blockIdx.x;
-    const bool on = mask[r] != 0;
-    const bf16* emb_row = emb + (size_t)min(codes[r], (uint32_t)(vocab - 1)) * dim;
+    const bool on = mask[(size_t)r * label_stride] != 0;
+    const bf16* emb_row = emb + (size_t)min(codes[(size_t)r * label_stride], (uint32_t)(vocab - 1)) * dim;
     const bf16* u_row = unseen ? unseen + (size_t)r * dim : nullptr;
     const bf16* h_row = hidden + (size_t)r * dim;
     bf16* o = out + (size_t)r * 2 * dim;

@@ -70,6 +70,9 @@ pub struct BenchBatchArgs {
     /// after the timed steps; comma-separated).
     #[arg(long, value_delimiter = ',')]
     pub profile: Vec<usize>,
+    /// Draw on the host, as `serve --no-cuda-graph` does, instead of on the GPU.
+    #[arg(long)]
+    pub host_draws: bool,
     /// Also write every number as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -189,9 +192,9 @@ pub struct ServeArgs {
     /// Positions (prompt rows + audio frames) each request's GPU caches hold; default 16384.
     #[arg(long, env = "LIMELIGHT_CONTEXT_LENGTH")]
     pub context_length: Option<usize>,
-    /// With `--max-batch 1`: run each frame as separate launches with host round trips instead
-    /// of one captured CUDA graph (same audio, slower: for comparisons and as a fallback). A
-    /// batch of more streams runs without the graph today.
+    /// Host round trips instead of the device-side step: with `--max-batch 1`, each frame as
+    /// separate launches instead of one captured CUDA graph; with a batch, the draws on the host
+    /// instead of the GPU (same audio, slower: for comparisons and as a fallback).
     #[arg(long, env = "LIMELIGHT_NO_CUDA_GRAPH")]
     pub no_cuda_graph: bool,
     /// Streams the engine steps together, one frame each per step. Default: on the GPU as many

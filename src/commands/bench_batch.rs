@@ -1,6 +1,7 @@
 //! `limelight bench batch`: the decode batch on the GPU. For each batch size B it opens B streams
 //! (one prompt, distinct seeds), runs their prompts, then times steps of all B together: the
-//! frame step alone (`Engine::next_frames`: restricted head, host draws, tower, backbone) and the
+//! frame step alone (`Engine::next_frames`: restricted head, draws on the GPU (`--host-draws`:
+//! on the host), tower, backbone) and the
 //! whole step with each stream's codec (`Engine::step`). Each is compared with its floor: the
 //! bytes one step must read over the measured copy bandwidth. A step reads the dense weights
 //! once for every row, the routed experts its rows use (the union; expected under uniform
@@ -18,6 +19,7 @@ use crate::backend::cuda::profile::{self, KernelTime};
 use crate::backend::cuda::{Cuda, CudaOptions};
 use crate::cli::BenchBatchArgs;
 use crate::engine::batch::Stream;
+use crate::engine::cuda_draws::CudaDraws;
 use crate::engine::generate::{Engine, GenerateOptions, Generation, ResidentModel};
 use crate::model::config::{Dims, LayerType, ModelConfig};
 use crate::model::load::Checkpoint;
@@ -90,6 +92,8 @@ pub struct BatchBench {
     pub context: usize,
     pub prompt_rows: usize,
     pub frames: usize,
+    /// Where the draws ran: "device" or "host" (`--host-draws`).
+    pub draws: &'static str,
     pub copy_bandwidth_gb_per_s: f64,
     pub rows: Vec<BatchRow>,
     pub used_bytes: u64,
@@ -110,7 +114,9 @@ pub fn bench_batch(args: &BenchBatchArgs) -> anyhow::Result<BatchBench> {
     let plan = MemoryPlan::for_engine_streams(&ckpt, args.context_length, prompt.len(), largest);
     admit(&plan, cuda.budget().cap() - cuda.budget().used(), "the budget")?;
     let model = ResidentModel::load(&ckpt, &cuda)?;
+    let draws = CudaDraws::for_model(&cuda, &ckpt, &model, largest)?;
     let engine = Engine::new(&cuda, &ckpt, &model)?;
+    let engine = if args.host_draws { engine } else { engine.with_device_draws(&draws) };
     let copy_bandwidth_gb_per_s = cuda.measure_copy_bandwidth(1 << 30)?;
     let position = prompt.len() + args.frames / 2;
     let mut rows = Vec::new();
@@ -227,6 +233,7 @@ pub fn bench_batch(args: &BenchBatchArgs) -> anyhow::Result<BatchBench> {
         context: args.context_length,
         prompt_rows: prompt.len(),
         frames: args.frames,
+        draws: if args.host_draws { "host" } else { "device" },
         copy_bandwidth_gb_per_s,
         rows,
         used_bytes: cuda.budget().used(),

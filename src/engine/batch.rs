@@ -31,19 +31,35 @@ use crate::model::tower::TowerState;
 /// One request's model state between frames.
 pub struct Stream<B: Backend> {
     pub(crate) opts: GenerateOptions,
-    backbone: BackboneState<B>,
-    tower: TowerState<B>,
+    pub(super) backbone: BackboneState<B>,
+    pub(super) tower: TowerState<B>,
     prompt: Rows,
     /// Prompt rows already run through the backbone (and, but for the last, the tower).
     prefilled: usize,
     /// The backbone's final-norm row for `input_row`; `None` until the prompt is done.
-    hidden: Option<B::Act>,
-    input_row: Vec<u32>,
-    window: RasWindow,
+    pub(super) hidden: Option<B::Act>,
+    pub(super) input_row: Vec<u32>,
+    pub(super) window: RasWindow,
     /// Frames produced so far (the next frame's index, which keys its draws).
-    frame: usize,
+    pub(super) frame: usize,
     /// `max_frames` frames were produced.
-    ended: bool,
+    pub(super) ended: bool,
+}
+
+/// A backend's own decode step over the batch, making [`Engine::next_frames`]'s decisions with
+/// its draws on the device (e.g. `cuda_draws`: no read-back between the draws and the layers
+/// that embed them). Its contract is the host step's: the same frames for the same streams, each
+/// row's depending on that row alone. One difference is allowed: it may run the backbone on a
+/// row that ends its stream (EOS or the last of `max_frames`), so a caller that asks an EOS
+/// stream on gets frames that follow the EOS row, as the CUDA-graph step does.
+pub trait DeviceDraws<B: Backend> {
+    /// One frame of each stream (all ready, none ended), as [`Engine::next_frames_observed`].
+    fn next_frames(
+        &self,
+        engine: &Engine<'_, B>,
+        streams: &mut [&mut Stream<B>],
+        mark: &mut dyn FnMut(StepPhase),
+    ) -> Vec<Result<Vec<u32>, GenerateError>>;
 }
 
 impl<B: Backend> Stream<B> {
@@ -158,6 +174,12 @@ impl<'w, B: Backend> Engine<'w, B> {
     ) -> Vec<Result<Vec<u32>, GenerateError>> {
         for s in streams.iter() {
             assert!(s.ready() && !s.ended, "next_frames on a stream that is not ready or has ended");
+        }
+        if streams.is_empty() {
+            return Vec::new();
+        }
+        if let Some(draws) = self.device_draws() {
+            return draws.next_frames(self, streams, mark);
         }
         let mut results: Vec<Option<Result<Vec<u32>, GenerateError>>> = (0..streams.len()).map(|_| None).collect();
         let hidden: Vec<B::Act> = streams.iter().map(|s| s.hidden.clone().expect("checked ready")).collect();

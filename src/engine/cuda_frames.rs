@@ -110,17 +110,11 @@ impl<'w> CudaFrames<'w> {
         candidates: &MainCandidates,
     ) -> Result<CudaFrames<'w>, CudaFramesError> {
         let c = backbone.config();
-        let k = c.vq_backbone_codebooks;
-        let embedding = RowEmbedding {
-            semantic_start: c.semantic_start,
-            codebook_vocab: c.codebook_vocab,
-            backbone_codebooks: k,
-            // As `BackboneConfig::embed_row` computes it (f64), rounded as `linear::embed` packs it.
-            scale: (1.0 / ((1 + k) as f64).sqrt()) as f32,
-        };
+        let embedding = RowEmbedding::for_backbone(c);
         assert!(
             embedding.recipe_words() <= words::TOTAL - words::RECIPE,
-            "{k} backbone codebooks do not fit the step's recipe"
+            "{} backbone codebooks do not fit the step's recipe",
+            embedding.backbone_codebooks
         );
         let heads = tower.codebooks() - 1;
         let sampler =
@@ -197,7 +191,7 @@ impl<'w> CudaFrames<'w> {
         let mut h: Option<GpuMatrix> = None;
         for (index, (layer, kv)) in layers.enumerate() {
             // Shared layers embed c0; residual layer r = index − shared embeds c_r.
-            let labels = DeviceLabels { codes: code(index.saturating_sub(shared)), mask: semantic };
+            let labels = DeviceLabels { codes: code(index.saturating_sub(shared)), mask: semantic, stride: 1 };
             let input = match &h {
                 None => DeviceLayerInput { hidden: &st.hidden, labels, unseen: Some(&unseen), start },
                 Some(prev) => DeviceLayerInput { hidden: prev, labels, unseen: None, start },

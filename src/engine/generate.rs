@@ -7,7 +7,7 @@
 
 use std::ops::ControlFlow;
 
-use super::batch::Stream;
+use super::batch::{DeviceDraws, Stream};
 use crate::backend::Backend;
 use crate::backend::tower::TowerError;
 use crate::model::backbone::{Backbone, BackboneConfig, BackboneError};
@@ -174,6 +174,8 @@ pub struct Engine<'w, B: Backend> {
     pub eos: u32,
     /// The backend's device-side frames, when it has them; else the decode batch runs.
     device: Option<&'w dyn DeviceFrames>,
+    /// The backend's device-side draws for the decode batch, when it has them; else the host draws.
+    draws: Option<&'w dyn DeviceDraws<B>>,
 }
 
 impl<'w, B: Backend> Engine<'w, B> {
@@ -202,6 +204,7 @@ impl<'w, B: Backend> Engine<'w, B> {
             logit_index,
             eos: ckpt.special_tokens.eos(),
             device: None,
+            draws: None,
         })
     }
 
@@ -215,6 +218,23 @@ impl<'w, B: Backend> Engine<'w, B> {
     /// [`Self::with_device_frames`] in place.
     pub fn set_device_frames(&mut self, device: &'w dyn DeviceFrames) {
         self.device = Some(device);
+    }
+
+    /// Runs the decode batch's steps with `draws` (the same decisions as the host draws, with no
+    /// read-back between a draw and the layer that embeds it).
+    pub fn with_device_draws(mut self, draws: &'w dyn DeviceDraws<B>) -> Self {
+        self.set_device_draws(draws);
+        self
+    }
+
+    /// [`Self::with_device_draws`] in place.
+    pub fn set_device_draws(&mut self, draws: &'w dyn DeviceDraws<B>) {
+        self.draws = Some(draws);
+    }
+
+    /// The decode batch's device-side draws, if set.
+    pub fn device_draws(&self) -> Option<&'w dyn DeviceDraws<B>> {
+        self.draws
     }
 
     /// Whether frames come from a device-side step.

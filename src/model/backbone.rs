@@ -397,6 +397,23 @@ impl<'a, B: BackboneOps> Backbone<'a, B> {
             self.check_state(state)?;
         }
         let x = self.embed(&Rows::from_flat(self.config.codebooks, flat))?;
+        self.decode_rows_embedded(states, x)
+    }
+
+    /// [`Self::decode_rows`] of rows whose input embeddings `x` `[n, hidden]` are already
+    /// computed (the device-side draws build them from the sampled rows without the host).
+    pub fn decode_rows_embedded(
+        &self,
+        states: &mut [&mut BackboneState<B>],
+        x: B::Act,
+    ) -> Result<B::Act, BackboneError> {
+        let rows = self.backend.rows(&x);
+        if rows != states.len() {
+            return Err(BackboneError::StatesPerRow { rows, states: states.len() });
+        }
+        for state in states.iter() {
+            self.check_state(state)?;
+        }
         let (b, c) = (self.backend, &self.config);
         let out = self.layers(x, true, &mut |_, _| {}, &mut |l, mixer, h| match mixer {
             Mixer::GatedDeltaNet(w) => {

@@ -282,6 +282,12 @@ impl RasWindow {
     pub fn contains(&self, token: u32) -> bool {
         self.slots.contains(&Some(token))
     }
+
+    /// The tokens it holds, oldest first (at most `RAS_WINDOW`): what a device-side sampler's
+    /// window is loaded from.
+    pub fn tokens(&self) -> Vec<u32> {
+        self.slots.iter().flatten().copied().collect()
+    }
 }
 
 /// The main token of one frame and how it was chosen.

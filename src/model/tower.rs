@@ -56,6 +56,12 @@ impl<B: TowerOps> TowerState<B> {
         &mut self.caches
     }
 
+    /// Counts one more position, written in every cache by a backend-specific step (the decode
+    /// batch's device-side draws run the layers themselves).
+    pub fn advance(&mut self) {
+        self.len += 1;
+    }
+
     /// Restarts for a new request without reallocating: no positions, each cache emptied by
     /// `clear` (for engines that keep one state's addresses for their whole life).
     pub fn restart(&mut self, clear: &mut dyn FnMut(&mut B::TowerKv)) {

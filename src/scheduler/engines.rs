@@ -113,6 +113,13 @@ impl<'w, B: Backend> EngineModel<'w, B> {
         self
     }
 
+    /// Runs the decode batch's steps with a backend's device-side draws (see
+    /// [`Engine::set_device_draws`]).
+    pub fn with_device_draws(mut self, draws: &'w dyn crate::engine::batch::DeviceDraws<B>) -> Self {
+        self.engine.set_device_draws(draws);
+        self
+    }
+
     /// Asks `check` whether the engine still works after a failed job (see
     /// [`Synthesizer::health`]).
     pub fn with_health_check(mut self, check: Box<dyn Fn() -> Result<(), String> + 'w>) -> Self {

@@ -17,6 +17,7 @@ mod with_cuda {
     use super::super::engines::{BatchLimits, BatchOptions, EngineModel, GpuOptions};
     use crate::backend::cuda::admission::{MAX_STREAMS_CAP, MemoryPlan, admit};
     use crate::backend::cuda::{Cuda, CudaOptions};
+    use crate::engine::cuda_draws::CudaDraws;
     use crate::engine::cuda_frames::CudaFrames;
     use crate::engine::generate::ResidentModel;
     use crate::model::load::Checkpoint;
@@ -73,11 +74,21 @@ mod with_cuda {
             } else {
                 None
             };
+            // The decode batch draws on the GPU unless --no-cuda-graph asks for the host loop.
+            let draws = if gpu.graph && frames.is_none() {
+                Some(
+                    CudaDraws::for_model(&cuda, &ckpt, &model, max_batch)
+                        .map_err(|e| ModelLoadError::Gpu(e.to_string()))?,
+                )
+            } else {
+                None
+            };
             let batch = BatchOptions { max_batch, prefill_chunk: limits.prefill_chunk, context: Some(gpu.context) };
             let engine = EngineModel::new(&cuda, &ckpt, &model, batch, memory)?.with_health_check(health);
-            let engine = match &frames {
-                Some(frames) => engine.with_device_frames(frames),
-                None => engine,
+            let engine = match (&frames, &draws) {
+                (Some(frames), _) => engine.with_device_frames(frames),
+                (None, Some(draws)) => engine.with_device_draws(draws),
+                (None, None) => engine,
             };
             host.progress(&format!("warming up {max_batch} streams"));
             let warm = engine.warm_up().map_err(|e| ModelLoadError::Gpu(format!("warm-up: {e}")))?;

@@ -22,7 +22,7 @@ pub struct Planned {
 }
 
 /// What a request produced: how it ended, its frames and its PCM.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Outcome {
     pub finished: Finished,
     pub pcm: Vec<f32>,

@@ -1,9 +1,12 @@
 //! The decode batch on the GPU, on the tiny checkpoint (`verification.md`'s batch-invariance
-//! rows): every request's frames and PCM are bit for bit what it produces alone, inside batches
-//! of 2, 8, 32 and 64 streams with staggered arrivals, a long prompt run in chunks between steps,
-//! different sampling knobs per row, and cancellations; a repeated batch of the same requests
-//! makes no driver allocation.
+//! rows), with the draws on the GPU (`CudaDraws`, what the server runs) and on the host
+//! (`--no-cuda-graph`): every request's frames and PCM are bit for bit what it produces alone,
+//! inside batches of 2, 8, 32 and 64 streams with staggered arrivals, a long prompt run in chunks
+//! between steps, different sampling knobs per row, and cancellations; the GPU's draws give each
+//! request the host's frames and PCM; a repeated batch of the same requests makes no driver
+//! allocation.
 
+use limelight::engine::cuda_draws::CudaDraws;
 use limelight::engine::generate::{Engine, GenerateOptions, PREFILL_CHUNK, ResidentModel};
 use limelight::model::frame::Rows;
 use limelight::model::sampling::SamplingParams;
@@ -20,7 +23,10 @@ pub fn run(ctx: &mut Ctx) {
     let (_dir, ckpt) = ctx.tiny_checkpoint_scaled(backbone::CONDITIONED);
     let cuda = ctx.cuda;
     let model = ResidentModel::load(&ckpt, cuda).expect("GPU upload");
-    let engine = Engine::new(cuda, &ckpt, &model).expect("GPU engine");
+    let host = Engine::new(cuda, &ckpt, &model).expect("GPU engine");
+    // Fewer sampler rows than the largest batch: a batch of 64 is stepped in two passes.
+    let draws = CudaDraws::for_model(cuda, &ckpt, &model, 48).expect("device draws");
+    let device = Engine::new(cuda, &ckpt, &model).expect("GPU engine").with_device_draws(&draws);
     let samples_per_frame = ckpt.codec_dims.samples_per_frame();
     let builder = PromptBuilder::for_checkpoint(&ckpt);
     let long = "A chapter long enough to need more than one prefill chunk. ".repeat(10);
@@ -48,25 +54,41 @@ pub fn run(ctx: &mut Ctx) {
                 cancel_after: (i % 9 == 4).then_some(3),
             })
             .collect();
-        let want: Vec<Outcome> = plan.iter().map(|r| alone(&engine, r)).collect();
-        let (got, most) = batched(&engine, &plan);
-        let mismatched: Vec<usize> =
-            (0..size).filter(|&i| !got[i].matches(&want[i], plan[i].cancel_after, samples_per_frame)).collect();
-        let frames: usize = got.iter().map(|o| o.finished.frames).sum();
-        ctx.check(
-            format!(
-                "batch of {size} ({} at most stepping, {} prefilling together, {frames} frames): requests vs alone, bits",
-                most.stepped, most.prefilled
-            ),
-            "requests differing",
-            "0".into(),
-            format!("{} {mismatched:?}", mismatched.len()),
-            mismatched.is_empty(),
-        );
+        let host_alone: Vec<Outcome> = plan.iter().map(|r| alone(&host, r)).collect();
+        for (draws, engine) in [("host", &host), ("GPU", &device)] {
+            let want: Vec<Outcome> =
+                if draws == "host" { host_alone.clone() } else { plan.iter().map(|r| alone(engine, r)).collect() };
+            if draws == "GPU" {
+                let differing: Vec<usize> =
+                    (0..size).filter(|&i| !want[i].matches(&host_alone[i], None, samples_per_frame)).collect();
+                ctx.check(
+                    format!("batch of {size}: each request alone, GPU draws vs host draws, bits"),
+                    "requests differing",
+                    "0".into(),
+                    format!("{} {differing:?}", differing.len()),
+                    differing.is_empty(),
+                );
+            }
+            let (got, most) = batched(engine, &plan);
+            let mismatched: Vec<usize> =
+                (0..size).filter(|&i| !got[i].matches(&want[i], plan[i].cancel_after, samples_per_frame)).collect();
+            let frames: usize = got.iter().map(|o| o.finished.frames).sum();
+            ctx.check(
+                format!(
+                    "batch of {size}, {draws} draws ({} at most stepping, {} prefilling together, {frames} frames): \
+                     requests vs alone, bits",
+                    most.stepped, most.prefilled
+                ),
+                "requests differing",
+                "0".into(),
+                format!("{} {mismatched:?}", mismatched.len()),
+                mismatched.is_empty(),
+            );
+        }
         last_plan = plan;
     }
     let before = cuda.pool().stats().driver_allocations;
-    let _ = batched(&engine, &last_plan);
+    let _ = batched(&device, &last_plan);
     let repeated = cuda.pool().stats().driver_allocations - before;
     ctx.check(
         format!("batch of {}: driver allocations in a repeated batch", last_plan.len()),

@@ -5,12 +5,14 @@
 //! top-p {0.1, 0.5, 0.9, 0.95, 1} and top-k {none, 1, 5, 50, 100000}, at random (seed, frame)
 //! keys, with RAS windows that do and do not hold the first draw; faults (NaN, +inf, overflow,
 //! no finite logit) reported as the CPU reports them; 40 consecutive frames (counter, window,
-//! frame rows), replayed after a reset, also across the 2³² frame boundary; and one captured CUDA
-//! graph replayed frame after frame. Every comparison counts mismatching decisions, bound 0.
+//! frame rows), replayed after a reset, also across the 2³² frame boundary; one captured CUDA
+//! graph replayed frame after frame; and rows of the decode batch (37 requests in one launch per
+//! draw, each with its own knobs, key, window and logits, one row faulting) against each row
+//! alone on the CPU. Every comparison counts mismatching decisions, bound 0.
 
 use half::bf16;
 use limelight::backend::cpu::Matrix;
-use limelight::backend::cuda::sampling::{GpuSampler, candidate_rows};
+use limelight::backend::cuda::sampling::{DeviceState, GpuSampler, candidate_rows};
 use limelight::model::rng::{DrawKey, MAIN_STREAM, RAS_STREAM};
 use limelight::model::sampling::{
     MainCandidates, RAS_WINDOW, RasWindow, SamplingError, SamplingParams, sample_head, sample_main, sample_top_k_top_p,
@@ -175,6 +177,9 @@ pub fn run(ctx: &mut Ctx) {
     let value = format!("{} of {}", ras_used.0, ras_used.1);
     ctx.check("main: RAS replaced the first draw", "cases", "some, not all".into(), value, pass);
 
+    for band in [&bands[0], &bands[2]] {
+        rows(ctx, band);
+    }
     let band = &bands[0];
     let sampler =
         GpuSampler::new(ctx.cuda, &band.candidates, &band.restricted, HEADS, band.head_vocab).expect("sampler buffers");
@@ -248,6 +253,67 @@ fn main_draws(ctx: &mut Ctx, band: &Band, sampler: &GpuSampler) -> (usize, usize
         ctx.exact(stage, &got, &want);
     }
     used
+}
+
+/// Rows of the decode batch: the main draw and all nine head draws of `ROWS` requests at once,
+/// each row with its own knobs, seed, frame and window and logits of its own shape, equal the
+/// CPU's draws of each row alone; a row of NaN logits faults alone, with the CPU's error.
+fn rows(ctx: &mut Ctx, band: &Band) {
+    const ROWS: usize = 37;
+    const NAN_ROW: usize = 11;
+    let (n, v) = (band.candidates.len(), band.head_vocab);
+    let semantic = band.semantic();
+    let sampler = GpuSampler::with_rows(ctx.cuda, &band.candidates, &band.restricted, HEADS, v, ROWS + 3)
+        .expect("sampler buffers");
+    let (mut states, mut want) = (Vec::new(), Vec::new());
+    let (mut main_logits, mut head_logits) = (Vec::new(), vec![Vec::new(); HEADS]);
+    for b in 0..ROWS {
+        let shape = SHAPES[b % (SHAPES.len() - 1)];
+        let grid = params_grid(shape);
+        let params = grid[index(ctx, grid.len())];
+        let (seed, frame) = key(ctx, b);
+        let mut x = logits(ctx, n, shape);
+        if b == NAN_ROW {
+            x[index(ctx, n)] = f32::NAN;
+        }
+        let first = sample_top_k_top_p(&x, &params.main_filter(), &DrawKey::new(seed, frame, MAIN_STREAM))
+            .map(|i| band.candidates.token(i))
+            .unwrap_or(semantic[0]);
+        let tokens = window_tokens(ctx, &semantic, first, b);
+        let window = RasWindow::from_tokens(tokens.iter().copied());
+        let heads: Vec<Vec<f32>> = (0..HEADS).map(|_| bf16_values(&logits(ctx, v, Shape::Uniform(2.0)))).collect();
+        // The CPU's frame row, or its error (the main draw's first).
+        let row: Result<Vec<u32>, SamplingError> = sample_main(&x, &band.candidates, &window, &params, seed, frame)
+            .and_then(|pick| {
+                let mut row = vec![pick.token, band.candidates.code0(pick.token)];
+                for (r, h) in heads.iter().enumerate() {
+                    row.push(sample_head(h, r, &params, seed, frame)?);
+                }
+                Ok(row)
+            });
+        want.push(row.map_err(|e| format!("{e:?}")));
+        states.push(DeviceState::new(&params, seed, &window.tokens(), frame));
+        main_logits.extend(band.head_order(&x));
+        for (r, h) in heads.into_iter().enumerate() {
+            head_logits[r].extend(h);
+        }
+    }
+    sampler.begin_rows(ctx.cuda, &states);
+    let main = ctx.cuda.upload_f32_scratch(&main_logits);
+    sampler.sample_main_rows(ctx.cuda, &main, ROWS);
+    for (r, h) in head_logits.into_iter().enumerate() {
+        sampler.sample_head_rows(ctx.cuda, r, &ctx.cuda.upload_matrix(&Matrix::from_vec(ROWS, v, h)), ROWS);
+    }
+    let got: Vec<Result<Vec<u32>, String>> = (sampler.read_rows(ctx.cuda, ROWS).iter())
+        .map(|out| out.frame(2 + HEADS).map(|f| f.row).map_err(|f| format!("{:?}", f.error)))
+        .collect();
+    ctx.exact(
+        format!("rows {}: {ROWS} requests at once vs each alone on the CPU (row {NAN_ROW} NaN)", band.name),
+        &got,
+        &want,
+    );
+    let faulted: Vec<usize> = (0..ROWS).filter(|&b| got[b].is_err()).collect();
+    ctx.exact(format!("rows {}: the rows that fault", band.name), &faulted, &[NAN_ROW]);
 }
 
 /// Prompt-like window tokens, by case: text only; the first draw among the last 16; the first

@@ -239,6 +239,12 @@ impl RestrictedHead {
         self.logits_of(cuda, lm_head, hidden, row, 1)
     }
 
+    /// f32 logits `[rows, len]` of every row of `hidden`, left on the device (no sync), each row
+    /// computed exactly as [`RestrictedHead::logits`] computes it alone.
+    pub fn logits_rows(&self, cuda: &Cuda, lm_head: &GpuWeight, hidden: &GpuMatrix) -> PoolBuf {
+        self.logits_of(cuda, lm_head, hidden, 0, hidden.rows)
+    }
+
     /// f32 logits `[rows, len]` of every row of `hidden` (one launch, one read-back), each row
     /// computed exactly as [`RestrictedHead::logits`] computes it alone.
     pub fn logits_rows_to_host(&self, cuda: &Cuda, lm_head: &GpuWeight, hidden: &GpuMatrix) -> Vec<f32> {

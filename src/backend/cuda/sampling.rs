@@ -2,12 +2,16 @@
 //! heads' draws on the GPU, making the CPU sampler's decisions (`model::sampling`, the oracle)
 //! with the same Philox draws (`model::rng`).
 //!
-//! Built for CUDA-graph capture: a [`GpuSampler`] owns fixed device buffers for the request's
-//! knobs, seed, frame counter and RAS window ([`DeviceState`], written once per request by
-//! [`GpuSampler::begin_request`]) and for the picks ([`DeviceOutputs`]). The per-frame calls
-//! ([`GpuSampler::sample_main`], [`GpuSampler::sample_head`], [`GpuSampler::end_frame`]) only
-//! launch kernels on fixed addresses: no host data, no synchronisation, no allocation, so a
-//! captured frame replays frame after frame (the counter and the window advance on the device).
+//! A [`GpuSampler`] owns fixed device buffers for `rows` requests: each row's knobs, seed, frame
+//! counter and RAS window ([`DeviceState`]) and its picks ([`DeviceOutputs`]). Two users:
+//! - the CUDA-graph step (one row): the state is written once per request
+//!   ([`GpuSampler::begin_request`]) and the per-frame calls ([`GpuSampler::sample_main`],
+//!   [`GpuSampler::sample_head`], [`GpuSampler::end_frame`]) only launch kernels on fixed
+//!   addresses: no host data, no synchronisation, no allocation, so a captured frame replays
+//!   frame after frame (the counter and the window advance on the device);
+//! - the decode batch (one row per stream of the step): the host keeps each stream's counter and
+//!   window and writes every row's state at the start of a step ([`GpuSampler::begin_rows`]);
+//!   the draws of all rows run in one launch per draw, and the rows come back in one read.
 //!
 //! Inputs are what the GPU produces: the restricted head's f32 logits (in its order, band then
 //! EOS; candidate order is ascending token id, mapped as `engine::generate` maps it) and a
@@ -241,14 +245,18 @@ pub fn candidate_rows(candidates: &[u32], restricted_ids: &[u32]) -> Vec<u32> {
         .collect()
 }
 
-/// The sampler's device buffers for one request at a time (one per engine).
+/// The sampler's device buffers: one request's state and outputs per row, for `rows` requests
+/// at once (one for the CUDA-graph step, the batch's capacity for the decode batch).
 pub struct GpuSampler {
     /// Token id of each candidate.
     ids: DeviceBuffer,
     /// Restricted-logit row of each candidate.
     logit_index: DeviceBuffer,
-    state: DeviceBuffer,
+    /// `[rows]` [`DeviceState`].
+    states: DeviceBuffer,
+    /// `[rows]` [`DeviceOutputs`].
     outputs: DeviceBuffer,
+    rows: usize,
     candidates: usize,
     semantic_start: u32,
     semantic_end: u32,
@@ -257,13 +265,7 @@ pub struct GpuSampler {
 }
 
 impl GpuSampler {
-    /// Uploads the candidate tables (waits: a start-up step) and a neutral state; call
-    /// [`GpuSampler::begin_request`] before sampling. `restricted_ids` is the restricted head's
-    /// token order; `heads` codebook heads of `head_vocab` logits each.
-    ///
-    /// # Panics
-    /// If a candidate is missing from `restricted_ids`, the candidates have no semantic token,
-    /// a row is longer than [`SORT_CAP`], or the frame row exceeds [`ROW_CAPACITY`].
+    /// A sampler of one row: [`GpuSampler::with_rows`] of 1.
     pub fn new(
         cuda: &Cuda,
         candidates: &MainCandidates,
@@ -271,6 +273,26 @@ impl GpuSampler {
         heads: usize,
         head_vocab: usize,
     ) -> Result<GpuSampler, MemoryError> {
+        GpuSampler::with_rows(cuda, candidates, restricted_ids, heads, head_vocab, 1)
+    }
+
+    /// Uploads the candidate tables (waits: a start-up step) and neutral states for `rows`
+    /// requests; call [`GpuSampler::begin_request`] or [`GpuSampler::begin_rows`] before
+    /// sampling. `restricted_ids` is the restricted head's token order; `heads` codebook heads
+    /// of `head_vocab` logits each.
+    ///
+    /// # Panics
+    /// If a candidate is missing from `restricted_ids`, the candidates have no semantic token,
+    /// a row is longer than [`SORT_CAP`], the frame row exceeds [`ROW_CAPACITY`], or `rows` is 0.
+    pub fn with_rows(
+        cuda: &Cuda,
+        candidates: &MainCandidates,
+        restricted_ids: &[u32],
+        heads: usize,
+        head_vocab: usize,
+        rows: usize,
+    ) -> Result<GpuSampler, MemoryError> {
+        assert!(rows > 0, "a sampler of no rows");
         let n = candidates.len();
         // Both rows must fit one block's sort (sort_len panics otherwise).
         sort_len(n);
@@ -281,13 +303,14 @@ impl GpuSampler {
             (Some(&start), Some(&end)) => (start, end),
             _ => panic!("the main-token candidates have no semantic token"),
         };
-        let rows = candidate_rows(candidates.ids(), restricted_ids);
+        let candidate_rows = candidate_rows(candidates.ids(), restricted_ids);
         let budget = cuda.budget();
         let sampler = GpuSampler {
             ids: DeviceBuffer::alloc(budget, "sampler candidate ids", n * 4)?,
             logit_index: DeviceBuffer::alloc(budget, "sampler candidate rows", n * 4)?,
-            state: DeviceBuffer::alloc(budget, "sampler state", size_of::<DeviceState>())?,
-            outputs: DeviceBuffer::alloc(budget, "sampler outputs", size_of::<DeviceOutputs>())?,
+            states: DeviceBuffer::alloc(budget, "sampler states", rows * size_of::<DeviceState>())?,
+            outputs: DeviceBuffer::alloc(budget, "sampler outputs", rows * size_of::<DeviceOutputs>())?,
+            rows,
             candidates: n,
             semantic_start,
             semantic_end,
@@ -295,13 +318,19 @@ impl GpuSampler {
             head_vocab,
         };
         cuda.copy_to_device(sampler.ids.ptr(), candidates.ids());
-        cuda.copy_to_device(sampler.logit_index.ptr(), &rows);
-        sampler.begin_request(cuda, &SamplingParams::default(), 0, &[]);
+        cuda.copy_to_device(sampler.logit_index.ptr(), &candidate_rows);
+        let neutral = DeviceState::new(&SamplingParams::default(), 0, &[], 0);
+        sampler.begin_rows(cuda, &vec![neutral; rows]);
         Ok(sampler)
     }
 
-    /// Starts a request at frame 0: knobs, seed, the RAS window from the last prompt tokens, and
-    /// cleared outputs. Queued without a sync (small pageable copies; not capturable).
+    /// Rows it can sample at once.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Starts a request at frame 0 in row 0: knobs, seed, the RAS window from the last prompt
+    /// tokens, and cleared outputs. Queued without a sync (small pageable copies; not capturable).
     pub fn begin_request(&self, cuda: &Cuda, params: &SamplingParams, seed: u64, window_tokens: &[u32]) {
         self.begin_request_at(cuda, params, seed, window_tokens, 0);
     }
@@ -312,30 +341,54 @@ impl GpuSampler {
     /// If `params` are out of range (requests are validated before they get here).
     pub fn begin_request_at(&self, cuda: &Cuda, params: &SamplingParams, seed: u64, window_tokens: &[u32], frame: u64) {
         params.validate().unwrap_or_else(|e| panic!("sampling parameters reached the GPU sampler unvalidated: {e}"));
-        let state = DeviceState::new(params, seed, window_tokens, frame);
-        cuda.stage_to_device(self.state.ptr(), std::slice::from_ref(&state));
-        cuda.stage_to_device(self.outputs.ptr(), std::slice::from_ref(&DeviceOutputs::default()));
+        self.begin_rows(cuda, &[DeviceState::new(params, seed, window_tokens, frame)]);
+    }
+
+    /// Writes rows `0..states.len()`'s states and clears their outputs (the decode batch's
+    /// per-step start: the host keeps each stream's frame counter and window). Queued without a
+    /// sync; not capturable.
+    ///
+    /// # Panics
+    /// If there are more states than rows.
+    pub fn begin_rows(&self, cuda: &Cuda, states: &[DeviceState]) {
+        assert!(states.len() <= self.rows, "{} sampler rows of {}", states.len(), self.rows);
+        if states.is_empty() {
+            return;
+        }
+        cuda.stage_to_device(self.states.ptr(), states);
+        cuda.stage_to_device(self.outputs.ptr(), &vec![DeviceOutputs::default(); states.len()]);
     }
 
     /// The frame's main token from the restricted logits (`[candidates]` f32 in the restricted
-    /// head's order, e.g. `RestrictedHead::logits`): both draws, the window check and push, and
-    /// `row[0..2]` and `semantic` of the outputs. Once per frame.
+    /// head's order, e.g. `RestrictedHead::logits`) of row 0. Once per frame.
     pub fn sample_main(&self, cuda: &Cuda, logits: &PoolBuf) {
+        self.sample_main_rows(cuda, logits, 1);
+    }
+
+    /// [`GpuSampler::sample_main`] of rows `0..n`: row b's logits are row b of `logits`
+    /// (`[n, candidates]` f32, e.g. `RestrictedHead::logits_rows`): both draws, the window check
+    /// and push, and `row[0..2]` and `semantic` of each row's outputs.
+    ///
+    /// # Panics
+    /// If `n` is 0 or above the sampler's rows, or `logits` is short.
+    pub fn sample_main_rows(&self, cuda: &Cuda, logits: &PoolBuf, n: usize) {
+        self.check_rows(n);
         assert!(
-            logits.bytes() >= self.candidates * 4,
-            "restricted logits: {} bytes for {} candidates",
+            logits.bytes() >= n * self.candidates * 4,
+            "restricted logits: {} bytes for {n} rows of {} candidates",
             logits.bytes(),
             self.candidates
         );
         let n_pad = sort_len(self.candidates);
         let k = &cuda.kernels.sampling;
-        let dims = Dims::linear(2, THREADS as u32).with_shared(sort_shared_bytes(n_pad));
+        let dims = Dims::grid((2, n as u32, 1), THREADS as u32).with_shared(sort_shared_bytes(n_pad));
         let args = [
             logits.ptr().into(),
             self.logit_index.ptr().into(),
             self.candidates.into(),
             n_pad.into(),
-            self.state.ptr().into(),
+            self.candidates.into(),
+            self.states.ptr().into(),
             self.outputs.ptr().into(),
         ];
         k.main_draws.launch(cuda.stream(), dims, &args);
@@ -343,43 +396,66 @@ impl GpuSampler {
             self.ids.ptr().into(),
             self.semantic_start.into(),
             self.semantic_end.into(),
-            self.state.ptr().into(),
+            self.states.ptr().into(),
             self.outputs.ptr().into(),
         ];
-        k.main_finish.launch(cuda.stream(), Dims::linear(1, 32), &args);
+        k.main_finish.launch(cuda.stream(), Dims::linear(n, 32), &args);
     }
 
     /// Code `c_{r+1}` from head `r`'s logits, row `row` of `logits` (`[_, head_vocab]` bf16, what
-    /// the head projection writes), into `row[2 + r]` of the outputs.
+    /// the head projection writes), into `row[2 + r]` of row 0's outputs.
     pub fn sample_head(&self, cuda: &Cuda, r: usize, logits: &GpuMatrix, row: usize) {
+        self.launch_head(cuda, r, logits, row, 1);
+    }
+
+    /// [`GpuSampler::sample_head`] of rows `0..n`: row b's draw from row b of `logits`
+    /// (`[n, head_vocab]` bf16).
+    pub fn sample_head_rows(&self, cuda: &Cuda, r: usize, logits: &GpuMatrix, n: usize) {
+        assert_eq!(logits.rows, n, "head logits rows");
+        self.launch_head(cuda, r, logits, 0, n);
+    }
+
+    fn launch_head(&self, cuda: &Cuda, r: usize, logits: &GpuMatrix, first_row: usize, n: usize) {
+        self.check_rows(n);
         assert!(r < self.heads, "head {r} of {}", self.heads);
         assert_eq!(logits.cols, self.head_vocab, "head logits width");
+        assert!(first_row + n <= logits.rows, "head logits rows {first_row}..{} of {}", first_row + n, logits.rows);
         let n_pad = sort_len(self.head_vocab);
-        let dims = Dims::linear(1, THREADS as u32).with_shared(sort_shared_bytes(n_pad));
+        let dims = Dims::linear(n, THREADS as u32).with_shared(sort_shared_bytes(n_pad));
         let args = [
-            logits.row_ptr(row).into(),
+            logits.row_ptr(first_row).into(),
             self.head_vocab.into(),
             n_pad.into(),
             r.into(),
-            self.state.ptr().into(),
+            self.states.ptr().into(),
             self.outputs.ptr().into(),
         ];
         cuda.kernels.sampling.head.launch(cuda.stream(), dims, &args);
     }
 
-    /// Advances the frame counter: the next draws use the next frame's Philox key.
-    pub fn end_frame(&self, cuda: &Cuda) {
-        cuda.kernels.sampling.end_frame.launch(cuda.stream(), Dims::linear(1, 32), &[self.state.ptr().into()]);
+    fn check_rows(&self, n: usize) {
+        assert!((1..=self.rows).contains(&n), "{n} sampler rows of {}", self.rows);
     }
 
-    /// Device address of the frame row `[main, c0, c1..c_heads]` (u32 words).
+    /// Advances row 0's frame counter: the next draws use the next frame's Philox key.
+    pub fn end_frame(&self, cuda: &Cuda) {
+        cuda.kernels.sampling.end_frame.launch(cuda.stream(), Dims::linear(1, 32), &[self.states.ptr().into()]);
+    }
+
+    /// Device address of row 0's frame row `[main, c0, c1..c_heads]` (u32 words); row b's is
+    /// [`GpuSampler::output_stride_words`] · b words on.
     pub fn row_ptr(&self) -> u64 {
         self.outputs.ptr()
     }
 
-    /// Device address of the "main is semantic" flag (u32, 0 or 1).
+    /// Device address of row 0's "main is semantic" flag (u32, 0 or 1).
     pub fn semantic_ptr(&self) -> u64 {
         self.outputs.ptr() + (ROW_CAPACITY * 4) as u64
+    }
+
+    /// `u32` words from one row's outputs to the next.
+    pub fn output_stride_words(&self) -> usize {
+        size_of::<DeviceOutputs>() / 4
     }
 
     /// Words of a frame row: main, c0 and one code per head.
@@ -387,17 +463,23 @@ impl GpuSampler {
         2 + self.heads
     }
 
-    /// The outputs, after all queued work (waits).
+    /// Row 0's outputs, after all queued work (waits).
     pub fn read_outputs(&self, cuda: &Cuda) -> DeviceOutputs {
-        cuda.copy_to_host::<DeviceOutputs>(self.outputs.ptr(), 1)[0]
+        self.read_rows(cuda, 1)[0]
     }
 
-    /// The state (frame counter, window), after all queued work (waits).
+    /// Rows `0..n`'s outputs, after all queued work (waits: the decode batch's one read-back).
+    pub fn read_rows(&self, cuda: &Cuda, n: usize) -> Vec<DeviceOutputs> {
+        self.check_rows(n);
+        cuda.copy_to_host::<DeviceOutputs>(self.outputs.ptr(), n)
+    }
+
+    /// Row 0's state (frame counter, window), after all queued work (waits).
     pub fn read_state(&self, cuda: &Cuda) -> DeviceState {
-        cuda.copy_to_host::<DeviceState>(self.state.ptr(), 1)[0]
+        cuda.copy_to_host::<DeviceState>(self.states.ptr(), 1)[0]
     }
 
-    /// The last frame's picks, after all queued work (waits).
+    /// The last frame's picks of row 0, after all queued work (waits).
     pub fn read_frame(&self, cuda: &Cuda) -> Result<SampledFrame, DrawFailure> {
         self.read_outputs(cuda).frame(self.row_len())
     }

@@ -9,6 +9,7 @@ use cudarc::driver::CudaContext;
 
 use super::Cuda;
 use super::launch::{Dims, Kernel, KernelError, Module, embedded};
+use crate::model::backbone::BackboneConfig;
 
 pub struct StepKernels {
     embed_recipe: Kernel,
@@ -35,6 +36,18 @@ pub struct RowEmbedding {
 }
 
 impl RowEmbedding {
+    /// The backbone's embedding of a frame row, as `BackboneConfig::embed_row` computes it.
+    pub fn for_backbone(c: &BackboneConfig) -> RowEmbedding {
+        let k = c.vq_backbone_codebooks;
+        RowEmbedding {
+            semantic_start: c.semantic_start,
+            codebook_vocab: c.codebook_vocab,
+            backbone_codebooks: k,
+            // As `BackboneConfig::embed_row` computes it (f64), rounded as `linear::embed` packs it.
+            scale: (1.0 / ((1 + k) as f64).sqrt()) as f32,
+        }
+    }
+
     /// Words of the `embed_gather` recipe of one row: the header and at most k codebook rows.
     pub fn recipe_words(&self) -> usize {
         4 + self.backbone_codebooks
@@ -44,15 +57,24 @@ impl RowEmbedding {
 /// Writes the one-row `embed_gather` recipe of the frame row at `row` into `recipe` (at least
 /// [`RowEmbedding::recipe_words`] `u32`s). Capturable.
 pub fn embed_recipe(cuda: &Cuda, e: &RowEmbedding, row: u64, recipe: u64) {
+    embed_recipe_rows(cuda, e, row, 0, 1, recipe);
+}
+
+/// The `embed_gather` recipe of `n` frame rows, row b's at `row + 4 · stride · b` (`stride`
+/// words apart, e.g. the GPU sampler's outputs), into `recipe` (at least `n` ·
+/// [`RowEmbedding::recipe_words`] `u32`s). Capturable.
+pub fn embed_recipe_rows(cuda: &Cuda, e: &RowEmbedding, rows: u64, stride: usize, n: usize, recipe: u64) {
     let args = [
-        row.into(),
+        rows.into(),
+        stride.into(),
+        n.into(),
         recipe.into(),
         e.semantic_start.into(),
         e.codebook_vocab.into(),
         e.backbone_codebooks.into(),
         e.scale.into(),
     ];
-    cuda.kernels.step.embed_recipe.launch(cuda.stream(), Dims::linear(1, 32), &args);
+    cuda.kernels.step.embed_recipe.launch(cuda.stream(), Dims::linear(n.div_ceil(32), 32), &args);
 }
 
 /// Copies the `width`-word frame row at `row` and its semantic flag to `input_row` and

@@ -118,7 +118,7 @@ impl TowerOps for Cuda {
         input.check(s, hidden, input.unseen.map(|u| u.rows), kv.cache.len)?;
         let codes = stage_u32(self, input.codes);
         let mask = stage_u32(self, &flags(input.label_semantic));
-        let labels = DeviceLabels { codes: codes.ptr(), mask: mask.ptr() };
+        let labels = DeviceLabels { codes: codes.ptr(), mask: mask.ptr(), stride: 1 };
         let device = DeviceLayerInput { hidden: input.hidden, labels, unseen: input.unseen, start: input.start };
         Ok(self.tower_layer_device(s, w, kv, device))
     }
@@ -152,11 +152,13 @@ impl TowerOps for Cuda {
 }
 
 /// Device addresses of a tower layer's labels: one `u32` code and one `u32` mask flag (nonzero =
-/// semantic) per row, e.g. words of the GPU sampler's frame row.
+/// semantic) per row, row r's at `r · stride` words on, e.g. words of the GPU sampler's rows.
 #[derive(Clone, Copy, Debug)]
 pub struct DeviceLabels {
     pub codes: u64,
     pub mask: u64,
+    /// `u32` words from one row's code (and flag) to the next: 1 for packed arrays.
+    pub stride: usize,
 }
 
 /// [`UnseenCodes`] on the device: `[rows, codebooks]` `u32` codes and one `u32` "row is
@@ -179,6 +181,17 @@ pub struct DeviceLayerInput<'a> {
     pub unseen: Option<&'a GpuMatrix>,
     /// Position of the first row (for decode rows, ignored while the cache follows a device position).
     pub start: usize,
+}
+
+/// [`TowerRowsInput`] with its labels on the device.
+pub struct DeviceRowsInput<'a> {
+    /// `[n, dim]`: one row per request.
+    pub hidden: &'a GpuMatrix,
+    pub labels: DeviceLabels,
+    /// `[n, dim]` (layer 0 only).
+    pub unseen: Option<&'a GpuMatrix>,
+    /// The position each row is written at in its own cache.
+    pub starts: &'a [usize],
 }
 
 impl Cuda {
@@ -231,9 +244,32 @@ impl Cuda {
         check("positions", input.starts.len())?;
         let codes = stage_u32(self, input.codes);
         let mask = stage_u32(self, &flags(input.label_semantic));
-        let labels = DeviceLabels { codes: codes.ptr(), mask: mask.ptr() };
+        let labels = DeviceLabels { codes: codes.ptr(), mask: mask.ptr(), stride: 1 };
+        let device = DeviceRowsInput { hidden: input.hidden, labels, unseen: input.unseen, starts: input.starts };
+        Ok(self.tower_layer_rows_device(s, w, kvs, device))
+    }
+
+    /// [`TowerOps::tower_layer_rows`] with its labels already on the device (e.g. the rows the
+    /// GPU sampler just drew: no read-back between the head draws and the next layer).
+    ///
+    /// # Panics
+    /// If a row's position leaves a gap in or lies past its cache, or the counts disagree.
+    pub fn tower_layer_rows_device(
+        &self,
+        s: &TowerShape,
+        w: &TowerLayer<GpuWeight>,
+        kvs: &mut [&mut GpuTowerKv],
+        input: DeviceRowsInput<'_>,
+    ) -> GpuMatrix {
+        let n = kvs.len();
+        assert_eq!(input.hidden.rows, n, "tower rows: hidden rows per cache");
+        assert_eq!(input.starts.len(), n, "tower rows: positions per cache");
+        for (kv, &start) in kvs.iter().zip(input.starts) {
+            assert!(start <= kv.cache.len, "tower: position {start} leaves a gap after {}", kv.cache.len);
+            assert!(start < kv.cache.capacity, "tower: position {start} past the KV cache capacity");
+        }
         let mut attend = |qkv: &GpuMatrix| self.attend_rows(s, w, qkv, kvs, input.starts);
-        Ok(self.layer_with(s, w, input.hidden, labels, input.unseen, linear_rows, &mut attend))
+        self.layer_with(s, w, input.hidden, input.labels, input.unseen, linear_rows, &mut attend)
     }
 
     /// One tower layer over `hidden`'s rows (`model.md` §6 steps 1–5), projecting with `project`
@@ -260,6 +296,7 @@ impl Cuda {
             w.code_embedding.ptr.into(),
             labels.codes.into(),
             labels.mask.into(),
+            labels.stride.into(),
             unseen.map_or(0, |u| u.ptr()).into(),
             w.enorm.ptr.into(),
             w.hnorm.ptr.into(),
