@@ -43,6 +43,10 @@ pub struct BatchRow {
     pub main_draws_ms: f64,
     pub tower_ms: f64,
     pub backbone_ms: f64,
+    /// The B prompts run together (`Engine::prefill_streams`, chunk by chunk), ms.
+    pub prefill_ms: f64,
+    /// That prefill per kernel, where `--profile` asked for this size.
+    pub prefill_profile: Option<StepProfile>,
     /// Bytes the frame step must read at least.
     pub floor_bytes: u64,
     pub floor_ms: f64,
@@ -123,11 +127,26 @@ pub fn bench_batch(args: &BenchBatchArgs) -> anyhow::Result<BatchBench> {
     for &batch in &args.batch {
         let opts = |seed| GenerateOptions { params: SamplingParams::default(), seed, max_frames: steps + 1 };
         // The frame step alone, over streams.
-        let mut streams: Vec<Stream<Cuda>> =
-            (0..batch).map(|i| engine.stream(&prompt, &opts(i as u64))).collect::<Result<_, _>>()?;
-        for s in &mut streams {
-            while !engine.prefill(s, crate::engine::generate::PREFILL_CHUNK)? {}
-        }
+        // The B prompts together (as a burst of arrivals is run): once to warm up, once profiled
+        // where asked, then timed; the timed streams go on to the frame step.
+        let prefilled = |profiled: bool| -> anyhow::Result<(Vec<Stream<Cuda>>, f64, Option<StepProfile>)> {
+            let mut streams: Vec<Stream<Cuda>> =
+                (0..batch).map(|i| engine.stream(&prompt, &opts(i as u64))).collect::<Result<_, _>>()?;
+            cuda.synchronize();
+            if profiled {
+                profile::start();
+            }
+            let t = Instant::now();
+            let mut refs: Vec<&mut Stream<Cuda>> = streams.iter_mut().collect();
+            while !engine.prefill_streams(&mut refs, crate::engine::generate::PREFILL_CHUNK)?.iter().all(|d| *d) {}
+            cuda.synchronize();
+            let wall_ms = t.elapsed().as_secs_f64() * 1e3;
+            let profile = profiled.then(|| StepProfile { wall_ms, kernels: profile::finish() });
+            Ok((streams, wall_ms, profile))
+        };
+        drop(prefilled(false)?);
+        let prefill_profile = if args.profile.contains(&batch) { prefilled(true)?.2 } else { None };
+        let (mut streams, prefill_ms, _) = prefilled(false)?;
         let mut refs: Vec<&mut Stream<Cuda>> = streams.iter_mut().collect();
         for _ in 0..warm_up {
             check(engine.next_frames(&mut refs))?;
@@ -211,6 +230,8 @@ pub fn bench_batch(args: &BenchBatchArgs) -> anyhow::Result<BatchBench> {
             frame_step_ms,
             step_ms,
             frames_per_s: batch as f64 * 1e3 / step_ms,
+            prefill_ms,
+            prefill_profile,
             main_draws_ms: phase_ms[0],
             tower_ms: phase_ms[1],
             backbone_ms: phase_ms[2],
@@ -225,6 +246,9 @@ pub fn bench_batch(args: &BenchBatchArgs) -> anyhow::Result<BatchBench> {
         eprintln!("{}", row.line());
         if let Some(p) = &row.profile {
             eprintln!("{}", p.table());
+        }
+        if let Some(p) = &row.prefill_profile {
+            eprintln!("  the prompts' prefill:\n{}", p.table());
         }
     }
     Ok(BatchBench {
@@ -274,9 +298,10 @@ pub fn batch_step_bytes(d: &Dims, c: &ModelConfig, batch: usize, position: usize
 impl BatchRow {
     fn line(&self) -> String {
         format!(
-            "B = {:>3}: frame step {:.2} ms (floor {:.2} ms, {:.1}×; main draws {:.2}, tower {:.2}, backbone {:.2} \
-             when synced), with the codec {:.2} ms = {:.0} frames/s{}",
+            "B = {:>3}: prompts together {:.1} ms; frame step {:.2} ms (floor {:.2} ms, {:.1}×; main draws {:.2}, \
+             tower {:.2}, backbone {:.2} when synced), with the codec {:.2} ms = {:.0} frames/s{}",
             self.batch,
+            self.prefill_ms,
             self.frame_step_ms,
             self.floor_ms,
             self.frame_step_ratio_to_floor,
