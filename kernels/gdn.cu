@@ -51,14 +51,18 @@ extern "C" __global__ void gdn_conv_prepare(const bf16* __restrict__ qkv, const 
                                             const bf16* __restrict__ a, const float* __restrict__ a_log,
                                             const float* __restrict__ dt_bias, float* prep, float* __restrict__ gates,
                                             int rows, int channels, int kernel, int key_heads, int key_dim,
-                                            int value_heads, float q_scale, const unsigned long long* states) {
+                                            int value_heads, float q_scale, const unsigned long long* states,
+                                            const int* __restrict__ row_seq, const int* __restrict__ seq_starts) {
     const int t = blockIdx.x;
     const int history = kernel - 1;
     float* out = prep + (size_t)t * channels;
-    // In the batch, row t is row 0 of its own sequence (its inputs start at row t of qkv).
-    const int own = states ? 0 : t;
-    const bf16* seq_qkv = states ? qkv + (size_t)t * channels : qkv;
-    if (states) conv_state = reinterpret_cast<const float*>(states[t]);
+    // Several sequences (`states` given): row t belongs to sequence row_seq[t], whose rows start
+    // at seq_starts[that]; without row_seq (the decode batch) row t is row 0 of sequence t.
+    const int seq = row_seq ? row_seq[t] : t;
+    const int start = states ? (row_seq ? seq_starts[seq] : t) : 0;
+    const int own = t - start;
+    const bf16* seq_qkv = qkv + (size_t)start * channels;
+    if (states) conv_state = reinterpret_cast<const float*>(states[seq]);
     for (int c = threadIdx.x; c < channels; c += blockDim.x) {
         float acc = 0.f;
         for (int i = 0; i < kernel; ++i) {
@@ -95,15 +99,19 @@ extern "C" __global__ void gdn_conv_prepare(const bf16* __restrict__ qkv, const 
 // Conv state ← the last K−1 rows of [state; qkv] (run after gdn_conv_prepare). One thread per
 // channel; row i of the new state is row rows + i of that window, which lies ahead of i, so the
 // in-place shift reads each old row before overwriting it.
-// The decode batch (`states` given): grid.y = sequences of one row each, sequence y's state at
-// states[y], its row at row y of qkv (`rows` is then 1).
+// Several sequences (`states` given): grid.y = sequences, sequence y's state at states[y]; its
+// rows are seq_starts[y]..seq_starts[y + 1] of qkv, or (no seq_starts: the decode batch) row y
+// alone (`rows` is then 1).
 extern "C" __global__ void gdn_conv_state_update(float* state, const bf16* qkv, int rows, int channels, int history,
-                                                 const unsigned long long* states) {
+                                                 const unsigned long long* states, const int* __restrict__ seq_starts) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= channels) return;
     if (states) {
-        state = reinterpret_cast<float*>(states[blockIdx.y]);
-        qkv += (size_t)blockIdx.y * channels;
+        const int y = blockIdx.y;
+        const int start = seq_starts ? seq_starts[y] : y;
+        if (seq_starts) rows = seq_starts[y + 1] - start;
+        state = reinterpret_cast<float*>(states[y]);
+        qkv += (size_t)start * channels;
     }
     for (int i = 0; i < history; ++i) {
         const int src = rows + i;
@@ -164,15 +172,18 @@ __device__ __forceinline__ void gdn_chunk_gram(const float* X, const float* K, c
 //   V_new = U − W S;  O = (Q ⊙ e^γ) S + [(Q Kᵀ) ⊙ e^{γ_i−γ_m}]_{m≤i} V_new;  S ← e^{γ_n} S + (K ⊙ e^{γ_n−γ})ᵀ V_new.
 // (I+A)⁻¹ is applied by forward substitution of U and W column by column, as the CPU does.
 //
-// Grid (Hv, ceil(Dv/32)), 256 threads: one CTA per value head and 32 value columns (the delta rule
-// never mixes value columns, so each column tile runs the recurrence on its own); the CTA walks all
-// chunks in order with its state tile in shared memory. Requires Dk ≤ 128 and Hv % Hk == 0.
+// Grid (Hv, ceil(Dv/32), sequences), 256 threads: one CTA per value head and 32 value columns of
+// one sequence (the delta rule never mixes value columns, so each column tile runs the recurrence
+// on its own); the CTA walks its sequence's chunks in order with its state tile in shared memory.
+// The prompts of several streams run in one launch (grid.z), which fills the GPU where one
+// prompt's Hv·Dv/32 CTAs do not. Requires Dk ≤ 128 and Hv % Hk == 0.
 // Dynamic shared memory (floats), ks = Dk rounded up to 32:
 //   S [Dk][32] | K [64][ks] | QW [64][ks] (W, later the chunk's Q) | U [64][32] (βV → U → V_new)
 //   | A [tri 64] (A, later the decayed Q Kᵀ) | γ, β, e^γ, e^{γ_n−γ} [64 each]
 extern "C" __global__ void __launch_bounds__(GDN_THREADS)
     gdn_chunk_core(const float* __restrict__ prep, const float* __restrict__ gates, float* __restrict__ state,
-                   float* __restrict__ out, int rows, int key_heads, int value_heads, int key_dim, int value_dim) {
+                   float* __restrict__ out, int rows, int key_heads, int value_heads, int key_dim, int value_dim,
+                   const unsigned long long* __restrict__ states, const int* __restrict__ seq_starts) {
     extern __shared__ float smem[];
     const int dk = key_dim, dv = value_dim, ks = (key_dim + 31) & ~31;
     const int j = blockIdx.x, kh = j / (value_heads / key_heads);
@@ -191,6 +202,15 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS)
     float* egam = beta + GDN_CHUNK;
     float* fdec = egam + GDN_CHUNK;
 
+    // Several sequences (`states` given): grid.z = sequences, sequence z's rows seq_starts[z]..
+    // seq_starts[z + 1] (of `rows` in all) continuing the state at states[z]; chunks start at the
+    // sequence's first row, so each sequence is computed exactly as it is alone.
+    int t_begin = 0, t_end = rows;
+    if (states) {
+        state = reinterpret_cast<float*>(states[blockIdx.z]);
+        t_begin = seq_starts[blockIdx.z];
+        t_end = seq_starts[blockIdx.z + 1];
+    }
     float* s_global = state + (size_t)j * dk * dv;
     for (int d = warp; d < dk; d += GDN_WARPS) S[d * GDN_BV + lane] = v_ok ? s_global[(size_t)d * dv + v] : 0.f;
 
@@ -199,8 +219,8 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS)
     const float* v_in = prep + (size_t)2 * key_heads * dk + (size_t)j * dv;
     const float* g_in = gates + (size_t)rows * value_heads;
 
-    for (int t0 = 0; t0 < rows; t0 += GDN_CHUNK) {
-        const int n = min(GDN_CHUNK, rows - t0);
+    for (int t0 = t_begin; t0 < t_end; t0 += GDN_CHUNK) {
+        const int n = min(GDN_CHUNK, t_end - t0);
         for (int i = warp; i < n; i += GDN_WARPS) {
             const size_t row = (size_t)(t0 + i) * channels;
             for (int d = lane; d < dk; d += 32) K[gdn_swz(i, d, ks)] = k_in[row + d];

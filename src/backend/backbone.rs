@@ -119,6 +119,35 @@ pub trait BackboneOps: BackendTypes {
         state: &mut Self::GdnState,
     ) -> Self::Act;
 
+    /// [`BackboneOps::gdn_prefill`] of several requests' prompt chunks at once: `lens[i]`
+    /// consecutive rows of `x` continue `states[i]`; returns every row's output in `x`'s order.
+    /// A request's rows must come out the same whichever requests share the call (so a backend
+    /// that batches the work keeps each request's arithmetic fixed by its own rows); they may
+    /// differ from what [`BackboneOps::gdn_prefill`] gives them. The default runs the requests
+    /// one by one through `gdn_prefill`.
+    fn gdn_prefill_many(
+        &self,
+        shape: &GdnShape,
+        w: &GdnWeights<Self::Weight>,
+        x: &Self::Act,
+        lens: &[usize],
+        states: &mut [&mut Self::GdnState],
+    ) -> Self::Act {
+        assert_eq!(lens.len(), states.len(), "GDN prefill: one state per request");
+        if let [state] = states {
+            return self.gdn_prefill(shape, w, x, state);
+        }
+        let mut start = 0;
+        let parts: Vec<Self::Act> = (states.iter_mut().zip(lens))
+            .map(|(state, &n)| {
+                let own = self.act_rows(x, start, n);
+                start += n;
+                self.gdn_prefill(shape, w, &own, state)
+            })
+            .collect();
+        self.stack_rows(&parts)
+    }
+
     /// GDN mixer with the token-by-token recurrence (`backbone.md` §3.4, §3.6): the decode path,
     /// meant for one row (any number of rows is processed one after another).
     fn gdn_decode(

@@ -443,10 +443,12 @@ impl<'a, B: BackboneOps> Backbone<'a, B> {
 
     /// Prompt chunks of several requests at once: `chunks[i]` continues `states[i]`. Returns the
     /// final-norm hidden of every row, request after request (`[Σ rows, hidden]`). The mixers run
-    /// per request on its own rows (each as [`Self::prefill`] runs it), everything row-wise
-    /// (embedding, norms, the MoE under the decode batch's contract) runs once over all rows: a
-    /// request's rows are bit for bit the same whichever requests share the call, and the experts
-    /// a batch of prompts routes to are read once per layer instead of once per prompt.
+    /// per request on its own rows (attention as [`Self::prefill`] runs it; the GDN through
+    /// `BackboneOps::gdn_prefill_many`, which may run all requests' recurrences in one launch),
+    /// everything row-wise (embedding, norms, the MoE under the decode batch's contract) runs
+    /// once over all rows: a request's rows are bit for bit the same whichever requests share the
+    /// call, and the experts a batch of prompts routes to are read once per layer instead of once
+    /// per prompt.
     pub fn prefill_rows(&self, states: &mut [&mut BackboneState<B>], chunks: &[Rows]) -> Result<B::Act, BackboneError> {
         if chunks.len() != states.len() {
             return Err(BackboneError::StatesPerRow { rows: chunks.len(), states: states.len() });
@@ -461,6 +463,16 @@ impl<'a, B: BackboneOps> Backbone<'a, B> {
         let (b, c) = (self.backend, &self.config);
         let lens: Vec<usize> = chunks.iter().map(Rows::len).collect();
         let out = self.layers(x, true, &mut |_, _| {}, &mut |l, mixer, h| {
+            if let Mixer::GatedDeltaNet(w) = mixer {
+                // The backend may run all requests' GDN work together, each on its own rows.
+                let mut gdn: Vec<&mut B::GdnState> = (states.iter_mut())
+                    .map(|s| match &mut s.layers[l] {
+                        LayerState::Gdn(g) => g,
+                        LayerState::Attention(_) => unreachable!("layer kinds were checked against the config"),
+                    })
+                    .collect();
+                return b.gdn_prefill_many(&c.gdn, w, h, &lens, &mut gdn);
+            }
             let mut start = 0;
             let parts: Vec<B::Act> = (states.iter_mut().zip(&lens))
                 .map(|(state, &n)| {

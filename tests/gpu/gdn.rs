@@ -1,7 +1,8 @@
 //! `kernels/gdn.cu` against the CPU backend's Gated DeltaNet mixer: chunked prefill from a fresh
 //! state (output, recurrent and conv state) at lengths around the 64-token chunk, recurrent decode
 //! after it, a second prefill continuing the state; then, on the GPU alone, prefill n + decode m
-//! against one prefill of n + m, and the decode path's driver allocations after warm-up.
+//! against one prefill of n + m, several prompts' chunks in one `prefill_many` against each
+//! alone (bits) and against the CPU, and the decode path's driver allocations after warm-up.
 //!
 //! The CPU references of one shape run on worker threads while the GPU computes (the real-size
 //! projections cost seconds each in the f64 oracle).
@@ -113,6 +114,7 @@ pub fn run(ctx: &mut Ctx) {
             compare(ctx, &format!("{} T={t}", case.name), want, got);
         }
         split_equals_whole(ctx, &case, &gpu_w);
+        many_equals_alone(ctx, &case, &cpu_w, &gpu_w);
         if case.name == "real" {
             decode_allocations(ctx, &case, &gpu_w);
         }
@@ -160,6 +162,66 @@ fn split_equals_whole(ctx: &mut Ctx, case: &Case, w: &GdnWeights<GpuWeight>) {
     ctx.rel_l2(format!("gdn prefill n + decode m vs prefill n+m [{label}] recurrent state"), &got, &want, BOUND);
     let (got, want) = (split.conv_to_host(cuda), whole.conv_to_host(cuda));
     ctx.rel_l2(format!("gdn prefill n + decode m vs prefill n+m [{label}] conv state"), &got, &want, BOUND);
+}
+
+/// Several prompts' chunks in one `prefill_many` (lengths around the chunk size, one of 1 row),
+/// each continuing a state primed by its own earlier chunk, against each prompt's chunk through
+/// `prefill_many` alone: output, recurrent and conv states bit for bit; and each output against
+/// the CPU's `gdn_prefill` of the same rows (the shapes whose f64 oracle is quick).
+fn many_equals_alone(ctx: &mut Ctx, case: &Case, cpu_w: &GdnWeights<CpuWeight>, w: &GdnWeights<GpuWeight>) {
+    const LENS: [usize; 6] = [65, 1, 130, 64, 7, 63];
+    let (cuda, shape) = (ctx.cuda, &case.shape);
+    let primers: Vec<Matrix> = LENS.iter().map(|&n| ctx.random_bf16(n % 13 + 3, case.hidden, 1.0)).collect();
+    let chunks: Vec<Matrix> = LENS.iter().map(|&n| ctx.random_bf16(n, case.hidden, 1.0)).collect();
+    let primed = || -> Vec<gdn::GpuGdnState> {
+        primers
+            .iter()
+            .map(|x| {
+                let mut state = gdn::new_state(cuda, shape);
+                let _ = gdn::prefill_many(cuda, shape, w, &cuda.upload_matrix(x), &[x.rows], &mut [&mut state]);
+                state
+            })
+            .collect()
+    };
+    let mut alone = primed();
+    let alone_out: Vec<Vec<f32>> = (alone.iter_mut().zip(&chunks))
+        .map(|(state, x)| {
+            let y = gdn::prefill_many(cuda, shape, w, &cuda.upload_matrix(x), &[x.rows], &mut [state]);
+            cuda.to_host(&y).data
+        })
+        .collect();
+    let mut together = primed();
+    let all: Vec<f32> = chunks.iter().flat_map(|x| x.data.clone()).collect();
+    let x = cuda.upload_matrix(&Matrix::from_vec(LENS.iter().sum(), case.hidden, all));
+    let mut refs: Vec<&mut gdn::GpuGdnState> = together.iter_mut().collect();
+    let y = cuda.to_host(&gdn::prefill_many(cuda, shape, w, &x, &LENS, &mut refs));
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    let label = format!("gdn prefill of {} prompts together vs each alone [{}]", LENS.len(), case.name);
+    ctx.exact(format!("{label} output, bits"), &bits(&y.data), &bits(&alone_out.concat()));
+    let states = |s: &[gdn::GpuGdnState]| -> (Vec<u32>, Vec<u32>) {
+        let recurrent: Vec<f32> = s.iter().flat_map(|st| st.recurrent_to_host(cuda)).collect();
+        let conv: Vec<f32> = s.iter().flat_map(|st| st.conv_to_host(cuda)).collect();
+        (bits(&recurrent), bits(&conv))
+    };
+    let (got, want) = (states(&together), states(&alone));
+    ctx.exact(format!("{label} recurrent states, bits"), &got.0, &want.0);
+    ctx.exact(format!("{label} conv states, bits"), &got.1, &want.1);
+    if case.name != "real" {
+        let cpu = Cpu;
+        let want: Vec<f32> = (primers.iter().zip(&chunks))
+            .flat_map(|(primer, x)| {
+                let mut state = cpu.new_gdn_state(shape);
+                let _ = cpu.gdn_prefill(shape, cpu_w, primer, &mut state);
+                cpu.gdn_prefill(shape, cpu_w, x, &mut state).data
+            })
+            .collect();
+        ctx.rel_l2(
+            format!("gdn prefill of {} prompts together vs CPU [{}] output", LENS.len(), case.name),
+            &y.data,
+            &want,
+            BOUND,
+        );
+    }
 }
 
 /// After two warm-up steps, decode steps make no driver allocation.

@@ -49,6 +49,17 @@ impl BackboneOps for Cuda {
         gdn::prefill(self, shape, w, x, state)
     }
 
+    fn gdn_prefill_many(
+        &self,
+        shape: &GdnShape,
+        w: &GdnWeights<GpuWeight>,
+        x: &GpuMatrix,
+        lens: &[usize],
+        states: &mut [&mut gdn::GpuGdnState],
+    ) -> GpuMatrix {
+        gdn::prefill_many(self, shape, w, x, lens, states)
+    }
+
     fn gdn_decode(
         &self,
         shape: &GdnShape,

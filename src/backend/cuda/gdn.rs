@@ -14,7 +14,7 @@ use cudarc::driver::CudaContext;
 
 use super::Cuda;
 use super::launch::{Dims, Kernel, KernelError, Module, embedded};
-use super::linear::{linear, linear_rows};
+use super::linear::{linear, linear_rows, linear_segments};
 use super::memory::PoolBuf;
 use super::tensor::{DType, GpuMatrix, GpuWeight};
 use crate::backend::backbone::GdnShape;
@@ -132,6 +132,41 @@ pub fn prefill(
     mixer(cuda, shape, w, x, state, Core::Chunked)
 }
 
+/// [`prefill`] of several requests' prompt chunks at once (`BackboneOps::gdn_prefill_many`):
+/// `lens[i]` consecutive rows of `x` continue `states[i]`. The wide projections (qkv, z,
+/// out_proj) run per request as [`linear`] runs them alone; the narrow ones (b, a) once over all
+/// rows under the rows contract; the conv, the gates, the chunked core and the gated norm once
+/// over every request, each request's rows and state in their own blocks (the core's grid.z).
+/// A request's rows are therefore the same whichever requests share the call (but not those of
+/// [`prefill`], whose b and a projections take cuBLASLt).
+pub fn prefill_many(
+    cuda: &Cuda,
+    shape: &GdnShape,
+    w: &GdnWeights<GpuWeight>,
+    x: &GpuMatrix,
+    lens: &[usize],
+    states: &mut [&mut GpuGdnState],
+) -> GpuMatrix {
+    check_shape(shape);
+    check_weights(shape, w);
+    assert_eq!(lens.len(), states.len(), "GDN prefill: one state per request");
+    assert!(lens.iter().all(|&n| n > 0), "GDN prefill of a request with no rows");
+    assert_eq!(lens.iter().sum::<usize>(), x.rows, "GDN prefill: the requests' rows cover x");
+    for state in states.iter() {
+        state.check(shape);
+    }
+    let p = Projected {
+        qkv: linear_segments(cuda, x, lens, &w.in_proj_qkv),
+        z: linear_segments(cuda, x, lens, &w.in_proj_z),
+        b: linear_rows(cuda, x, &w.in_proj_b),
+        a: linear_rows(cuda, x, &w.in_proj_a),
+    };
+    let o = cuda.scratch(x.rows * shape.value_heads * shape.value_dim * 4);
+    run_core(cuda, shape, w, &p, Sequences::Many(states, lens), o.ptr(), Core::Chunked);
+    let gated = gated_norm(cuda, shape, w, &p, &o);
+    linear_segments(cuda, &gated, lens, &w.out_proj)
+}
+
 /// The mixer with the token recurrence, rows one after another. Queues kernels only: no host
 /// synchronisation, and every buffer comes from the pool (no driver allocation after warm-up).
 pub fn decode(
@@ -221,6 +256,8 @@ enum Sequences<'a, 's> {
     One(&'a mut GpuGdnState),
     /// Row r is one decode row continuing `states[r]` (the decode batch).
     Rows(&'a mut [&'s mut GpuGdnState]),
+    /// `lens[i]` consecutive rows continue `states[i]` (several prompts).
+    Many(&'a mut [&'s mut GpuGdnState], &'a [usize]),
 }
 
 /// Conv (with the carried window), gates, and the chunked or recurrent core for every projected
@@ -238,18 +275,42 @@ fn run_core(
     let channels = shape.qkv_dim();
     // One sequence: its own state, its rows in order. The decode batch: each row its own state,
     // from two staged address tables (conv windows, then recurrent states).
-    let (conv, recurrent, tables, sequences) = match sequences {
-        Sequences::One(state) => (state.conv.ptr(), state.recurrent.ptr(), None, 1),
+    // Several prompts also stage which sequence each row is in and where each one starts.
+    let address_table = |states: &[&mut GpuGdnState]| {
+        let mut words: Vec<u64> = states.iter().map(|st| st.conv.ptr()).collect();
+        words.extend(states.iter().map(|st| st.recurrent.ptr()));
+        let table = cuda.scratch(words.len() * 8);
+        cuda.stage_to_device(table.ptr(), &words);
+        table
+    };
+    let (conv, recurrent, tables, spans, sequences) = match sequences {
+        Sequences::One(state) => (state.conv.ptr(), state.recurrent.ptr(), None, None, 1),
         Sequences::Rows(states) => {
-            let mut words: Vec<u64> = states.iter().map(|st| st.conv.ptr()).collect();
-            words.extend(states.iter().map(|st| st.recurrent.ptr()));
-            let table = cuda.scratch(words.len() * 8);
-            cuda.stage_to_device(table.ptr(), &words);
-            (states[0].conv.ptr(), states[0].recurrent.ptr(), Some(table), states.len())
+            let table = address_table(states);
+            (states[0].conv.ptr(), states[0].recurrent.ptr(), Some(table), None, states.len())
+        }
+        Sequences::Many(states, lens) => {
+            let table = address_table(states);
+            let mut words: Vec<u32> = Vec::with_capacity(rows + lens.len() + 1);
+            for (i, &n) in lens.iter().enumerate() {
+                words.extend(std::iter::repeat_n(i as u32, n));
+            }
+            let mut start = 0u32;
+            words.push(0);
+            for &n in lens.iter() {
+                start += n as u32;
+                words.push(start);
+            }
+            let spans = cuda.scratch(words.len() * 4);
+            cuda.stage_to_device(spans.ptr(), &words);
+            (states[0].conv.ptr(), states[0].recurrent.ptr(), Some(table), Some(spans), states.len())
         }
     };
     let conv_table = tables.as_ref().map_or(0, |t| t.ptr());
     let recurrent_table = tables.as_ref().map_or(0, |t| t.ptr() + 8 * sequences as u64);
+    // Row → sequence ([rows] u32), then each sequence's first row ([sequences + 1]).
+    let row_seq = spans.as_ref().map_or(0, |t| t.ptr());
+    let seq_starts = spans.as_ref().map_or(0, |t| t.ptr() + 4 * rows as u64);
     let prep = cuda.scratch(rows * channels * 4);
     let gates = cuda.scratch(2 * rows * hv * 4);
     let args = [
@@ -270,9 +331,12 @@ fn run_core(
         hv.into(),
         ((1.0 / (shape.key_dim as f64).sqrt()) as f32).into(),
         conv_table.into(),
+        row_seq.into(),
+        seq_starts.into(),
     ];
     cuda.kernels.gdn.conv_prepare.launch(cuda.stream(), Dims::linear(rows, THREADS), &args);
-    // The window advances by each sequence's rows: all of them for one, one per row in the batch.
+    // The window advances by each sequence's rows: all of them for one, one per row in the
+    // decode batch, each prompt's own (from seq_starts) for several.
     let seq_rows = if tables.is_some() { 1 } else { rows };
     let args = [
         conv.into(),
@@ -281,6 +345,7 @@ fn run_core(
         channels.into(),
         (shape.conv_kernel - 1).into(),
         conv_table.into(),
+        seq_starts.into(),
     ];
     let blocks = channels.div_ceil(THREADS as usize) as u32;
     cuda.kernels.gdn.conv_state_update.launch(cuda.stream(), Dims::grid((blocks, sequences as u32, 1), THREADS), &args);
@@ -299,7 +364,9 @@ fn run_core(
     let grid = (u32::try_from(hv).expect("value heads"), dv.div_ceil(VALUE_TILE) as u32, sequences as u32);
     match core {
         Core::Chunked => {
-            assert!(tables.is_none(), "the chunked core runs one sequence");
+            assert!(tables.is_none() || spans.is_some(), "the chunked core runs whole sequences");
+            args.push(recurrent_table.into());
+            args.push(seq_starts.into());
             let dims = Dims::grid(grid, THREADS).with_shared(chunk_shared_bytes(shape.key_dim));
             cuda.kernels.gdn.chunk_core.launch(cuda.stream(), dims, &args);
         }
@@ -319,6 +386,11 @@ fn finish(
     o: &PoolBuf,
     project: fn(&Cuda, &GpuMatrix, &GpuWeight) -> GpuMatrix,
 ) -> GpuMatrix {
+    project(cuda, &gated_norm(cuda, shape, w, p, o), &w.out_proj)
+}
+
+/// The gated RMSNorm of the core's output with `z` (each (row, head) pair on its own).
+fn gated_norm(cuda: &Cuda, shape: &GdnShape, w: &GdnWeights<GpuWeight>, p: &Projected, o: &PoolBuf) -> GpuMatrix {
     let (hv, dv, rows) = (shape.value_heads, shape.value_dim, p.z.rows);
     let gated = cuda.matrix(rows, hv * dv);
     let pairs = rows * hv;
@@ -333,7 +405,7 @@ fn finish(
     ];
     let blocks = pairs.div_ceil(NORM_PAIRS_PER_BLOCK);
     cuda.kernels.gdn.gated_norm.launch(cuda.stream(), Dims::linear(blocks, THREADS), &args);
-    project(cuda, &gated, &w.out_proj)
+    gated
 }
 
 fn zero(cuda: &Cuda, buf: &PoolBuf, n: usize) {

@@ -117,33 +117,74 @@ pub fn linear_via(cuda: &Cuda, x: &GpuMatrix, w: &GpuWeight, path: Path) -> Resu
     let (n, k) = w.matrix_dims();
     assert_eq!(x.cols, k, "projection input width");
     let y = cuda.matrix(x.rows, n);
-    if x.rows == 0 || n == 0 {
-        return Ok(y);
+    project(cuda, x.ptr(), x.rows, w, y.ptr(), path)?;
+    Ok(y)
+}
+
+/// [`linear`] of each run of `lens` rows of `x` on its own (the path its own row count picks),
+/// into one `[Σ lens, n]` output: each run's rows are bit for bit what [`linear`] gives them
+/// alone, whichever runs share the call. Several prompts' projections, one launch per prompt.
+///
+/// # Panics
+/// If `lens` does not add up to `x`'s rows.
+pub fn linear_segments(cuda: &Cuda, x: &GpuMatrix, lens: &[usize], w: &GpuWeight) -> GpuMatrix {
+    assert_eq!(w.dtype, DType::Bf16, "dense projection weight must be bf16");
+    let (n, k) = w.matrix_dims();
+    assert_eq!(x.cols, k, "projection input width");
+    assert_eq!(lens.iter().sum::<usize>(), x.rows, "segments cover the rows");
+    let y = cuda.matrix(x.rows, n);
+    // With rows of whole 256-byte units (k and n multiples of 128, as the full model's are),
+    // every run starts where a fresh matrix would, so it is projected in place; otherwise (tiny
+    // test shapes) through a fresh copy, which the library sees the same way.
+    let in_place = (k * 2).is_multiple_of(256) && (n * 2).is_multiple_of(256);
+    let mut start = 0;
+    for &rows in lens.iter().filter(|&&rows| rows > 0) {
+        let at = y.ptr() + (start * n * 2) as u64;
+        if in_place {
+            let xp = x.row_ptr(start);
+            if let Err(e) = project(cuda, xp, rows, w, at, path_for(cuda, rows, k)) {
+                tracing::warn!("cuBLASLt matmul [{rows}, {k}]·[{n}, {k}]ᵀ failed ({e}); using the tiled kernel");
+                project(cuda, xp, rows, w, at, Path::Tiled).expect("the tiled kernel has no failure path");
+            }
+        } else {
+            let own = linear(cuda, &crate::backend::BackendTypes::act_rows(cuda, x, start, rows), w);
+            cuda.copy_device_to_device(at, own.ptr(), rows * n * 2);
+        }
+        start += rows;
+    }
+    y
+}
+
+/// `y = x · Wᵀ` for `rows` rows at `x` into `y` (`[rows, n]`) on `path`.
+fn project(cuda: &Cuda, x: u64, rows: usize, w: &GpuWeight, y: u64, path: Path) -> Result<(), CublasError> {
+    let (n, k) = w.matrix_dims();
+    if rows == 0 || n == 0 {
+        return Ok(());
     }
     match path {
         Path::Mma => {
             assert!(mma_fits(k), "the tensor-core projection needs k % 8 == 0, not k = {k}");
             let kernels = &cuda.kernels.linear;
             let (kernel, per_block) =
-                if x.rows <= MMA_R8_ROWS { (&kernels.mma_r8, MMA_R8_ROWS) } else { (&kernels.mma_r64, MMA_R64_ROWS) };
-            let grid = (n.div_ceil(MMA_BLOCK_FEATURES) as u32, x.rows.div_ceil(per_block) as u32, 1);
-            let args = [x.ptr().into(), w.ptr.into(), y.ptr().into(), x.rows.into(), n.into(), k.into()];
+                if rows <= MMA_R8_ROWS { (&kernels.mma_r8, MMA_R8_ROWS) } else { (&kernels.mma_r64, MMA_R64_ROWS) };
+            let grid = (n.div_ceil(MMA_BLOCK_FEATURES) as u32, rows.div_ceil(per_block) as u32, 1);
+            let args = [x.into(), w.ptr.into(), y.into(), rows.into(), n.into(), k.into()];
             kernel.launch(cuda.stream(), Dims::grid(grid, THREADS), &args);
         }
         Path::Blas => {
             let blas = cuda.blas.as_ref().expect("cuBLASLt path forced but libcublasLt is not loaded");
-            // SAFETY: x is a live [rows, k] activation, w a live [n, k] arena weight, y the
-            // [rows, n] matrix just taken; all 256-byte aligned, and the pool/arena keep them
-            // allocated until the stream has run the matmul.
-            unsafe { blas.matmul(x.ptr(), w.ptr, y.ptr(), x.rows, n, k) }?;
+            // SAFETY: x is a live [rows, k] activation, w a live [n, k] arena weight, y a live
+            // [rows, n] output; all 256-byte aligned, and the pool/arena keep them allocated
+            // until the stream has run the matmul.
+            unsafe { blas.matmul(x, w.ptr, y, rows, n, k) }?;
         }
         Path::Tiled => {
-            let grid = (n.div_ceil(TILE) as u32, x.rows.div_ceil(TILE) as u32, 1);
-            let args = [x.ptr().into(), w.ptr.into(), y.ptr().into(), x.rows.into(), n.into(), k.into()];
+            let grid = (n.div_ceil(TILE) as u32, rows.div_ceil(TILE) as u32, 1);
+            let args = [x.into(), w.ptr.into(), y.into(), rows.into(), n.into(), k.into()];
             cuda.kernels.linear.tiled.launch(cuda.stream(), Dims::grid(grid, THREADS), &args);
         }
     }
-    Ok(y)
+    Ok(())
 }
 
 /// Input embedding: row `r` = `bf16(scale_r · (E[token_r] + Σ CB[codebook_rows_r]))`, summed in
