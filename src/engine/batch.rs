@@ -7,7 +7,8 @@
 //!
 //! restricted head → main draw with RAS (per row, on the host) → the tower's 13 layers over the
 //! batch, a head draw per row after each residual layer → the backbone's decode of every row that
-//! goes on.
+//! goes on. A backend may bring its own step with the draws on the device ([`DeviceDraws`], on
+//! the GPU `engine::cuda_draws`), making the same decisions with no read-back inside the step.
 //!
 //! Batch invariance: every operation here runs under the decode batch's contract
 //! (`BackboneOps::gdn_decode_rows`): each row's result depends only on that row's inputs and
