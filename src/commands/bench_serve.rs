@@ -2,7 +2,8 @@
 //! closed-loop clients each send `--requests` streamed `pcm` requests of `--frames` frames one
 //! after another (distinct seeds), over plain HTTP/1.1, reading the chunked body as it arrives.
 //! Reports aggregate frames/s and seconds of audio per second, the slowest stream's speed
-//! against real time, and p50/p95 time to first audio.
+//! against real time (with that request's audio and first audio), p50/p95 time to first audio,
+//! and in the JSON every request's timings.
 //!
 //! The client is deliberately small (one request per connection, chunked or sized bodies): it
 //! measures the server, so it must not hide its own costs in a library.
@@ -42,8 +43,13 @@ pub struct LoadRow {
     pub audio_s_per_s: f64,
     /// The slowest stream: its audio seconds over its wall seconds (1 = exactly real time).
     pub slowest_stream_x_real_time: f64,
+    /// The request that set it: how much audio it got and how long its first audio took (a
+    /// short request is slow against real time mostly by its wait for first audio).
+    pub slowest: Option<RequestTiming>,
     pub first_audio_p50_s: f64,
     pub first_audio_p95_s: f64,
+    /// Every request, in the order the clients finished them.
+    pub timings: Vec<RequestTiming>,
 }
 
 #[derive(Debug, Serialize)]
@@ -236,6 +242,7 @@ fn summarise(clients: usize, timings: &[RequestTiming], failed: usize, wall: Dur
     let audio: f64 = timings.iter().map(|t| t.audio_s).sum();
     let mut first: Vec<f64> = timings.iter().map(|t| t.first_audio_s).collect();
     first.sort_by(f64::total_cmp);
+    let slowest = timings.iter().min_by(|a, b| (a.audio_s / a.total_s).total_cmp(&(b.audio_s / b.total_s)));
     let percentile = |p: f64| {
         if first.is_empty() {
             return f64::NAN;
@@ -249,9 +256,11 @@ fn summarise(clients: usize, timings: &[RequestTiming], failed: usize, wall: Dur
         wall_s,
         frames_per_s: audio * f64::from(CODEC_SAMPLE_RATE) / SAMPLES_PER_FRAME / wall_s,
         audio_s_per_s: audio / wall_s,
-        slowest_stream_x_real_time: timings.iter().map(|t| t.audio_s / t.total_s).fold(f64::INFINITY, f64::min),
+        slowest_stream_x_real_time: slowest.map_or(f64::INFINITY, |t| t.audio_s / t.total_s),
+        slowest: slowest.cloned(),
         first_audio_p50_s: percentile(0.5),
         first_audio_p95_s: percentile(0.95),
+        timings: timings.to_vec(),
     }
 }
 
@@ -259,7 +268,7 @@ impl LoadRow {
     fn line(&self) -> String {
         format!(
             "{:>4} clients: {} requests ({} failed) in {:.1} s: {:.0} frames/s, {:.1} s of audio per s; \
-             slowest stream {:.2}× real time; first audio p50 {:.3} s, p95 {:.3} s",
+             slowest stream {:.2}× real time{}; first audio p50 {:.3} s, p95 {:.3} s",
             self.clients,
             self.requests,
             self.failed,
@@ -267,6 +276,10 @@ impl LoadRow {
             self.frames_per_s,
             self.audio_s_per_s,
             self.slowest_stream_x_real_time,
+            self.slowest.as_ref().map_or(String::new(), |t| format!(
+                " ({:.2} s of audio, first audio after {:.3} s)",
+                t.audio_s, t.first_audio_s
+            )),
             self.first_audio_p50_s,
             self.first_audio_p95_s
         )
@@ -313,6 +326,10 @@ mod tests {
         assert_eq!(row.first_audio_p50_s, 0.11);
         assert_eq!(row.first_audio_p95_s, 0.20);
         assert_eq!(row.slowest_stream_x_real_time, 0.5);
+        let slowest = row.slowest.as_ref().expect("a slowest request");
+        assert_eq!((slowest.first_audio_s, slowest.total_s), (0.5, 8.0));
+        assert_eq!(row.timings.len(), 21);
+        assert!(summarise(1, &[], 1, Duration::from_secs(1)).slowest.is_none());
         assert!((row.audio_s_per_s - 8.4).abs() < 1e-9);
         assert!((row.frames_per_s - 8.4 * 44_100.0 / 2048.0).abs() < 1e-6);
     }
