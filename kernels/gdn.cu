@@ -130,38 +130,83 @@ __device__ __forceinline__ int gdn_tri(int i, int m) { return i * (i + 1) / 2 + 
 
 #define GDN_TRI_SIZE (GDN_CHUNK * (GDN_CHUNK + 1) / 2)
 
+// A compile-time count of chunk rows per warp: warp w holds rows w, w+8, …, so R = ceil(n / 8)
+// slots cover a chunk of n rows. The chunk products below run R slots, not GDN_CHUNK_ROWS_PER_WARP:
+// a short chunk (the tail of a prompt, or a short prompt) issues only the work its rows need. Each
+// output is still summed over d in order, so R changes no bit.
+template <int N>
+struct GdnRows {
+    static constexpr int value = N;
+};
+
+// Calls f(GdnRows<R>{}) with R = ceil(n / GDN_WARPS) (1 ≤ n ≤ GDN_CHUNK).
+template <typename F>
+__device__ __forceinline__ void gdn_by_rows(int n, F&& f) {
+    static_assert(GDN_CHUNK_ROWS_PER_WARP == 8, "one case per slot count");
+    switch ((n + GDN_WARPS - 1) / GDN_WARPS) {
+        case 1: f(GdnRows<1>{}); break;
+        case 2: f(GdnRows<2>{}); break;
+        case 3: f(GdnRows<3>{}); break;
+        case 4: f(GdnRows<4>{}); break;
+        case 5: f(GdnRows<5>{}); break;
+        case 6: f(GdnRows<6>{}); break;
+        case 7: f(GdnRows<7>{}); break;
+        default: f(GdnRows<8>{}); break;
+    }
+}
+
 // The lower triangle of X Kᵀ over one chunk (n rows, both swizzled [GDN_CHUNK, ks]) into `tri_out`,
 // each entry scaled by e^{γ_i − γ_m} and, when `beta` is given, by β_i. kDiag includes m = i.
-// Warp w owns rows i = w, w+8, …; lane l owns columns m = l, l+32: X reads are broadcasts, K reads
-// conflict-free. Entries outside the triangle are not written.
-template <bool kDiag>
+// Warp w owns rows i = w, w+8, … (R slots); lane l owns columns m = l and, when R > 4 (n > 32),
+// l+32: X reads are broadcasts, K reads conflict-free. Entries outside the triangle are not written.
+template <bool kDiag, int R>
 __device__ __forceinline__ void gdn_chunk_gram(const float* X, const float* K, const float* gam, const float* beta,
                                                float* tri_out, int n, int dk, int ks) {
+    constexpr int H = R > 4 ? 2 : 1;  // column halves that can hold m < n
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    float acc[GDN_CHUNK_ROWS_PER_WARP][2];
+    float acc[R][H];
 #pragma unroll
-    for (int r = 0; r < GDN_CHUNK_ROWS_PER_WARP; ++r) acc[r][0] = acc[r][1] = 0.f;
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int h = 0; h < H; ++h) acc[r][h] = 0.f;
     for (int d = 0; d < dk; ++d) {
-        const float k0 = lane < n ? K[gdn_swz(lane, d, ks)] : 0.f;
-        const float k1 = lane + 32 < n ? K[gdn_swz(lane + 32, d, ks)] : 0.f;
+        float k[H];
 #pragma unroll
-        for (int r = 0; r < GDN_CHUNK_ROWS_PER_WARP; ++r) {
+        for (int h = 0; h < H; ++h) k[h] = lane + 32 * h < n ? K[gdn_swz(lane + 32 * h, d, ks)] : 0.f;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
             const int i = warp + GDN_WARPS * r;
             const float x = i < n ? X[gdn_swz(i, d, ks)] : 0.f;
-            acc[r][0] = fmaf(x, k0, acc[r][0]);
-            acc[r][1] = fmaf(x, k1, acc[r][1]);
+#pragma unroll
+            for (int h = 0; h < H; ++h) acc[r][h] = fmaf(x, k[h], acc[r][h]);
         }
     }
 #pragma unroll
-    for (int r = 0; r < GDN_CHUNK_ROWS_PER_WARP; ++r) {
+    for (int r = 0; r < R; ++r) {
         const int i = warp + GDN_WARPS * r;
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
+        for (int h = 0; h < H; ++h) {
             const int m = lane + 32 * h;
             if (i < n && (kDiag ? m <= i : m < i)) {
                 const float decayed = acc[r][h] * expf(gam[i] - gam[m]);
                 tri_out[gdn_tri(i, m)] = beta ? beta[i] * decayed : decayed;
             }
+        }
+    }
+}
+
+// acc[r] = Σ_d X[i, d] · S[d, lane] over d in order, for the warp's rows i = warp + 8r < n
+// (r < R; slots past R are left as they are).
+template <int R>
+__device__ __forceinline__ void gdn_rows_times_state(const float* X, const float* S, int n, int dk, int ks,
+                                                     float (&acc)[GDN_CHUNK_ROWS_PER_WARP]) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int d = 0; d < dk; ++d) {
+        const float s = S[d * GDN_BV + lane];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const int i = warp + GDN_WARPS * r;
+            if (i < n) acc[r] = fmaf(X[gdn_swz(i, d, ks)], s, acc[r]);
         }
     }
 }
@@ -241,7 +286,7 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS)
             egam[threadIdx.x] = expf(gam[threadIdx.x]);
             fdec[threadIdx.x] = expf(gam[n - 1] - gam[threadIdx.x]);
         }
-        gdn_chunk_gram<false>(K, K, gam, beta, A, n, dk, ks);
+        gdn_by_rows(n, [&](auto rows) { gdn_chunk_gram<false, decltype(rows)::value>(K, K, gam, beta, A, n, dk, ks); });
         __syncthreads();
 
         // Forward substitution, one thread per column of [W | U]; a column depends only on itself.
@@ -268,14 +313,7 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS)
         // V_new = U − W S: warp w owns rows w, w+8, …, lane its value column.
         {
             float acc[GDN_CHUNK_ROWS_PER_WARP] = {};
-            for (int d = 0; d < dk; ++d) {
-                const float s = S[d * GDN_BV + lane];
-#pragma unroll
-                for (int r = 0; r < GDN_CHUNK_ROWS_PER_WARP; ++r) {
-                    const int i = warp + GDN_WARPS * r;
-                    if (i < n) acc[r] = fmaf(QW[gdn_swz(i, d, ks)], s, acc[r]);
-                }
-            }
+            gdn_by_rows(n, [&](auto rows) { gdn_rows_times_state<decltype(rows)::value>(QW, S, n, dk, ks, acc); });
 #pragma unroll
             for (int r = 0; r < GDN_CHUNK_ROWS_PER_WARP; ++r) {
                 const int i = warp + GDN_WARPS * r;
@@ -289,20 +327,13 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS)
             for (int d = lane; d < dk; d += 32) QW[gdn_swz(i, d, ks)] = q_in[row + d];
         }
         __syncthreads();
-        gdn_chunk_gram<true>(QW, K, gam, nullptr, A, n, dk, ks);
+        gdn_by_rows(n, [&](auto rows) { gdn_chunk_gram<true, decltype(rows)::value>(QW, K, gam, nullptr, A, n, dk, ks); });
         __syncthreads();
 
         // O_i = e^{γ_i} q_iᵀ S + Σ_{m≤i} (q_i·k_m) e^{γ_i−γ_m} V_new[m], with S the chunk-start state.
         {
             float acc[GDN_CHUNK_ROWS_PER_WARP] = {};
-            for (int d = 0; d < dk; ++d) {
-                const float s = S[d * GDN_BV + lane];
-#pragma unroll
-                for (int r = 0; r < GDN_CHUNK_ROWS_PER_WARP; ++r) {
-                    const int i = warp + GDN_WARPS * r;
-                    if (i < n) acc[r] = fmaf(QW[gdn_swz(i, d, ks)], s, acc[r]);
-                }
-            }
+            gdn_by_rows(n, [&](auto rows) { gdn_rows_times_state<decltype(rows)::value>(QW, S, n, dk, ks, acc); });
 #pragma unroll
             for (int r = 0; r < GDN_CHUNK_ROWS_PER_WARP; ++r) {
                 const int i = warp + GDN_WARPS * r;
