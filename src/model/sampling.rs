@@ -335,7 +335,23 @@ pub fn sample_head(
 
 #[cfg(test)]
 mod tests {
-    use super::descending_key;
+    use super::{RAS_WINDOW, RasWindow, descending_key};
+
+    /// A window's tokens (what a device sampler's window is loaded from) are the last
+    /// `RAS_WINDOW` pushed, oldest first, and hold exactly what `contains` sees.
+    #[test]
+    fn window_tokens_are_the_last_pushed_oldest_first() {
+        assert!(RasWindow::from_tokens([]).tokens().is_empty());
+        assert_eq!(RasWindow::from_tokens([7, 8, 9]).tokens(), vec![7, 8, 9]);
+        let mut window = RasWindow::from_tokens(100..130);
+        assert_eq!(window.tokens(), (114..130).collect::<Vec<u32>>());
+        window.push(5);
+        let tokens = window.tokens();
+        assert_eq!(tokens.len(), RAS_WINDOW);
+        assert_eq!((tokens[0], tokens[RAS_WINDOW - 1]), (115, 5));
+        assert!(tokens.iter().all(|&t| window.contains(t)) && !window.contains(114));
+        assert_eq!(RasWindow::from_tokens(tokens.iter().copied()), window);
+    }
 
     /// The integer keys sort scores exactly as the comparator they replace: best first, -0.0 and
     /// 0.0 equal (so their ties break by index), -inf last.
