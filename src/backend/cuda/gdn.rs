@@ -291,16 +291,7 @@ fn run_core(
         }
         Sequences::Many(states, lens) => {
             let table = address_table(states);
-            let mut words: Vec<u32> = Vec::with_capacity(rows + lens.len() + 1);
-            for (i, &n) in lens.iter().enumerate() {
-                words.extend(std::iter::repeat_n(i as u32, n));
-            }
-            let mut start = 0u32;
-            words.push(0);
-            for &n in lens.iter() {
-                start += n as u32;
-                words.push(start);
-            }
+            let words = sequence_words(lens);
             let spans = cuda.scratch(words.len() * 4);
             cuda.stage_to_device(spans.ptr(), &words);
             (states[0].conv.ptr(), states[0].recurrent.ptr(), Some(table), Some(spans), states.len())
@@ -377,6 +368,23 @@ fn run_core(
     }
 }
 
+/// What the kernels read of several sequences of `lens` rows: each row's sequence (`[Σ lens]`),
+/// then each sequence's first row and, last, the total (`[lens + 1]`).
+fn sequence_words(lens: &[usize]) -> Vec<u32> {
+    let word = |v: usize| u32::try_from(v).expect("GDN prefill rows fit u32");
+    let mut words: Vec<u32> = Vec::with_capacity(lens.iter().sum::<usize>() + lens.len() + 1);
+    for (i, &n) in lens.iter().enumerate() {
+        words.extend(std::iter::repeat_n(word(i), n));
+    }
+    let mut start = 0;
+    words.push(0);
+    for &n in lens {
+        start += n;
+        words.push(word(start));
+    }
+    words
+}
+
 /// The gated RMSNorm of the core's output with `z`, then `out_proj`, over every row.
 fn finish(
     cuda: &Cuda,
@@ -441,5 +449,16 @@ fn check_weights(shape: &GdnShape, w: &GdnWeights<GpuWeight>) {
     for (name, t, n) in [("dt_bias", &w.dt_bias, hv), ("A_log", &w.a_log, hv), ("norm", &w.norm, shape.value_dim)] {
         assert_eq!(t.dtype, DType::F32, "{name} must be resident as f32");
         assert_eq!(t.numel(), n, "{name} length");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sequence_words;
+
+    #[test]
+    fn sequence_words_map_rows_to_their_prompt_then_give_each_start() {
+        assert_eq!(sequence_words(&[2, 1, 3]), vec![0, 0, 1, 2, 2, 2, 0, 2, 3, 6]);
+        assert_eq!(sequence_words(&[1]), vec![0, 0, 1]);
     }
 }
