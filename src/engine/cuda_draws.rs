@@ -22,7 +22,7 @@
 //! context.
 
 use super::batch::{DeviceDraws, StepPhase, Stream};
-use super::generate::{Engine, GenerateError, LoadModelError, ResidentModel};
+use super::generate::{Engine, GenerateError, LoadModelError, ResidentModel, model_parts};
 use crate::backend::BackendTypes;
 use crate::backend::cuda::memory::MemoryError;
 use crate::backend::cuda::sampling::{DeviceState, DrawFailure, GpuSampler};
@@ -31,7 +31,7 @@ use crate::backend::cuda::tensor::GpuMatrix;
 use crate::backend::cuda::tower::{DeviceLabels, DeviceRowsInput, GpuTowerKv};
 use crate::backend::cuda::{Cuda, linear};
 use crate::backend::tower::{TowerOps, UnseenCodes};
-use crate::model::backbone::{Backbone, BackboneConfig, BackboneState};
+use crate::model::backbone::{Backbone, BackboneState};
 use crate::model::load::Checkpoint;
 use crate::model::sampling::MainCandidates;
 use crate::model::tower::Tower;
@@ -52,12 +52,7 @@ impl<'w> CudaDraws<'w> {
         model: &ResidentModel<Cuda>,
         rows: usize,
     ) -> Result<CudaDraws<'w>, CudaDrawsError> {
-        let w = &model.weights;
-        let config = BackboneConfig::from_model_config(&ckpt.config);
-        let backbone =
-            Backbone::new(cuda, config, &w.backbone, &w.tower.codebook_embeddings).map_err(LoadModelError::from)?;
-        let tower = Tower::new(cuda, &w.tower, &ckpt.config).map_err(LoadModelError::from)?;
-        let candidates = MainCandidates::from_special_tokens(&ckpt.special_tokens);
+        let (backbone, tower, candidates) = model_parts(cuda, ckpt, model)?;
         Ok(CudaDraws::new(cuda, &backbone, &tower, &candidates, rows)?)
     }
 
@@ -120,18 +115,24 @@ impl<'w> CudaDraws<'w> {
             cuda.matrix(n, hidden.cols),
         );
         drop(recipe);
-        let decode: Vec<usize> = (0..n).filter(|&j| streams[j].frame + 1 < streams[j].opts.max_frames).collect();
-        let out = if decode.is_empty() {
+        // Each stream's row in the decode's output, if its row goes on.
+        let out_row: Vec<Option<usize>> = (streams.iter())
+            .scan(0, |next, s| Some((s.frame + 1 < s.opts.max_frames).then(|| std::mem::replace(next, *next + 1))))
+            .collect();
+        let decoded = out_row.iter().flatten().count();
+        let out = if decoded == 0 {
             None
         } else {
-            let x = if decode.len() == n {
+            let x = if decoded == n {
                 x
             } else {
-                cuda.stack_rows(&decode.iter().map(|&j| cuda.act_rows(&x, j, 1)).collect::<Vec<_>>())
+                let rows: Vec<GpuMatrix> =
+                    (0..n).filter(|&j| out_row[j].is_some()).map(|j| cuda.act_rows(&x, j, 1)).collect();
+                cuda.stack_rows(&rows)
             };
-            let mut states: Vec<&mut BackboneState<Cuda>> = (streams.iter_mut().enumerate())
-                .filter(|(j, _)| decode.contains(j))
-                .map(|(_, s)| &mut s.backbone)
+            let mut states: Vec<&mut BackboneState<Cuda>> = (streams.iter_mut().zip(&out_row))
+                .filter(|(_, row)| row.is_some())
+                .map(|(s, _)| &mut s.backbone)
                 .collect();
             Some(backbone.decode_rows_embedded(&mut states, x)?)
         };
@@ -140,20 +141,14 @@ impl<'w> CudaDraws<'w> {
         // The step's one read-back: every row and any draw fault.
         let outputs = sampler.read_rows(cuda, n);
         let row_len = sampler.row_len();
-        let mut decoded = 0;
-        let results = (streams.iter_mut().zip(outputs).enumerate())
-            .map(|(j, (s, outputs))| {
-                let went_on = decode.get(decoded) == Some(&j);
-                if went_on {
-                    decoded += 1;
-                }
+        let results = (streams.iter_mut().zip(outputs).zip(out_row))
+            .map(|((s, outputs), out_row)| {
                 let frame = outputs.frame(row_len).map_err(|DrawFailure { error, .. }| GenerateError::from(error))?;
                 s.window.push(frame.main.token);
                 s.frame += 1;
                 s.ended = s.frame >= s.opts.max_frames;
-                if went_on {
-                    let out = out.as_ref().expect("rows went on");
-                    s.hidden = Some(cuda.act_rows(out, decoded - 1, 1));
+                if let (Some(row), Some(out)) = (out_row, &out) {
+                    s.hidden = Some(cuda.act_rows(out, row, 1));
                     s.input_row.clone_from(&frame.row);
                 }
                 Ok(frame.row)

@@ -27,8 +27,8 @@ use crate::backend::cuda::tensor::GpuMatrix;
 use crate::backend::cuda::tower::{DeviceLabels, DeviceLayerInput, DeviceUnseen};
 use crate::backend::cuda::{Cuda, linear};
 use crate::backend::tower::TowerOps;
-use crate::engine::generate::{LoadModelError, PREFILL_CHUNK, ResidentModel};
-use crate::model::backbone::{Backbone, BackboneConfig, BackboneState, LayerState};
+use crate::engine::generate::{LoadModelError, PREFILL_CHUNK, ResidentModel, model_parts};
+use crate::model::backbone::{Backbone, BackboneState, LayerState};
 use crate::model::frame::Rows;
 use crate::model::load::Checkpoint;
 use crate::model::sampling::{MainCandidates, SamplingError};
@@ -92,12 +92,7 @@ impl<'w> CudaFrames<'w> {
         ckpt: &Checkpoint,
         model: &'w ResidentModel<Cuda>,
     ) -> Result<CudaFrames<'w>, CudaFramesError> {
-        let w = &model.weights;
-        let config = BackboneConfig::from_model_config(&ckpt.config);
-        let backbone =
-            Backbone::new(cuda, config, &w.backbone, &w.tower.codebook_embeddings).map_err(LoadModelError::from)?;
-        let tower = Tower::new(cuda, &w.tower, &ckpt.config).map_err(LoadModelError::from)?;
-        let candidates = MainCandidates::from_special_tokens(&ckpt.special_tokens);
+        let (backbone, tower, candidates) = model_parts(cuda, ckpt, model)?;
         CudaFrames::new(cuda, backbone, tower, &candidates)
     }
 

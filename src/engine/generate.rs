@@ -178,17 +178,23 @@ pub struct Engine<'w, B: Backend> {
     draws: Option<&'w dyn DeviceDraws<B>>,
 }
 
+/// The backbone, the tower and the main-token candidates over resident weights: what every
+/// engine (this one, and the GPU's device-side steps) is built from.
+pub fn model_parts<'a, B: Backend>(
+    backend: &'a B,
+    ckpt: &Checkpoint,
+    model: &'a ResidentModel<B>,
+) -> Result<(Backbone<'a, B>, Tower<'a, B>, MainCandidates), LoadModelError> {
+    let w = &model.weights;
+    let config = BackboneConfig::from_model_config(&ckpt.config);
+    let backbone = Backbone::new(backend, config, &w.backbone, &w.tower.codebook_embeddings)?;
+    let tower = Tower::new(backend, &w.tower, &ckpt.config)?;
+    Ok((backbone, tower, MainCandidates::from_special_tokens(&ckpt.special_tokens)))
+}
+
 impl<'w, B: Backend> Engine<'w, B> {
     pub fn new(backend: &'w B, ckpt: &Checkpoint, model: &'w ResidentModel<B>) -> Result<Self, LoadModelError> {
-        let w = &model.weights;
-        let backbone = Backbone::new(
-            backend,
-            BackboneConfig::from_model_config(&ckpt.config),
-            &w.backbone,
-            &w.tower.codebook_embeddings,
-        )?;
-        let tower = Tower::new(backend, &w.tower, &ckpt.config)?;
-        let candidates = MainCandidates::from_special_tokens(&ckpt.special_tokens);
+        let (backbone, tower, candidates) = model_parts(backend, ckpt, model)?;
         let head_ids = backbone.restricted_token_ids();
         let logit_index = candidates
             .ids()

@@ -89,12 +89,22 @@ pub fn path_for(cuda: &Cuda, rows: usize, k: usize) -> Path {
 
 /// `y = x · Wᵀ` for a bf16 weight `[n, k]`; `x` is `[rows, k]`.
 pub fn linear(cuda: &Cuda, x: &GpuMatrix, w: &GpuWeight) -> GpuMatrix {
-    let path = path_for(cuda, x.rows, w.matrix_dims().1);
-    linear_via(cuda, x, w, path).unwrap_or_else(|e| {
-        let (n, k) = w.matrix_dims();
-        tracing::warn!("cuBLASLt matmul [{}, {k}]·[{n}, {k}]ᵀ failed ({e}); using the tiled kernel", x.rows);
-        linear_via(cuda, x, w, Path::Tiled).expect("the tiled kernel has no failure path")
-    })
+    assert_eq!(w.dtype, DType::Bf16, "dense projection weight must be bf16");
+    let (n, k) = w.matrix_dims();
+    assert_eq!(x.cols, k, "projection input width");
+    let y = cuda.matrix(x.rows, n);
+    project_by_rows(cuda, x.ptr(), x.rows, w, y.ptr());
+    y
+}
+
+/// [`project`] on the path [`path_for`] picks for `rows`; if cuBLASLt refuses the problem, the
+/// tiled kernel instead.
+fn project_by_rows(cuda: &Cuda, x: u64, rows: usize, w: &GpuWeight, y: u64) {
+    let (n, k) = w.matrix_dims();
+    if let Err(e) = project(cuda, x, rows, w, y, path_for(cuda, rows, k)) {
+        tracing::warn!("cuBLASLt matmul [{rows}, {k}]·[{n}, {k}]ᵀ failed ({e}); using the tiled kernel");
+        project(cuda, x, rows, w, y, Path::Tiled).expect("the tiled kernel has no failure path");
+    }
 }
 
 /// [`linear`] under the decode batch's contract (`BackboneOps::gdn_decode_rows`): the tensor-core
@@ -141,11 +151,7 @@ pub fn linear_segments(cuda: &Cuda, x: &GpuMatrix, lens: &[usize], w: &GpuWeight
     for &rows in lens.iter().filter(|&&rows| rows > 0) {
         let at = y.ptr() + (start * n * 2) as u64;
         if in_place {
-            let xp = x.row_ptr(start);
-            if let Err(e) = project(cuda, xp, rows, w, at, path_for(cuda, rows, k)) {
-                tracing::warn!("cuBLASLt matmul [{rows}, {k}]·[{n}, {k}]ᵀ failed ({e}); using the tiled kernel");
-                project(cuda, xp, rows, w, at, Path::Tiled).expect("the tiled kernel has no failure path");
-            }
+            project_by_rows(cuda, x.row_ptr(start), rows, w, at);
         } else {
             let own = linear(cuda, &crate::backend::BackendTypes::act_rows(cuda, x, start, rows), w);
             cuda.copy_device_to_device(at, own.ptr(), rows * n * 2);
