@@ -117,11 +117,27 @@ extern "C" __global__ void attn_prep(const bf16* __restrict__ qg, const bf16* __
 // grid (ceil(T·G / 64), Hkv), NT threads, dynamic shared memory prefill_smem_bytes(HD) (attention.rs).
 // Thread (ry = tid / 8, cx = tid % 8) owns rows ry and ry + 32: scores for keys cx + 8j (j < 4), and
 // output columns 4·cx + 32j .. +3 (j < HD/32). Warp w runs the softmax of rows 8w .. 8w+7.
+// Several prompts in one launch (`seqs` given, grid.z = prompts): prompt z's rows are rows
+// seqs[5z + 2] .. + seqs[5z + 3] of q, qg and out, its cache keys seqs[5z], values seqs[5z + 1],
+// its first position seqs[5z + 4] (rows and start from the arguments are then unused); each
+// prompt's CTAs compute exactly what they compute in a launch of their own.
 template <int HD>
 __device__ __forceinline__ void attn_prefill(const float* __restrict__ q, const bf16* __restrict__ qg,
                                              const bf16* __restrict__ kc, const bf16* __restrict__ vc,
-                                             bf16* __restrict__ out, int rows, int heads, int kv_heads, int start) {
+                                             bf16* __restrict__ out, int rows, int heads, int kv_heads, int start,
+                                             const unsigned long long* __restrict__ seqs) {
     static_assert(HD % 32 == 0 && HD <= 1024, "head_dim must be a multiple of 32");
+    if (seqs) {
+        const unsigned long long* sq = seqs + 5 * blockIdx.z;
+        kc = reinterpret_cast<const bf16*>(sq[0]);
+        vc = reinterpret_cast<const bf16*>(sq[1]);
+        const size_t row0 = sq[2];
+        rows = (int)sq[3];
+        start = (int)sq[4];
+        q += row0 * heads * HD;
+        qg += row0 * 2 * heads * HD;
+        out += row0 * heads * HD;
+    }
     constexpr int QS = HD + 4;  // padded row stride of the Q and K tiles
     constexpr int PS = BK + 1;  // padded row stride of the probabilities
     extern __shared__ float4 smem4[];
@@ -377,8 +393,9 @@ __device__ __forceinline__ void attn_decode(const float* __restrict__ q, const b
 #define ATTN_VARIANTS(HD)                                                                                              \
     extern "C" __global__ void __launch_bounds__(NT, 1) attn_prefill_hd##HD(                                           \
         const float* __restrict__ q, const bf16* __restrict__ qg, const bf16* __restrict__ kc,                         \
-        const bf16* __restrict__ vc, bf16* __restrict__ out, int rows, int heads, int kv_heads, int start) {           \
-        attn_prefill<HD>(q, qg, kc, vc, out, rows, heads, kv_heads, start);                                            \
+        const bf16* __restrict__ vc, bf16* __restrict__ out, int rows, int heads, int kv_heads, int start,              \
+        const unsigned long long* __restrict__ seqs) {                                                                 \
+        attn_prefill<HD>(q, qg, kc, vc, out, rows, heads, kv_heads, start, seqs);                                      \
     }                                                                                                                  \
     extern "C" __global__ void __launch_bounds__(NT, 1) attn_decode_hd##HD(                                            \
         const float* __restrict__ q, const bf16* kc, const bf16* vc, float* __restrict__ part_o,                       \

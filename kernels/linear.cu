@@ -1,7 +1,8 @@
 // Dense bf16 projections y = x · Wᵀ (W: [n, k] row-major as stored), the input-embedding gather
 // and the restricted lm_head. fp32 accumulation; projection and embedding outputs are rounded
-// once to bf16, logits stay f32. Decode rows go to the tensor-core `linear_mma_*`; prefill goes
-// to cuBLASLt (src/backend/cuda/cublaslt.rs), or to `linear_tiled` when the library is absent.
+// once to bf16, logits stay f32. Decode rows go to the tensor-core `linear_mma_*`, prefill to the
+// tensor-core `linear_gemm_*` (both row-invariant); widths they cannot read (k % 8 != 0) to
+// cuBLASLt (src/backend/cuda/cublaslt.rs), or to `linear_tiled` when the library is absent.
 #include "mma.cuh"
 
 // The 8 bf16 of a 16-byte vector as f32 (bf16 → f32 is a 16-bit shift: exact).
@@ -316,4 +317,161 @@ extern "C" __global__ void __launch_bounds__(256) restricted_logits(const bf16* 
     }
     acc = warp_sum(acc);
     if (lane == 0) out[i] = acc;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Prefill projections on tensor cores (`linear_gemm_r64`, `linear_gemm_r128`): above
+// DECODE_MAX_ROWS rows, `linear` and `linear_segments` (several prompts' rows in one launch).
+//
+// A tiled GEMM in the Ampere style on mma.sync m16n8k16 bf16 (f32 accumulate): a block owns BM
+// input rows (the MMA's A rows) × 128 output features (its B columns), 8 warps as 2 × 4, each
+// warp BM/2 rows × 32 features (BM/32 m16 tiles × 4 n8 tiles). K runs in 32-wide stages staged
+// in shared memory by cp.async (3 stages in flight; rows, features and k past the matrix are
+// zero-filled), fragments read with ldmatrix. Shared rows are 64 bytes (four 16-byte chunks);
+// chunk q of row r sits at q ^ ((r >> 1) & 3), so the 8 rows an ldmatrix reads hit 8 distinct
+// 16-byte bank groups.
+//
+// Per-output reduction order, fixed by k alone: one accumulator per output, fed the k16 steps
+// 0, 16, 32, … in increasing order (an MMA computes each output from its own A row and B column
+// only). So a row's bits depend on neither the rows that share its tile, nor BM, nor the grid:
+// `linear_gemm_r64` and `_r128` give each row the same bits, alone or among any rows, which is
+// what lets one launch project many prompts' rows (issue 12). (They are not the bits of
+// `linear_mma_*`, whose K runs in 8 interleaved slices; `linear` and `linear_segments` keep each
+// row count on one path.) No split-K, no atomics.
+//
+// Launch: 256 threads, grid (ceil(n / 128), ceil(rows / BM)). Needs k % 8 == 0 (16-byte chunks,
+// each wholly in or out of the matrix). Static shared memory 3 · (BM + 128) · 64 bytes (48 KiB
+// at BM = 128).
+//
+// Floor (H200): FLOPs 2·rows·n·k at the mma.sync rate; at 64 prompts × 85 rows every dense
+// projection of the prefill is ≈ 15 TFLOP, ≈ 25 ms at 600 TFLOP/s. The weights are re-read per
+// BM rows (from L2 when the block rows of a wave share them), x per 128 features. Expected: ≈ 2×
+// the mma.sync floor (a plain 3-stage pipeline, no warp specialisation), against the ≈ 194 ms
+// that one cuBLASLt call per prompt took (run 13).
+namespace gemm {
+constexpr int BN = 128, BK = 32, STAGES = 3, THREADS = 256;
+}
+
+__device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, bool ok) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(ok ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+}
+// The bf16 offset of 16-byte chunk q (0..3) of shared row r (64-byte rows, swizzled).
+__device__ __forceinline__ int gemm_slot(int r, int q) { return r * gemm::BK + ((q ^ ((r >> 1) & 3)) << 3); }
+
+template <int BM>
+__device__ __forceinline__ void linear_gemm(const bf16* __restrict__ x, const bf16* __restrict__ w,
+                                            bf16* __restrict__ y, int rows, int n, int k) {
+    using namespace gemm;
+    constexpr int MT = BM / 32;  // m16 tiles per warp (BM / 2 rows)
+    __shared__ __align__(128) bf16 xs[STAGES][BM * BK];
+    __shared__ __align__(128) bf16 ws[STAGES][BN * BK];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
+    const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
+    const int wm = (warp >> 2) * (BM / 2), wn = (warp & 3) * 32;
+    const int stages = (k + BK - 1) / BK;
+
+    // Stage s's chunks: x rows m0.., w rows n0.., k from s·BK; zero-filled past the matrices.
+    auto load = [&](int slot, int s) {
+        const int k0 = s * BK;
+#pragma unroll
+        for (int i = 0; i < BM * 4 / THREADS; ++i) {
+            const int q = tid + i * THREADS, r = q >> 2, ch = q & 3;
+            const bool ok = m0 + r < rows && k0 + ch * 8 < k;
+            const bf16* src = ok ? x + (size_t)(m0 + r) * k + k0 + ch * 8 : x;
+            cp_async16_zfill(&xs[slot][gemm_slot(r, ch)], src, ok);
+        }
+#pragma unroll
+        for (int i = 0; i < BN * 4 / THREADS; ++i) {
+            const int q = tid + i * THREADS, r = q >> 2, ch = q & 3;
+            const bool ok = n0 + r < n && k0 + ch * 8 < k;
+            const bf16* src = ok ? w + (size_t)(n0 + r) * k + k0 + ch * 8 : w;
+            cp_async16_zfill(&ws[slot][gemm_slot(r, ch)], src, ok);
+        }
+    };
+
+    float acc[MT][4][4];
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < stages) load(s, s);
+        cp_async_commit();
+    }
+    for (int s = 0; s < stages; ++s) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();  // stage s landed for every thread; stage s - 1's slot is free
+        if (s + STAGES - 1 < stages) load((s + STAGES - 1) % STAGES, s + STAGES - 1);
+        cp_async_commit();
+        const bf16* xt = xs[s % STAGES];
+        const bf16* wt = ws[s % STAGES];
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk) {  // the stage's two k16 steps, in k order
+            uint32_t a[MT][4], b[2][4];
+#pragma unroll
+            for (int i = 0; i < MT; ++i) {
+                // lanes 0-15: rows 0-15 of the tile, chunk 2kk; lanes 16-31: the same rows, 2kk + 1.
+                const int r = wm + i * 16 + (lane & 15);
+                ldmatrix_x4(a[i], xt + gemm_slot(r, 2 * kk + (lane >> 4)));
+            }
+#pragma unroll
+            for (int p = 0; p < 2; ++p) {
+                // matrix j = lane / 8: features 8·(j / 2).. of n8 tile pair p, chunk 2kk + j % 2;
+                // b[p][0..1] is n8 tile 2p's fragment, b[p][2..3] tile 2p + 1's.
+                const int j = lane >> 3;
+                const int r = wn + p * 16 + (j >> 1) * 8 + (lane & 7);
+                ldmatrix_x4(b[p], wt + gemm_slot(r, 2 * kk + (j & 1)));
+            }
+#pragma unroll
+            for (int i = 0; i < MT; ++i)
+#pragma unroll
+                for (int t = 0; t < 4; ++t)
+                    mma_bf16_k16(acc[i][t], a[i][0], a[i][1], a[i][2], a[i][3], b[t >> 1][2 * (t & 1)],
+                                 b[t >> 1][2 * (t & 1) + 1]);
+        }
+    }
+    cp_async_wait<0>();
+
+    // d[0], d[1]: row g, features 2c, 2c + 1 of the tile; d[2], d[3]: row g + 8.
+    const bool pairs = (n & 1) == 0;
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int t = 0; t < 4; ++t)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int row = m0 + wm + i * 16 + g + 8 * h, f = n0 + wn + t * 8 + 2 * c;
+                if (row >= rows || f >= n) continue;
+                const float v0 = acc[i][t][2 * h], v1 = acc[i][t][2 * h + 1];
+                bf16* out = y + (size_t)row * n + f;
+                if (pairs) {
+                    *reinterpret_cast<__nv_bfloat162*>(out) = __halves2bfloat162(to_bf16(v0), to_bf16(v1));
+                } else {
+                    out[0] = to_bf16(v0);
+                    if (f + 1 < n) out[1] = to_bf16(v1);
+                }
+            }
+}
+
+extern "C" __global__ void __launch_bounds__(256, 2) linear_gemm_r64(const bf16* x, const bf16* w, bf16* y, int rows, int n, int k) {
+    linear_gemm<64>(x, w, y, rows, n, k);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) linear_gemm_r128(const bf16* x, const bf16* w, bf16* y, int rows, int n, int k) {
+    linear_gemm<128>(x, w, y, rows, n, k);
 }

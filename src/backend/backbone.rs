@@ -168,6 +168,33 @@ pub trait BackboneOps: BackendTypes {
         cache: &mut Self::KvCache,
     ) -> Self::Act;
 
+    /// [`BackboneOps::attention_prefill`] of several requests' prompt chunks at once: `lens[i]`
+    /// consecutive rows of `x` continue `caches[i]`; returns every row's output in `x`'s order.
+    /// Each request's rows and cache must come out bit for bit as `attention_prefill` gives them
+    /// alone. The default runs the requests one by one through `attention_prefill`.
+    fn attention_prefill_many(
+        &self,
+        shape: &AttentionShape,
+        w: &AttentionWeights<Self::Weight>,
+        x: &Self::Act,
+        lens: &[usize],
+        caches: &mut [&mut Self::KvCache],
+    ) -> Self::Act {
+        assert_eq!(lens.len(), caches.len(), "attention prefill: one cache per request");
+        if let [cache] = caches {
+            return self.attention_prefill(shape, w, x, cache);
+        }
+        let mut start = 0;
+        let parts: Vec<Self::Act> = (caches.iter_mut().zip(lens))
+            .map(|(cache, &n)| {
+                let own = self.act_rows(x, start, n);
+                start += n;
+                self.attention_prefill(shape, w, &own, cache)
+            })
+            .collect();
+        self.stack_rows(&parts)
+    }
+
     /// Gated attention for one decode row (same contract as `attention_prefill`).
     fn attention_decode(
         &self,

@@ -443,9 +443,9 @@ impl<'a, B: BackboneOps> Backbone<'a, B> {
 
     /// Prompt chunks of several requests at once: `chunks[i]` continues `states[i]`. Returns the
     /// final-norm hidden of every row, request after request (`[Σ rows, hidden]`). The mixers run
-    /// per request on its own rows (attention as [`Self::prefill`] runs it; the GDN through
-    /// `BackboneOps::gdn_prefill_many`, which may run all requests' recurrences in one launch),
-    /// everything row-wise (embedding, norms, the MoE under the decode batch's contract) runs
+    /// each request on its own rows and state, through `BackboneOps::gdn_prefill_many` and
+    /// `BackboneOps::attention_prefill_many` (which may run all requests in one launch per
+    /// kernel, each request's arithmetic fixed by its own rows); everything row-wise (embedding, norms, the MoE under the decode batch's contract) runs
     /// once over all rows: a request's rows are bit for bit the same whichever requests share the
     /// call, and the experts a batch of prompts routes to are read once per layer instead of once
     /// per prompt.
@@ -463,37 +463,27 @@ impl<'a, B: BackboneOps> Backbone<'a, B> {
         let (b, c) = (self.backend, &self.config);
         let lens: Vec<usize> = chunks.iter().map(Rows::len).collect();
         let out = self.layers(x, true, &mut |_, _| {}, &mut |l, mixer, h| {
-            if let Mixer::GatedDeltaNet(w) = mixer {
-                // The backend may run all requests' GDN work together, each on its own rows.
-                let mut gdn: Vec<&mut B::GdnState> = (states.iter_mut())
-                    .map(|s| match &mut s.layers[l] {
-                        LayerState::Gdn(g) => g,
-                        LayerState::Attention(_) => unreachable!("layer kinds were checked against the config"),
-                    })
-                    .collect();
-                return b.gdn_prefill_many(&c.gdn, w, h, &lens, &mut gdn);
+            // The backend may run all requests' mixer work together, each on its own rows.
+            match mixer {
+                Mixer::GatedDeltaNet(w) => {
+                    let mut gdn: Vec<&mut B::GdnState> = (states.iter_mut())
+                        .map(|s| match &mut s.layers[l] {
+                            LayerState::Gdn(g) => g,
+                            LayerState::Attention(_) => unreachable!("layer kinds were checked against the config"),
+                        })
+                        .collect();
+                    b.gdn_prefill_many(&c.gdn, w, h, &lens, &mut gdn)
+                }
+                Mixer::Attention(w) => {
+                    let mut caches: Vec<&mut B::KvCache> = (states.iter_mut())
+                        .map(|s| match &mut s.layers[l] {
+                            LayerState::Attention(cache) => cache,
+                            LayerState::Gdn(_) => unreachable!("layer kinds were checked against the config"),
+                        })
+                        .collect();
+                    b.attention_prefill_many(&c.attention, w, h, &lens, &mut caches)
+                }
             }
-            let mut start = 0;
-            let parts: Vec<B::Act> = (states.iter_mut().zip(&lens))
-                .map(|(state, &n)| {
-                    let sliced;
-                    let own = if lens.len() == 1 {
-                        h
-                    } else {
-                        sliced = b.act_rows(h, start, n);
-                        &sliced
-                    };
-                    start += n;
-                    match (mixer, &mut state.layers[l]) {
-                        (Mixer::GatedDeltaNet(w), LayerState::Gdn(s)) => b.gdn_prefill(&c.gdn, w, own, s),
-                        (Mixer::Attention(w), LayerState::Attention(cache)) => {
-                            b.attention_prefill(&c.attention, w, own, cache)
-                        }
-                        _ => unreachable!("layer kinds were checked against the config"),
-                    }
-                })
-                .collect();
-            if parts.len() == 1 { parts.into_iter().next().expect("one part") } else { b.stack_rows(&parts) }
         });
         for (state, n) in states.iter_mut().zip(lens) {
             state.position += n;

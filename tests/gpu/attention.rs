@@ -1,7 +1,8 @@
 //! `kernels/attention.cu` against the CPU backend's gated attention: prefill at lengths crossing
 //! the 64-row and 32-key tiles, prefill continuing a cache, decode after prefill (outputs and the
 //! cache contents), decode deep into a long cache (large RoPE positions, many splits), GPU prefill
-//! n + decode m against GPU prefill n + m, and decode making no driver allocation after warm-up.
+//! n + decode m against GPU prefill n + m, decode making no driver allocation after warm-up, and
+//! several prompts prefilled in one call bit for bit as each alone (outputs and caches).
 //! Tiny dims (hidden 256, heads 8/1, head_dim 32, rotary 8) and the real ones (2048, 16/2, 256, 64).
 
 use half::bf16;
@@ -78,8 +79,48 @@ fn check_case(ctx: &mut Ctx, case: &Case) {
     );
 
     check_decode(ctx, case, &gpu_w, &x, &want, &cpu_cache);
+    check_many(ctx, case, &gpu_w);
     check_long_decode(ctx, case, &cpu_w, &gpu_w);
     check_capacity_panics(ctx, case, &gpu_w, &x);
+}
+
+/// Several prompts' chunks in one `prefill_many` (each continuing its own primed cache, lengths
+/// on both sides of the 64-row tiles and of DECODE_MAX_ROWS): every output row and every cache
+/// bit for bit as `prefill` gives each prompt alone.
+fn check_many(ctx: &mut Ctx, case: &Case, gpu_w: &AttentionWeights<GpuWeight>) {
+    const LENS: [usize; 6] = [65, 1, 130, 64, 7, 9];
+    let (cuda, s) = (ctx.cuda, &case.shape);
+    let primers: Vec<Matrix> = LENS.iter().map(|&n| ctx.random_bf16(n % 13 + 3, case.hidden, 1.0)).collect();
+    let chunks: Vec<Matrix> = LENS.iter().map(|&n| ctx.random_bf16(n, case.hidden, 1.0)).collect();
+    let primed = || -> Vec<GpuKvCache> {
+        primers
+            .iter()
+            .map(|x| {
+                let mut cache = attention::new_cache(cuda, s, 256);
+                attention::prefill(cuda, s, gpu_w, &cuda.upload_matrix(x), &mut cache);
+                cache
+            })
+            .collect()
+    };
+    let mut alone = primed();
+    let alone_out: Vec<f32> = (alone.iter_mut().zip(&chunks))
+        .flat_map(|(cache, x)| cuda.to_host(&attention::prefill(cuda, s, gpu_w, &cuda.upload_matrix(x), cache)).data)
+        .collect();
+    let mut together = primed();
+    let all: Vec<f32> = chunks.iter().flat_map(|x| x.data.clone()).collect();
+    let x = cuda.upload_matrix(&Matrix::from_vec(LENS.iter().sum(), case.hidden, all));
+    let mut refs: Vec<&mut GpuKvCache> = together.iter_mut().collect();
+    let y = cuda.to_host(&attention::prefill_many(cuda, s, gpu_w, &x, &LENS, &mut refs));
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    let label = format!("attention prefill of {} prompts together vs each alone [{}]", LENS.len(), case.name);
+    ctx.exact(format!("{label} output, bits"), &bits(&y.data), &bits(&alone_out));
+    let caches = |c: &[GpuKvCache]| -> Vec<u32> {
+        c.iter().flat_map(|cache| bits(&cache.keys_to_host(cuda)).into_iter().chain(bits(&cache.values_to_host(cuda)))).collect()
+    };
+    ctx.exact(format!("{label} caches, bits"), &caches(&together), &caches(&alone));
+    let lens: Vec<usize> = together.iter().map(|c| c.len).collect();
+    let want: Vec<usize> = alone.iter().map(|c| c.len).collect();
+    ctx.check(format!("{label} cache lengths"), "lengths", format!("{want:?}"), format!("{lens:?}"), lens == want);
 }
 
 /// Prefill 130, decode 3 single rows and one call of 2 rows; outputs and cache vs the oracle,

@@ -1,7 +1,7 @@
 //! `kernels/linear.cu` and cuBLASLt against the host: dense projections on every path (tensor-core
-//! decode kernel, cuBLASLt, tiled fallback) at the real model's shapes and odd ones, the decode
-//! kernel's row invariance, the input-embedding gather and the restricted `lm_head`, all on
-//! identical bf16 inputs.
+//! decode kernel, tensor-core prefill GEMM, cuBLASLt, tiled fallback) at the real model's shapes
+//! and odd ones, the row invariance of both tensor-core kernels and of `linear_segments`, the
+//! input-embedding gather and the restricted `lm_head`, all on identical bf16 inputs.
 
 use half::bf16;
 use limelight::backend::BackendTypes;
@@ -30,14 +30,19 @@ const SHAPES: &[(usize, usize)] = &[
     (70, 1000),
     (24, 8),
 ];
-/// Row counts: single rows, the r8 kernel's edge (8, 9), the r64 kernel's (64, 65) and several of
-/// its blocks (130), prefill (200).
-const ROWS: &[usize] = &[1, 2, 3, 8, 9, 64, 65, 130, 200];
+/// Row counts: single rows, the r8 kernel's edge (8, 9), the r64 kernels' (64, 65) and several of
+/// their blocks (130), prefill (200), the GEMM's 128-row blocks (520: four and a part).
+const ROWS: &[usize] = &[1, 2, 3, 8, 9, 64, 65, 130, 200, 520];
 /// bf16 output rounding is at most 2^-9 ≈ 2e-3 relative per output (≈1e-3 RMS); f32 accumulation
 /// in a different order from the f64 reference adds ~1e-6 at k ≤ 4096.
 const LINEAR_BOUND: f64 = 1e-2;
 /// Row counts of the row-invariance check (each row of an M-row call against the row alone).
 const INVARIANCE_ROWS: &[usize] = &[1, 2, 7, 8, 9, 33, 64, 65, 130];
+/// Row counts of the prefill GEMM's row-invariance check: 64-row blocks (one, a part, several)
+/// and 128-row blocks (from 512 rows).
+const GEMM_INVARIANCE_ROWS: &[usize] = &[1, 9, 64, 65, 130, 600];
+/// Prompt lengths of `linear_segments`' check: runs on both sides of DECODE_MAX_ROWS.
+const SEGMENTS: &[usize] = &[3, 85, 9, 1, 200, 8, 64];
 
 pub fn run(ctx: &mut Ctx) {
     ctx.cuda.pool().set_poison(true);
@@ -51,6 +56,8 @@ pub fn run(ctx: &mut Ctx) {
     projections(ctx, 40, 100);
     for (n, k) in [(2048, 4096), (4096, 2048), (100, 72)] {
         row_invariance(ctx, n, k);
+        gemm_row_invariance(ctx, n, k);
+        segments(ctx, n, k);
     }
     routing(ctx);
     for hidden in [2048, 100] {
@@ -101,7 +108,7 @@ fn projections(ctx: &mut Ctx, n: usize, k: usize) {
         let gx = ctx.cuda.upload_matrix(&x);
         let mut paths = vec![Path::Tiled];
         if mma_ok {
-            paths.push(Path::Mma);
+            paths.extend([Path::Mma, Path::Gemm]);
         }
         if ctx.cuda.blas.is_some() {
             paths.push(Path::Blas);
@@ -128,7 +135,6 @@ fn row_invariance(ctx: &mut Ctx, n: usize, k: usize) {
     let (_, gw) = upload_bf16(ctx, "linear invariance weight", &w);
     let most = INVARIANCE_ROWS.iter().copied().max().unwrap_or(1);
     let x = ctx.random_bf16(most, k, 1.0);
-    let bits = |m: &Matrix| m.data.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
     let alone: Vec<Vec<u32>> = (0..most)
         .map(|r| {
             let row = ctx.cuda.upload_matrix(&Matrix::from_vec(1, k, x.row(r).to_vec()));
@@ -143,10 +149,53 @@ fn row_invariance(ctx: &mut Ctx, n: usize, k: usize) {
     }
 }
 
-/// Decode batches take the tensor-core kernel, prefill takes cuBLASLt.
+/// The prefill GEMM's rows are their own: each row of an M-row call (64- and 128-row blocks) has
+/// the bits of that row computed alone on the same path.
+fn gemm_row_invariance(ctx: &mut Ctx, n: usize, k: usize) {
+    let w = ctx.random_bf16(n, k, 0.05);
+    let (_, gw) = upload_bf16(ctx, "gemm invariance weight", &w);
+    let most = GEMM_INVARIANCE_ROWS.iter().copied().max().unwrap_or(1);
+    let x = ctx.random_bf16(most, k, 1.0);
+    let gemm = |ctx: &Ctx, x: &Matrix| {
+        let y = linear::linear_via(ctx.cuda, &ctx.cuda.upload_matrix(x), &gw, Path::Gemm).expect("no failure path");
+        bits(&ctx.cuda.to_host(&y))
+    };
+    let alone: Vec<Vec<u32>> = (0..most)
+        .map(|r| gemm(ctx, &Matrix::from_vec(1, k, x.row(r).to_vec())))
+        .collect();
+    for &m in GEMM_INVARIANCE_ROWS {
+        let want: Vec<u32> = alone[..m].concat();
+        let got = gemm(ctx, &Matrix::from_vec(m, k, x.data[..m * k].to_vec()));
+        ctx.exact(format!("linear_gemm [{m}, {k}]·[{n}, {k}]ᵀ rows vs alone (bits)"), &got, &want);
+    }
+}
+
+/// Several prompts' rows in one `linear_segments` call: each prompt's rows have the bits `linear`
+/// gives that prompt alone (the GEMM for runs above DECODE_MAX_ROWS, the decode kernel below).
+fn segments(ctx: &mut Ctx, n: usize, k: usize) {
+    let w = ctx.random_bf16(n, k, 0.05);
+    let (_, gw) = upload_bf16(ctx, "segments weight", &w);
+    let total: usize = SEGMENTS.iter().sum();
+    let x = ctx.random_bf16(total, k, 1.0);
+    let mut want = Vec::new();
+    let mut start = 0;
+    for &rows in SEGMENTS {
+        let own = ctx.cuda.upload_matrix(&Matrix::from_vec(rows, k, x.data[start * k..(start + rows) * k].to_vec()));
+        want.extend(bits(&ctx.cuda.to_host(&linear::linear(ctx.cuda, &own, &gw))));
+        start += rows;
+    }
+    let got = linear::linear_segments(ctx.cuda, &ctx.cuda.upload_matrix(&x), SEGMENTS, &gw);
+    ctx.exact(format!("linear_segments {SEGMENTS:?} · [{n}, {k}]ᵀ vs each alone (bits)"), &bits(&ctx.cuda.to_host(&got)), &want);
+}
+
+fn bits(m: &Matrix) -> Vec<u32> {
+    m.data.iter().map(|v| v.to_bits()).collect()
+}
+
+/// Decode batches take the tensor-core decode kernel, prefill the tensor-core GEMM.
 fn routing(ctx: &mut Ctx) {
     for rows in [1, DECODE_MAX_ROWS, DECODE_MAX_ROWS + 1, 200] {
-        let want = if rows <= DECODE_MAX_ROWS { Path::Mma } else { Path::Blas };
+        let want = if rows <= DECODE_MAX_ROWS { Path::Mma } else { Path::Gemm };
         let got = linear::path_for(ctx.cuda, rows, 2048);
         let pass = got == want;
         ctx.check(format!("linear path [{rows}, 2048]"), "path", format!("{want:?}"), format!("{got:?}"), pass);

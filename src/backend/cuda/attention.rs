@@ -16,7 +16,7 @@ use half::bf16;
 
 use super::Cuda;
 use super::launch::{Arg, Dims, Kernel, KernelError, Module, embedded};
-use super::linear::{linear, linear_rows};
+use super::linear::{linear, linear_rows, linear_segments};
 use super::memory::PoolBuf;
 use super::tensor::{DType, GpuMatrix, GpuWeight};
 use crate::backend::backbone::AttentionShape;
@@ -336,11 +336,19 @@ pub(super) struct RowCaches {
 impl RowCaches {
     /// Row r's cache is `caches[r]`, its position `positions[r]`. Stages without waiting.
     pub(super) fn stage(cuda: &Cuda, caches: &[&mut GpuKvCache], positions: &[usize]) -> RowCaches {
-        let rows = caches.len();
-        assert_eq!(positions.len(), rows, "one position per row");
+        let keys: Vec<u64> = caches.iter().map(|c| c.keys.ptr()).collect();
+        let values: Vec<u64> = caches.iter().map(|c| c.values.ptr()).collect();
+        RowCaches::stage_addrs(cuda, &keys, &values, positions)
+    }
+
+    /// Row r's cache keys at `keys[r]`, values at `values[r]` (device addresses), its position
+    /// `positions[r]`. Stages without waiting.
+    pub(super) fn stage_addrs(cuda: &Cuda, keys: &[u64], values: &[u64], positions: &[usize]) -> RowCaches {
+        let rows = keys.len();
+        assert!(values.len() == rows && positions.len() == rows, "one cache and position per row");
         let mut words: Vec<u64> = Vec::with_capacity(2 * rows + rows.div_ceil(2));
-        words.extend(caches.iter().map(|c| c.keys.ptr()));
-        words.extend(caches.iter().map(|c| c.values.ptr()));
+        words.extend(keys);
+        words.extend(values);
         let pos: Vec<i32> = positions.iter().map(|&p| i32::try_from(p).expect("positions fit i32")).collect();
         words.extend(pos.chunks(2).map(|c| u64::from(c[0] as u32) | (u64::from(*c.get(1).unwrap_or(&0) as u32) << 32)));
         let buf = cuda.scratch(words.len() * 8);
@@ -409,9 +417,120 @@ pub(super) fn attend_prefill(
         h.into(),
         hkv.into(),
         start.into(),
+        0u64.into(),
     ];
     variant.prefill.launch(cuda.stream(), dims, &args);
     gated
+}
+
+/// [`prefill`] of several requests' prompt chunks at once (`BackboneOps::attention_prefill_many`):
+/// `lens[i]` consecutive rows of `x` continue `caches[i]`. The projections give each request's
+/// rows what [`linear`] gives them alone, in one launch for all (`linear_segments`); the prep runs
+/// once over every row, each row into its own request's cache at its own position; the attention
+/// once, each request's rows in their own CTAs (grid.z). Every request's rows and cache are bit
+/// for bit what [`prefill`] gives them alone.
+///
+/// # Panics
+/// If a request's rows would not fit its cache, or shapes disagree.
+pub fn prefill_many(
+    cuda: &Cuda,
+    s: &AttentionShape,
+    w: &AttentionWeights<GpuWeight>,
+    x: &GpuMatrix,
+    lens: &[usize],
+    caches: &mut [&mut GpuKvCache],
+) -> GpuMatrix {
+    check_shape(s);
+    check_weights(s, w, x.cols);
+    assert_eq!(lens.len(), caches.len(), "attention prefill: one cache per request");
+    assert!(lens.iter().all(|&n| n > 0), "attention prefill of a request with no rows");
+    assert_eq!(lens.iter().sum::<usize>(), x.rows, "attention prefill: the requests' rows cover x");
+    for (cache, &n) in caches.iter().zip(lens) {
+        assert_eq!(cache.shape, *s, "attention prefill: a KV cache made for another attention shape");
+        assert!(cache.device_position.is_none(), "prefill attention reads host positions only (not capturable)");
+        assert!(
+            cache.len + n <= cache.capacity,
+            "attention prefill: {} positions + {n} rows exceed the KV cache capacity {}",
+            cache.len,
+            cache.capacity
+        );
+    }
+    let (h, hkv, hd) = (s.heads, s.kv_heads, s.head_dim);
+    let variant = cuda.kernels.attention.variant(hd);
+    if let Err(why) = &variant.prefill_ready {
+        panic!("{why}");
+    }
+    let qg = linear_segments(cuda, x, lens, &w.q_proj);
+    let k = linear_segments(cuda, x, lens, &w.k_proj);
+    let v = linear_segments(cuda, x, lens, &w.v_proj);
+
+    // Row r of request i: its cache, at position len_i + (r − first row of i).
+    let (mut keys, mut values, mut positions) = (Vec::new(), Vec::new(), Vec::new());
+    for (cache, &n) in caches.iter().zip(lens) {
+        keys.extend(std::iter::repeat_n(cache.keys.ptr(), n));
+        values.extend(std::iter::repeat_n(cache.values.ptr(), n));
+        positions.extend(cache.len..cache.len + n);
+    }
+    let rows = RowCaches::stage_addrs(cuda, &keys, &values, &positions);
+    let q = cuda.scratch(x.rows * h * hd * 4);
+    let q_scale = (std::f64::consts::LOG2_E / (hd as f64).sqrt()) as f32;
+    let first = &caches[0];
+    let [sk, sv, sp] = rows.args();
+    let args = [
+        qg.ptr().into(),
+        k.ptr().into(),
+        v.ptr().into(),
+        w.q_norm.ptr.into(),
+        w.k_norm.ptr.into(),
+        first.inv_freq.ptr().into(),
+        q.ptr().into(),
+        first.keys.ptr().into(),
+        first.values.ptr().into(),
+        h.into(),
+        hkv.into(),
+        s.rotary_dim.into(),
+        0usize.into(),
+        0u64.into(),
+        (s.norm_eps as f32).into(),
+        q_scale.into(),
+        sk,
+        sv,
+        sp,
+    ];
+    let dims = Dims::grid(((h + hkv) as u32, x.rows as u32, 1), hd as u32);
+    cuda.kernels.attention.prep.launch(cuda.stream(), dims, &args);
+
+    // One CTA row-block grid per request: [keys, values, first row, rows, first position].
+    let mut seqs: Vec<u64> = Vec::with_capacity(5 * lens.len());
+    let mut row0 = 0;
+    for (cache, &n) in caches.iter().zip(lens) {
+        seqs.extend([cache.keys.ptr(), cache.values.ptr(), row0 as u64, n as u64, cache.len as u64]);
+        row0 += n;
+    }
+    let table = cuda.scratch(seqs.len() * 8);
+    cuda.stage_to_device(table.ptr(), &seqs);
+    let gated = cuda.matrix(x.rows, h * hd);
+    let most = lens.iter().copied().max().expect("at least one request");
+    let blocks = (most * (h / hkv)).div_ceil(PREFILL_ROWS);
+    let dims = Dims::grid((blocks as u32, hkv as u32, lens.len() as u32), THREADS)
+        .with_shared(prefill_smem_bytes(hd) as u32);
+    let args = [
+        q.ptr().into(),
+        qg.ptr().into(),
+        first.keys.ptr().into(),
+        first.values.ptr().into(),
+        gated.ptr().into(),
+        0usize.into(),
+        h.into(),
+        hkv.into(),
+        0usize.into(),
+        table.ptr().into(),
+    ];
+    variant.prefill.launch(cuda.stream(), dims, &args);
+    for (cache, &n) in caches.iter_mut().zip(lens) {
+        cache.len += n;
+    }
+    linear_segments(cuda, &gated, lens, &w.o_proj)
 }
 
 /// Gated attention for decode rows (one, or a few): the keys are split over `cache.splits` CTAs

@@ -100,6 +100,17 @@ impl BackboneOps for Cuda {
         attention::prefill(self, shape, w, x, cache)
     }
 
+    fn attention_prefill_many(
+        &self,
+        shape: &AttentionShape,
+        w: &AttentionWeights<GpuWeight>,
+        x: &GpuMatrix,
+        lens: &[usize],
+        caches: &mut [&mut attention::GpuKvCache],
+    ) -> GpuMatrix {
+        attention::prefill_many(self, shape, w, x, lens, caches)
+    }
+
     fn attention_decode(
         &self,
         shape: &AttentionShape,

@@ -134,11 +134,12 @@ pub fn prefill(
 
 /// [`prefill`] of several requests' prompt chunks at once (`BackboneOps::gdn_prefill_many`):
 /// `lens[i]` consecutive rows of `x` continue `states[i]`. The wide projections (qkv, z,
-/// out_proj) run per request as [`linear`] runs them alone; the narrow ones (b, a) once over all
-/// rows under the rows contract; the conv, the gates, the chunked core and the gated norm once
-/// over every request, each request's rows and state in their own blocks (the core's grid.z).
-/// A request's rows are therefore the same whichever requests share the call (but not those of
-/// [`prefill`], whose b and a projections take cuBLASLt).
+/// out_proj) give each request's rows what [`linear`] gives them alone, in one GEMM launch for
+/// all (`linear_segments`); the narrow ones (b, a) run once over all rows under the rows
+/// contract; the conv, the gates, the chunked core and the gated norm once over every request,
+/// each request's rows and state in their own blocks (the core's grid.z). A request's rows are
+/// therefore the same whichever requests share the call (but not those of [`prefill`], whose b
+/// and a projections take the prefill GEMM).
 pub fn prefill_many(
     cuda: &Cuda,
     shape: &GdnShape,

@@ -2,11 +2,14 @@
 //! rounding to bf16), the input-embedding gather and the restricted `lm_head`.
 //!
 //! Projections pick a path by row count: up to [`DECODE_MAX_ROWS`] rows (decode) a bandwidth-bound
-//! tensor-core kernel (`linear_mma_*`) that reads each weight byte once; more rows (prefill) go to
-//! cuBLASLt, or to a simple tiled kernel when the library is not loaded. The decode batch
-//! ([`linear_rows`]) takes the tensor-core kernel at every row count: its per-output reduction
-//! order is fixed by `k` alone, so each row gets the bits it gets alone, and the single-stream
-//! decode (`linear`, ≤ 8 rows) the same bits as the batch.
+//! tensor-core kernel (`linear_mma_*`) that reads each weight byte once; more rows (prefill) a
+//! tiled tensor-core GEMM (`linear_gemm_*`). Both fix each output's reduction order by `k` alone,
+//! so a row's bits never depend on the other rows of its call: [`linear_segments`] projects many
+//! prompts' rows in one GEMM launch and each prompt gets the bits it gets alone. cuBLASLt (whose
+//! algorithm changes with the row count) is left for widths the tensor-core kernels cannot read
+//! (`k % 8 != 0`), and a simple tiled kernel for when the library is not loaded either. The decode
+//! batch ([`linear_rows`]) takes the decode kernel at every row count, so the single-stream decode
+//! (`linear`, ≤ 8 rows) gets the same bits as the batch.
 
 use std::sync::Arc;
 
@@ -21,7 +24,7 @@ use crate::backend::backbone::EmbedRow;
 
 pub use super::cublaslt::Blas;
 
-/// Rows up to which [`linear`] uses the tensor-core decode kernel; above, cuBLASLt.
+/// Rows up to which [`linear`] uses the tensor-core decode kernel; above, the prefill GEMM.
 pub const DECODE_MAX_ROWS: usize = 8;
 
 /// Output features per `linear_mma_*` block (the MMA's 16 A rows).
@@ -29,6 +32,14 @@ const MMA_BLOCK_FEATURES: usize = 16;
 /// Input rows per block of `linear_mma_r8` and `linear_mma_r64` (1 and 8 n8 tiles).
 const MMA_R8_ROWS: usize = 8;
 const MMA_R64_ROWS: usize = 64;
+/// Output features per `linear_gemm_*` block (`gemm::BN` in the .cu); input rows per block of
+/// `linear_gemm_r64` and `linear_gemm_r128`.
+const GEMM_BLOCK_FEATURES: usize = 128;
+const GEMM_R64_ROWS: usize = 64;
+const GEMM_R128_ROWS: usize = 128;
+/// Rows from which the prefill GEMM takes 128-row blocks: fewer rows keep more blocks in flight
+/// with 64 (the same bits either way).
+const GEMM_R128_FROM_ROWS: usize = 512;
 /// Output tile of `linear_tiled` (`TILE_M`, `TILE_N` in the .cu).
 const TILE: usize = 64;
 const THREADS: u32 = 256;
@@ -41,6 +52,9 @@ pub struct LinearKernels {
     /// `linear_mma_r8` (≤ 8 rows per block) and `linear_mma_r64` (≤ 64): the same arithmetic.
     mma_r8: Kernel,
     mma_r64: Kernel,
+    /// `linear_gemm_r64` and `linear_gemm_r128`: the prefill GEMM, the same arithmetic.
+    gemm_r64: Kernel,
+    gemm_r128: Kernel,
     tiled: Kernel,
     embed_gather: Kernel,
     restricted_logits: Kernel,
@@ -52,6 +66,8 @@ impl LinearKernels {
         Ok(LinearKernels {
             mma_r8: m.kernel("linear_mma_r8")?,
             mma_r64: m.kernel("linear_mma_r64")?,
+            gemm_r64: m.kernel("linear_gemm_r64")?,
+            gemm_r128: m.kernel("linear_gemm_r128")?,
             tiled: m.kernel("linear_tiled")?,
             embed_gather: m.kernel("embed_gather")?,
             restricted_logits: m.kernel("restricted_logits")?,
@@ -65,13 +81,17 @@ pub enum Path {
     /// `linear_mma_*`: tensor cores, weight streamed once per 64 rows, per-output order fixed by
     /// `k` (any row count; needs `k % 8 == 0`).
     Mma,
+    /// `linear_gemm_*`: tensor cores, tiled in shared memory, per-output order fixed by `k`
+    /// (any row count; needs `k % 8 == 0`). Not the bits of `Mma`.
+    Gemm,
     /// cuBLASLt (bf16 in/out, fp32 compute).
     Blas,
     /// `linear_tiled`: the fallback without cuBLASLt (any shape).
     Tiled,
 }
 
-/// Whether `linear_mma_*` can run inputs of width `k` (16-byte vectors of 8 bf16).
+/// Whether `linear_mma_*` and `linear_gemm_*` can run inputs of width `k` (16-byte vectors of 8
+/// bf16).
 fn mma_fits(k: usize) -> bool {
     k.is_multiple_of(8)
 }
@@ -80,6 +100,8 @@ fn mma_fits(k: usize) -> bool {
 pub fn path_for(cuda: &Cuda, rows: usize, k: usize) -> Path {
     if rows <= DECODE_MAX_ROWS && mma_fits(k) {
         Path::Mma
+    } else if mma_fits(k) {
+        Path::Gemm
     } else if cuda.blas.is_some() {
         Path::Blas
     } else {
@@ -121,7 +143,8 @@ pub fn linear_rows(cuda: &Cuda, x: &GpuMatrix, w: &GpuWeight) -> GpuMatrix {
 /// refused the problem); `linear` then falls back to `Tiled`.
 ///
 /// # Panics
-/// If `path` cannot serve the shape: `Mma` needs `k % 8 == 0`; `Blas` needs cuBLASLt loaded.
+/// If `path` cannot serve the shape: `Mma` and `Gemm` need `k % 8 == 0`; `Blas` needs cuBLASLt
+/// loaded.
 pub fn linear_via(cuda: &Cuda, x: &GpuMatrix, w: &GpuWeight, path: Path) -> Result<GpuMatrix, CublasError> {
     assert_eq!(w.dtype, DType::Bf16, "dense projection weight must be bf16");
     let (n, k) = w.matrix_dims();
@@ -133,7 +156,7 @@ pub fn linear_via(cuda: &Cuda, x: &GpuMatrix, w: &GpuWeight, path: Path) -> Resu
 
 /// [`linear`] of each run of `lens` rows of `x` on its own (the path its own row count picks),
 /// into one `[Σ lens, n]` output: each run's rows are bit for bit what [`linear`] gives them
-/// alone, whichever runs share the call. Several prompts' projections, one launch per prompt.
+/// alone, whichever runs share the call. Several prompts' projections in one GEMM launch.
 ///
 /// # Panics
 /// If `lens` does not add up to `x`'s rows.
@@ -143,18 +166,34 @@ pub fn linear_segments(cuda: &Cuda, x: &GpuMatrix, lens: &[usize], w: &GpuWeight
     assert_eq!(x.cols, k, "projection input width");
     assert_eq!(lens.iter().sum::<usize>(), x.rows, "segments cover the rows");
     let y = cuda.matrix(x.rows, n);
-    // With rows of whole 256-byte units (k and n multiples of 128, as the full model's are),
-    // every run starts where a fresh matrix would, so it is projected in place; otherwise (tiny
-    // test shapes) through a fresh copy, which the library sees the same way.
+    let out_at = |start: usize| y.ptr() + (start * n * 2) as u64;
+    if mma_fits(k) {
+        // Runs above DECODE_MAX_ROWS take the GEMM alone, whose rows are their own: one launch
+        // over all of x gives each its bits. Shorter runs take the decode kernel alone, so theirs
+        // are written over with one launch each (the GEMM's work on them is wasted, and small).
+        if lens.iter().any(|&rows| path_for(cuda, rows, k) == Path::Gemm) {
+            project(cuda, x.ptr(), x.rows, w, y.ptr(), Path::Gemm).expect("the GEMM has no failure path");
+        }
+        let mut start = 0;
+        for &rows in lens {
+            if rows > 0 && path_for(cuda, rows, k) == Path::Mma {
+                project(cuda, x.row_ptr(start), rows, w, out_at(start), Path::Mma).expect("no failure path");
+            }
+            start += rows;
+        }
+        return y;
+    }
+    // cuBLASLt or the tiled kernel, one run at a time. With rows of whole 256-byte units every
+    // run starts where a fresh matrix would, so it is projected in place; otherwise through a
+    // fresh copy, which the library sees the same way.
     let in_place = (k * 2).is_multiple_of(256) && (n * 2).is_multiple_of(256);
     let mut start = 0;
     for &rows in lens.iter().filter(|&&rows| rows > 0) {
-        let at = y.ptr() + (start * n * 2) as u64;
         if in_place {
-            project_by_rows(cuda, x.row_ptr(start), rows, w, at);
+            project_by_rows(cuda, x.row_ptr(start), rows, w, out_at(start));
         } else {
             let own = linear(cuda, &crate::backend::BackendTypes::act_rows(cuda, x, start, rows), w);
-            cuda.copy_device_to_device(at, own.ptr(), rows * n * 2);
+            cuda.copy_device_to_device(out_at(start), own.ptr(), rows * n * 2);
         }
         start += rows;
     }
@@ -174,6 +213,18 @@ fn project(cuda: &Cuda, x: u64, rows: usize, w: &GpuWeight, y: u64, path: Path) 
             let (kernel, per_block) =
                 if rows <= MMA_R8_ROWS { (&kernels.mma_r8, MMA_R8_ROWS) } else { (&kernels.mma_r64, MMA_R64_ROWS) };
             let grid = (n.div_ceil(MMA_BLOCK_FEATURES) as u32, rows.div_ceil(per_block) as u32, 1);
+            let args = [x.into(), w.ptr.into(), y.into(), rows.into(), n.into(), k.into()];
+            kernel.launch(cuda.stream(), Dims::grid(grid, THREADS), &args);
+        }
+        Path::Gemm => {
+            assert!(mma_fits(k), "the tensor-core GEMM needs k % 8 == 0, not k = {k}");
+            let kernels = &cuda.kernels.linear;
+            let (kernel, per_block) = if rows >= GEMM_R128_FROM_ROWS {
+                (&kernels.gemm_r128, GEMM_R128_ROWS)
+            } else {
+                (&kernels.gemm_r64, GEMM_R64_ROWS)
+            };
+            let grid = (n.div_ceil(GEMM_BLOCK_FEATURES) as u32, rows.div_ceil(per_block) as u32, 1);
             let args = [x.into(), w.ptr.into(), y.into(), rows.into(), n.into(), k.into()];
             kernel.launch(cuda.stream(), Dims::grid(grid, THREADS), &args);
         }
