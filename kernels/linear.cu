@@ -325,11 +325,11 @@ extern "C" __global__ void __launch_bounds__(256) restricted_logits(const bf16* 
 //
 // A tiled GEMM in the Ampere style on mma.sync m16n8k16 bf16 (f32 accumulate): a block owns BM
 // input rows (the MMA's A rows) × 128 output features (its B columns), 8 warps as 2 × 4, each
-// warp BM/2 rows × 32 features (BM/32 m16 tiles × 4 n8 tiles). K runs in 32-wide stages staged
-// in shared memory by cp.async (3 stages in flight; rows, features and k past the matrix are
-// zero-filled), fragments read with ldmatrix. Shared rows are 64 bytes (four 16-byte chunks);
-// chunk q of row r sits at q ^ ((r >> 1) & 3), so the 8 rows an ldmatrix reads hit 8 distinct
-// 16-byte bank groups.
+// warp BM/2 rows × 32 features (BM/32 m16 tiles × 4 n8 tiles). K runs in 64-wide stages staged
+// in shared memory by cp.async (3 stages, 2 loading while one is computed; rows, features and k
+// past the matrix are zero-filled), fragments read with ldmatrix. Shared rows are 128 bytes
+// (eight 16-byte chunks); chunk q of row r sits at q ^ (r & 7), so the 8 rows an ldmatrix reads
+// hit 8 distinct 16-byte bank groups.
 //
 // Per-output reduction order, fixed by k alone: one accumulator per output, fed the k16 steps
 // 0, 16, 32, … in increasing order (an MMA computes each output from its own A row and B column
@@ -340,16 +340,18 @@ extern "C" __global__ void __launch_bounds__(256) restricted_logits(const bf16* 
 // row count on one path.) No split-K, no atomics.
 //
 // Launch: 256 threads, grid (ceil(n / 128), ceil(rows / BM)). Needs k % 8 == 0 (16-byte chunks,
-// each wholly in or out of the matrix). Static shared memory 3 · (BM + 128) · 64 bytes (48 KiB
-// at BM = 128).
+// each wholly in or out of the matrix). Dynamic shared memory 3 · (BM + 128) · 128 bytes (72 KiB
+// at BM = 64, 96 KiB at 128; linear.rs `gemm_smem_bytes`).
 //
 // Floor (H200): FLOPs 2·rows·n·k at the mma.sync rate; at 64 prompts × 85 rows every dense
 // projection of the prefill is ≈ 15 TFLOP, ≈ 25 ms at 600 TFLOP/s. The weights are re-read per
 // BM rows (from L2 when the block rows of a wave share them), x per 128 features. Expected: ≈ 2×
 // the mma.sync floor (a plain 3-stage pipeline, no warp specialisation), against the ≈ 194 ms
-// that one cuBLASLt call per prompt took (run 13).
+// that one cuBLASLt call per prompt took (run 13). Run 20 (32-wide stages): 130 launches of 5440
+// rows took 44 ms; 84-row launches were latency-bound (a block's K loop with 2 × 24 KiB in
+// flight), hence 64-wide stages: twice the bytes in flight per block.
 namespace gemm {
-constexpr int BN = 128, BK = 32, STAGES = 3, THREADS = 256;
+constexpr int BN = 128, BK = 64, STAGES = 3, THREADS = 256;
 }
 
 __device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, bool ok) {
@@ -367,16 +369,17 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) 
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(s));
 }
-// The bf16 offset of 16-byte chunk q (0..3) of shared row r (64-byte rows, swizzled).
-__device__ __forceinline__ int gemm_slot(int r, int q) { return r * gemm::BK + ((q ^ ((r >> 1) & 3)) << 3); }
+// The bf16 offset of 16-byte chunk q (0..7) of shared row r (128-byte rows, swizzled).
+__device__ __forceinline__ int gemm_slot(int r, int q) { return r * gemm::BK + ((q ^ (r & 7)) << 3); }
 
 template <int BM>
 __device__ __forceinline__ void linear_gemm(const bf16* __restrict__ x, const bf16* __restrict__ w,
                                             bf16* __restrict__ y, int rows, int n, int k) {
     using namespace gemm;
     constexpr int MT = BM / 32;  // m16 tiles per warp (BM / 2 rows)
-    __shared__ __align__(128) bf16 xs[STAGES][BM * BK];
-    __shared__ __align__(128) bf16 ws[STAGES][BN * BK];
+    extern __shared__ __align__(128) unsigned char gemm_smem[];
+    bf16* xs = reinterpret_cast<bf16*>(gemm_smem);  // [STAGES][BM · BK]
+    bf16* ws = xs + STAGES * BM * BK;               // [STAGES][BN · BK]
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
     const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
     const int wm = (warp >> 2) * (BM / 2), wn = (warp & 3) * 32;
@@ -386,18 +389,18 @@ __device__ __forceinline__ void linear_gemm(const bf16* __restrict__ x, const bf
     auto load = [&](int slot, int s) {
         const int k0 = s * BK;
 #pragma unroll
-        for (int i = 0; i < BM * 4 / THREADS; ++i) {
-            const int q = tid + i * THREADS, r = q >> 2, ch = q & 3;
+        for (int i = 0; i < BM * 8 / THREADS; ++i) {
+            const int q = tid + i * THREADS, r = q >> 3, ch = q & 7;
             const bool ok = m0 + r < rows && k0 + ch * 8 < k;
             const bf16* src = ok ? x + (size_t)(m0 + r) * k + k0 + ch * 8 : x;
-            cp_async16_zfill(&xs[slot][gemm_slot(r, ch)], src, ok);
+            cp_async16_zfill(xs + slot * BM * BK + gemm_slot(r, ch), src, ok);
         }
 #pragma unroll
-        for (int i = 0; i < BN * 4 / THREADS; ++i) {
-            const int q = tid + i * THREADS, r = q >> 2, ch = q & 3;
+        for (int i = 0; i < BN * 8 / THREADS; ++i) {
+            const int q = tid + i * THREADS, r = q >> 3, ch = q & 7;
             const bool ok = n0 + r < n && k0 + ch * 8 < k;
             const bf16* src = ok ? w + (size_t)(n0 + r) * k + k0 + ch * 8 : w;
-            cp_async16_zfill(&ws[slot][gemm_slot(r, ch)], src, ok);
+            cp_async16_zfill(ws + slot * BN * BK + gemm_slot(r, ch), src, ok);
         }
     };
 
@@ -419,10 +422,10 @@ __device__ __forceinline__ void linear_gemm(const bf16* __restrict__ x, const bf
         __syncthreads();  // stage s landed for every thread; stage s - 1's slot is free
         if (s + STAGES - 1 < stages) load((s + STAGES - 1) % STAGES, s + STAGES - 1);
         cp_async_commit();
-        const bf16* xt = xs[s % STAGES];
-        const bf16* wt = ws[s % STAGES];
+        const bf16* xt = xs + (s % STAGES) * BM * BK;
+        const bf16* wt = ws + (s % STAGES) * BN * BK;
 #pragma unroll
-        for (int kk = 0; kk < 2; ++kk) {  // the stage's two k16 steps, in k order
+        for (int kk = 0; kk < BK / 16; ++kk) {  // the stage's k16 steps, in k order
             uint32_t a[MT][4], b[2][4];
 #pragma unroll
             for (int i = 0; i < MT; ++i) {

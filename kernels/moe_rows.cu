@@ -48,6 +48,7 @@
 // Operand formats of the MMA kernels' activations (see the header).
 enum { FMT_E4M3 = 0, FMT_F16 = 1, FMT_F16X2 = 2 };
 
+#define ROWS_PAIRS 8
 #define ROWS_THREADS 256
 #define GU_KS 8                  // gate/up: K slices per block
 #define GU_FS (8 / GU_KS)        // gate/up: feature warps per block
@@ -156,91 +157,74 @@ __device__ __forceinline__ void operand_frag(const uint4 (&b)[OperandVecs<FMT>::
 }
 
 // One warp's 16 features of NB weight matrices (w[m]: row f0 of an [N, K] e4m3 matrix; sw[m]:
-// its scale row f0/128) against the tile's NT n8 column sets (8·NT pairs), over the K groups ks,
-// ks + KS, … (GPB groups' loads issued together). In column set j this lane loads column g from
-// operand row src[j]; it holds the outputs of columns 2c, 2c + 1, whose operand rows are src0[j],
-// src1[j] (-1 past the tile):
-//   total[m][j][0, 1] = features f0 + g, columns 2c, 2c + 1; total[m][j][2, 3] = feature f0 + g + 8.
-// Each column's arithmetic is the same for any NT (the weight fragments are shared, the sums
-// are not), so a pair's bits do not depend on the tile size.
-template <int NB, int FMT, int GPB, int NT>
+// its scale row f0/128) against the tile's 8 columns, over the K groups ks, ks + KS, … (GPB
+// groups' loads issued together). This lane loads column g from operand row `src`; it holds the
+// outputs of columns 2c, 2c + 1, whose operand rows are src0, src1 (-1 past the tile):
+//   total[m][0, 1] = features f0 + g, columns 2c, 2c + 1; total[m][2, 3] = feature f0 + g + 8.
+template <int NB, int FMT, int GPB>
 __device__ __forceinline__ void warp_tile(const unsigned char* const (&w)[NB], const float* const (&sw)[NB],
-                                          const void* act, const void* act_lo, const float* act_scales,
-                                          const int (&src)[NT], const int (&src0)[NT], const int (&src1)[NT], int K,
-                                          int ks, int KS, float (&total)[NB][NT][4]) {
+                                          const void* act, const void* act_lo, const float* act_scales, int src,
+                                          int src0, int src1, int K, int ks, int KS, float (&total)[NB][4]) {
     constexpr int V = OperandVecs<FMT>::n;
     const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     const int groups = K >> 7;
 #pragma unroll
     for (int m = 0; m < NB; ++m)
 #pragma unroll
-        for (int j = 0; j < NT; ++j)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) total[m][j][i] = 0.f;
+        for (int i = 0; i < 4; ++i) total[m][i] = 0.f;
 
     for (int g0 = ks * GPB; g0 < groups; g0 += KS * GPB) {
-        uint4 a[GPB][2][NB][2], b[GPB][2][NT][V];  // [group][64-wide half][matrix or column set][…]
-        float sx[GPB][NT][2], swg[GPB][NB];
+        uint4 a[GPB][2][NB][2], b[GPB][2][V];  // [group][64-wide half][matrix][row g, g + 8]
+        float sx[GPB][2], swg[GPB][NB];
 #pragma unroll
-        for (int q = 0; q < GPB; ++q) {
-            const int gi = g0 + q;
+        for (int j = 0; j < GPB; ++j) {
+            const int gi = g0 + j;
             if (gi >= groups) break;
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
                 const int k = gi * 128 + half * 64 + c * 16;
 #pragma unroll
                 for (int m = 0; m < NB; ++m) {
-                    a[q][half][m][0] = load_stream(reinterpret_cast<const uint4*>(w[m] + (size_t)g * K + k));
-                    a[q][half][m][1] = load_stream(reinterpret_cast<const uint4*>(w[m] + (size_t)(g + 8) * K + k));
+                    a[j][half][m][0] = load_stream(reinterpret_cast<const uint4*>(w[m] + (size_t)g * K + k));
+                    a[j][half][m][1] = load_stream(reinterpret_cast<const uint4*>(w[m] + (size_t)(g + 8) * K + k));
                 }
-#pragma unroll
-                for (int j = 0; j < NT; ++j) load_operand<FMT>(act, act_lo, src[j], K, k, b[q][half][j]);
+                load_operand<FMT>(act, act_lo, src, K, k, b[j][half]);
             }
+            sx[j][0] = src0 >= 0 ? __ldg(act_scales + (size_t)src0 * groups + gi) : 0.f;
+            sx[j][1] = src1 >= 0 ? __ldg(act_scales + (size_t)src1 * groups + gi) : 0.f;
 #pragma unroll
-            for (int j = 0; j < NT; ++j) {
-                sx[q][j][0] = src0[j] >= 0 ? __ldg(act_scales + (size_t)src0[j] * groups + gi) : 0.f;
-                sx[q][j][1] = src1[j] >= 0 ? __ldg(act_scales + (size_t)src1[j] * groups + gi) : 0.f;
-            }
-#pragma unroll
-            for (int m = 0; m < NB; ++m) swg[q][m] = __ldg(sw[m] + gi);
+            for (int m = 0; m < NB; ++m) swg[j][m] = __ldg(sw[m] + gi);
         }
 #pragma unroll
-        for (int q = 0; q < GPB; ++q) {
-            if (g0 + q >= groups) break;
-            float part[NB][NT][4];
+        for (int j = 0; j < GPB; ++j) {
+            if (g0 + j >= groups) break;
+            float part[NB][4];
 #pragma unroll
             for (int m = 0; m < NB; ++m)
 #pragma unroll
-                for (int j = 0; j < NT; ++j)
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) part[m][j][i] = 0.f;
+                for (int i = 0; i < 4; ++i) part[m][i] = 0.f;
 #pragma unroll
             for (int half = 0; half < 2; ++half)
 #pragma unroll
-                for (int step = 0; step < 4; ++step) {
+                for (int q = 0; q < 4; ++q) {
+                    uint32_t b0, b1, l0 = 0u, l1 = 0u;
+                    operand_frag<FMT>(b[j][half], q, b0, b1, l0, l1);
 #pragma unroll
                     for (int m = 0; m < NB; ++m) {
-                        const uint2 ag = e4m3x4_to_f16x4(word_of(a[q][half][m][0], step));
-                        const uint2 ag8 = e4m3x4_to_f16x4(word_of(a[q][half][m][1], step));
-#pragma unroll
-                        for (int j = 0; j < NT; ++j) {
-                            uint32_t b0, b1, l0 = 0u, l1 = 0u;
-                            operand_frag<FMT>(b[q][half][j], step, b0, b1, l0, l1);
-                            mma_f16_k16(part[m][j], ag.x, ag8.x, ag.y, ag8.y, b0, b1);
-                            if constexpr (FMT == FMT_F16X2) mma_f16_k16(part[m][j], ag.x, ag8.x, ag.y, ag8.y, l0, l1);
-                        }
+                        const uint2 ag = e4m3x4_to_f16x4(word_of(a[j][half][m][0], q));
+                        const uint2 ag8 = e4m3x4_to_f16x4(word_of(a[j][half][m][1], q));
+                        mma_f16_k16(part[m], ag.x, ag8.x, ag.y, ag8.y, b0, b1);
+                        if constexpr (FMT == FMT_F16X2) mma_f16_k16(part[m], ag.x, ag8.x, ag.y, ag8.y, l0, l1);
                     }
                 }
 #pragma unroll
-            for (int m = 0; m < NB; ++m)
-#pragma unroll
-                for (int j = 0; j < NT; ++j) {
-                    const float s0 = sx[q][j][0] * swg[q][m], s1 = sx[q][j][1] * swg[q][m];
-                    total[m][j][0] = fmaf(part[m][j][0], s0, total[m][j][0]);
-                    total[m][j][1] = fmaf(part[m][j][1], s1, total[m][j][1]);
-                    total[m][j][2] = fmaf(part[m][j][2], s0, total[m][j][2]);
-                    total[m][j][3] = fmaf(part[m][j][3], s1, total[m][j][3]);
-                }
+            for (int m = 0; m < NB; ++m) {
+                const float s0 = sx[j][0] * swg[j][m], s1 = sx[j][1] * swg[j][m];
+                total[m][0] = fmaf(part[m][0], s0, total[m][0]);
+                total[m][1] = fmaf(part[m][1], s1, total[m][1]);
+                total[m][2] = fmaf(part[m][2], s0, total[m][2]);
+                total[m][3] = fmaf(part[m][3], s1, total[m][3]);
+            }
         }
     }
 }
@@ -251,12 +235,11 @@ struct RowsTile {
     int e, start, end;
 };
 
-template <int NT>
 __device__ __forceinline__ bool rows_tile(const int* tiles, const int* offsets, RowsTile& t) {
     if ((int)blockIdx.x >= tiles[0]) return false;
     t.e = tiles[1 + 2 * blockIdx.x];
     t.start = tiles[2 + 2 * blockIdx.x];
-    t.end = min(offsets[t.e + 1], t.start + 8 * NT);
+    t.end = min(offsets[t.e + 1], t.start + ROWS_PAIRS);
     return true;
 }
 
@@ -266,118 +249,77 @@ __device__ __forceinline__ bool rows_tile(const int* tiles, const int* offsets, 
 // h[pos, f] = SiLU(gate_f · x) · (up_f · x) (f32) for the tile's sorted positions pos, x the
 // operand row of the pair's token row (sorted[pos] / top_k). act, act_scales: the layer input
 // as moe_rows_operand writes it (fmt FMT_E4M3 or FMT_F16); K = hidden, N = intermediate (both
-// multiples of 128); h: [pairs, N]. Tiles of up to 8·NT pairs (moe_group_pairs' tile_rows).
-// Grid (max_tiles, N/16), 256 threads (ROWS_THREADS); blocks past tiles[0] exit.
-template <int NT>
-__device__ __forceinline__ void rows_gate_up(const void* __restrict__ act, const float* __restrict__ act_scales,
-                                             int fmt, const int* __restrict__ sorted, const int* __restrict__ tiles,
-                                             const int* __restrict__ offsets,
-                                             const unsigned long long* __restrict__ table, int top_k, int K, int N,
-                                             float* __restrict__ h) {
-    __shared__ float slices[GU_KS][GU_FS][NT][8][32];  // [K slice][feature warp][column set][total][lane]
+// multiples of 128); h: [pairs, N]. Grid (max_tiles, N/16), 256 threads (ROWS_THREADS); blocks
+// past tiles[0] exit.
+extern "C" __global__ void __launch_bounds__(ROWS_THREADS)
+    moe_rows_gate_up(const void* __restrict__ act, const float* __restrict__ act_scales, int fmt,
+                     const int* __restrict__ sorted, const int* __restrict__ tiles, const int* __restrict__ offsets,
+                     const unsigned long long* __restrict__ table, int top_k, int K, int N, float* __restrict__ h) {
+    __shared__ float slices[GU_KS][GU_FS][8][32];  // [K slice][feature warp][total][lane]
     RowsTile tile;
-    if (!rows_tile<NT>(tiles, offsets, tile)) return;
+    if (!rows_tile(tiles, offsets, tile)) return;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     const int fs = warp / GU_KS, ks = warp % GU_KS;
     const int f0 = blockIdx.y * (16 * GU_FS) + 16 * fs;
     const auto row_of = [&](int pos) { return pos < tile.end ? sorted[pos] / top_k : -1; };
-    int src[NT], src0[NT], src1[NT];
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-        const int base = tile.start + 8 * j;
-        src[j] = row_of(base + g);
-        src0[j] = row_of(base + 2 * c);
-        src1[j] = row_of(base + 2 * c + 1);
-    }
+    const int src = row_of(tile.start + g), src0 = row_of(tile.start + 2 * c), src1 = row_of(tile.start + 2 * c + 1);
     const unsigned long long* t = table + (size_t)tile.e * T_STRIDE;
     const size_t srow = (size_t)(f0 >> 7) * (K >> 7);
     const unsigned char* const w[2] = {(const unsigned char*)t[T_GATE_W] + (size_t)f0 * K,
                                        (const unsigned char*)t[T_UP_W] + (size_t)f0 * K};
     const float* const sw[2] = {(const float*)t[T_GATE_S] + srow, (const float*)t[T_UP_S] + srow};
-    float total[2][NT][4];
+    float total[2][4];
     if (fmt == FMT_E4M3)
-        warp_tile<2, FMT_E4M3, 1, NT>(w, sw, act, nullptr, act_scales, src, src0, src1, K, ks, GU_KS, total);
+        warp_tile<2, FMT_E4M3, 1>(w, sw, act, nullptr, act_scales, src, src0, src1, K, ks, GU_KS, total);
     else
-        warp_tile<2, FMT_F16, 1, NT>(w, sw, act, nullptr, act_scales, src, src0, src1, K, ks, GU_KS, total);
+        warp_tile<2, FMT_F16, 1>(w, sw, act, nullptr, act_scales, src, src0, src1, K, ks, GU_KS, total);
 
     // The K slices' totals, added in slice order by each feature warp's slice-0 warp.
 #pragma unroll
-    for (int j = 0; j < NT; ++j)
+    for (int m = 0; m < 2; ++m)
 #pragma unroll
-        for (int m = 0; m < 2; ++m)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) slices[ks][fs][j][4 * m + i][lane] = total[m][j][i];
+        for (int i = 0; i < 4; ++i) slices[ks][fs][4 * m + i][lane] = total[m][i];
     __syncthreads();
     if (ks != 0) return;
 #pragma unroll
-    for (int j = 0; j < NT; ++j)
+    for (int i = 0; i < 4; ++i) {
+        float gate = slices[0][fs][i][lane], up = slices[0][fs][4 + i][lane];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            float gate = slices[0][fs][j][i][lane], up = slices[0][fs][j][4 + i][lane];
-#pragma unroll
-            for (int s = 1; s < GU_KS; ++s) {
-                gate += slices[s][fs][j][i][lane];
-                up += slices[s][fs][j][4 + i][lane];
-            }
-            const int pos = tile.start + 8 * j + 2 * c + (i & 1);
-            if (pos < tile.end) h[(size_t)pos * N + f0 + g + 8 * (i >> 1)] = siluf_(gate) * up;
+        for (int s = 1; s < GU_KS; ++s) {
+            gate += slices[s][fs][i][lane];
+            up += slices[s][fs][4 + i][lane];
         }
+        const int pos = tile.start + 2 * c + (i & 1);
+        if (pos < tile.end) h[(size_t)pos * N + f0 + g + 8 * (i >> 1)] = siluf_(gate) * up;
+    }
 }
 
 // y[pair, f] = down_f · h[pos] for the tile's sorted positions pos (pair = sorted[pos]), written
 // at the pair's row of y [pairs, N] f32 (unweighted; the combine applies the routing weight).
 // act, act_lo, act_scales: h as moe_rows_operand writes it (fmt FMT_E4M3, or FMT_F16X2 with
-// act_lo its lo half); K = intermediate, N = hidden. Tiles of up to 8·NT pairs. Grid
-// (max_tiles, N/128), 256 threads.
-template <int NT>
-__device__ __forceinline__ void rows_down(const void* __restrict__ act, const void* __restrict__ act_lo,
-                                          const float* __restrict__ act_scales, int fmt,
-                                          const int* __restrict__ sorted, const int* __restrict__ tiles,
-                                          const int* __restrict__ offsets,
-                                          const unsigned long long* __restrict__ table, int K, int N,
-                                          float* __restrict__ y) {
+// act_lo its lo half); K = intermediate, N = hidden. Grid (max_tiles, N/128), 256 threads.
+extern "C" __global__ void __launch_bounds__(ROWS_THREADS)
+    moe_rows_down(const void* __restrict__ act, const void* __restrict__ act_lo, const float* __restrict__ act_scales,
+                  int fmt, const int* __restrict__ sorted, const int* __restrict__ tiles,
+                  const int* __restrict__ offsets, const unsigned long long* __restrict__ table, int K, int N,
+                  float* __restrict__ y) {
     RowsTile tile;
-    if (!rows_tile<NT>(tiles, offsets, tile)) return;
+    if (!rows_tile(tiles, offsets, tile)) return;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     const int f0 = blockIdx.y * (16 * DN_FS) + 16 * warp;
     const auto row_of = [&](int pos) { return pos < tile.end ? pos : -1; };
-    int src[NT], src0[NT], src1[NT];
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-        const int base = tile.start + 8 * j;
-        src[j] = row_of(base + g);
-        src0[j] = row_of(base + 2 * c);
-        src1[j] = row_of(base + 2 * c + 1);
-    }
+    const int src = row_of(tile.start + g), src0 = row_of(tile.start + 2 * c), src1 = row_of(tile.start + 2 * c + 1);
     const unsigned long long* t = table + (size_t)tile.e * T_STRIDE;
     const unsigned char* const w[1] = {(const unsigned char*)t[T_DOWN_W] + (size_t)f0 * K};
     const float* const sw[1] = {(const float*)t[T_DOWN_S] + (size_t)(f0 >> 7) * (K >> 7)};
-    float total[1][NT][4];
+    float total[1][4];
     if (fmt == FMT_E4M3)
-        warp_tile<1, FMT_E4M3, 2, NT>(w, sw, act, nullptr, act_scales, src, src0, src1, K, 0, 1, total);
+        warp_tile<1, FMT_E4M3, 2>(w, sw, act, nullptr, act_scales, src, src0, src1, K, 0, 1, total);
     else
-        warp_tile<1, FMT_F16X2, 1, NT>(w, sw, act, act_lo, act_scales, src, src0, src1, K, 0, 1, total);
+        warp_tile<1, FMT_F16X2, 1>(w, sw, act, act_lo, act_scales, src, src0, src1, K, 0, 1, total);
 #pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int pos = tile.start + 8 * j + 2 * c + (i & 1);
-            if (pos < tile.end) y[(size_t)sorted[pos] * N + f0 + g + 8 * (i >> 1)] = total[0][j][i];
-        }
-}
-
-// Tiles of 8 pairs (one n8 column set): the decode batch. Tiles of 32 (four column sets, each
-// expert's weights read once per 32 of its pairs): prefill-sized passes. The same bits per pair.
-#define ROWS_KERNELS(NAME_GU, NAME_DN, NT)                                                                           \
-    extern "C" __global__ void __launch_bounds__(ROWS_THREADS)                                                      \
-        NAME_GU(const void* act, const float* act_scales, int fmt, const int* sorted, const int* tiles,              \
-                const int* offsets, const unsigned long long* table, int top_k, int K, int N, float* h) {           \
-        rows_gate_up<NT>(act, act_scales, fmt, sorted, tiles, offsets, table, top_k, K, N, h);                      \
-    }                                                                                                                \
-    extern "C" __global__ void __launch_bounds__(ROWS_THREADS)                                                      \
-        NAME_DN(const void* act, const void* act_lo, const float* act_scales, int fmt, const int* sorted,            \
-                const int* tiles, const int* offsets, const unsigned long long* table, int K, int N, float* y) {     \
-        rows_down<NT>(act, act_lo, act_scales, fmt, sorted, tiles, offsets, table, K, N, y);                        \
+    for (int i = 0; i < 4; ++i) {
+        const int pos = tile.start + 2 * c + (i & 1);
+        if (pos < tile.end) y[(size_t)sorted[pos] * N + f0 + g + 8 * (i >> 1)] = total[0][i];
     }
-ROWS_KERNELS(moe_rows_gate_up, moe_rows_down, 1)
-ROWS_KERNELS(moe_rows_gate_up_t4, moe_rows_down_t4, 4)
+}

@@ -109,6 +109,22 @@ pub struct TowerRowsInput<'a, A> {
     pub starts: &'a [usize],
 }
 
+/// One tower layer's input for several requests' teacher-forced rows (the prompts' prefill):
+/// `lens[i]` consecutive rows belong to request `i`, written from position `starts[i]` of its
+/// own cache.
+pub struct TowerManyInput<'a, A> {
+    /// `[Σ lens, dim]`.
+    pub hidden: &'a A,
+    /// The code each row embeds with the layer's own table.
+    pub codes: &'a [u32],
+    /// Whether each row's label is semantic.
+    pub label_semantic: &'a [bool],
+    /// `[Σ lens, dim]`: the unseen-codes vectors (layer 0 only).
+    pub unseen: Option<&'a A>,
+    pub starts: &'a [usize],
+    pub lens: &'a [usize],
+}
+
 /// The codes that did not enter the backbone input, for the unseen-codes vector of `n` rows.
 pub struct UnseenCodes<'a> {
     /// `[n, codebooks]` row-major: each row's c0..c(codebooks-1).
@@ -193,6 +209,49 @@ pub trait TowerOps: BackendTypes {
             parts.push(self.tower_layer(shape, layer, kv, row)?);
         }
         Ok(self.stack_rows(&parts))
+    }
+
+    /// [`Self::tower_layer`] of several requests' rows at once (prompt prefill): request `i`'s
+    /// `lens[i]` rows continue `kvs[i]` at `starts[i]`. Each request's rows and cache must come
+    /// out bit for bit as `tower_layer` gives them alone, whichever requests share the call. The
+    /// default runs the requests one by one.
+    fn tower_layer_many(
+        &self,
+        shape: &TowerShape,
+        layer: &TowerLayer<Self::Weight>,
+        kvs: &mut [&mut Self::TowerKv],
+        input: TowerManyInput<'_, Self::Act>,
+    ) -> Result<Self::Act, TowerError> {
+        let n = kvs.len();
+        let check =
+            |what, found| if found == n { Ok(()) } else { Err(TowerError::Length { what, expected: n, found }) };
+        check("positions", input.starts.len())?;
+        check("row counts", input.lens.len())?;
+        let total: usize = input.lens.iter().sum();
+        if self.tower_act_shape(input.hidden).0 != total {
+            return Err(TowerError::Length {
+                what: "hidden rows",
+                expected: total,
+                found: self.tower_act_shape(input.hidden).0,
+            });
+        }
+        let mut parts = Vec::with_capacity(n);
+        let mut row0 = 0;
+        for (i, kv) in kvs.iter_mut().enumerate() {
+            let rows = row0..row0 + input.lens[i];
+            let hidden = self.act_rows(input.hidden, row0, rows.len());
+            let unseen = input.unseen.map(|u| self.act_rows(u, row0, rows.len()));
+            let own = TowerLayerInput {
+                hidden: &hidden,
+                codes: input.codes.get(rows.clone()).unwrap_or(&[]),
+                label_semantic: input.label_semantic.get(rows.clone()).unwrap_or(&[]),
+                unseen: unseen.as_ref(),
+                start: input.starts[i],
+            };
+            parts.push(self.tower_layer(shape, layer, kv, own)?);
+            row0 = rows.end;
+        }
+        Ok(if parts.len() == 1 { parts.pop().expect("one part") } else { self.stack_rows(&parts) })
     }
 
     /// [`Self::tower_head`] under the decode batch's contract: a path that does not depend on

@@ -117,7 +117,8 @@ impl<'w, B: Backend> Engine<'w, B> {
     /// Runs the next `chunk` rows (at most) of each stream's prompt, all streams' rows through
     /// the backbone together (`Backbone::prefill_rows`: each stream's rows are what they are
     /// alone); returns, per stream, whether its prompt is done. Each chunk's rows then go
-    /// through the tower, which writes the rows before the chunk's last, labelled by their
+    /// through the tower, all streams together (`Tower::prefill_many`: each stream's cache is
+    /// what it is alone), which writes the rows before the chunk's last, labelled by their
     /// successors (the last prompt row is written by the first frame). A stream's chunks depend
     /// on its prompt and `chunk` alone, never on the load, so its state does too.
     ///
@@ -133,24 +134,25 @@ impl<'w, B: Backend> Engine<'w, B> {
             let mut states = pick_mut(streams, &running);
             let mut backbones: Vec<&mut BackboneState<B>> = states.iter_mut().map(|s| &mut s.backbone).collect();
             let hidden = self.backbone.prefill_rows(&mut backbones, &chunks)?;
+            // Each stream's rows of the backbone output; rows start..end−1 are labelled by their
+            // successors (the last prompt row waits for the first frame, so the final chunk
+            // writes one row fewer), all streams' rows through the tower together.
+            let mut own: Vec<B::Act> = Vec::with_capacity(chunks.len());
+            let mut labels: Vec<Rows> = Vec::with_capacity(chunks.len());
             let mut offset = 0;
-            for (s, rows) in states.into_iter().zip(&chunks) {
+            for (s, rows) in states.iter().zip(&chunks) {
                 let (start, end, total) = (s.prefilled, s.prefilled + rows.len(), s.prompt.len());
-                let sliced;
-                let own = if chunks.len() == 1 {
-                    &hidden
-                } else {
-                    sliced = self.backend.act_rows(&hidden, offset, rows.len());
-                    &sliced
-                };
+                own.push(self.backend.act_rows(&hidden, offset, rows.len()));
+                labels.push(s.prompt.slice(start..(end + 1).min(total)));
                 offset += rows.len();
-                // Rows start..end−1 are labelled by their successors; the last prompt row waits
-                // for the first frame, so the final chunk writes one row fewer.
-                let labels = s.prompt.slice(start..(end + 1).min(total));
-                self.tower.prefill(&mut s.tower, own, &labels)?;
-                s.prefilled = end;
-                if end == total {
-                    s.hidden = Some(self.backend.act_rows(own, end - start - 1, 1));
+            }
+            let mut towers: Vec<&mut TowerState<B>> = states.iter_mut().map(|s| &mut s.tower).collect();
+            let own_refs: Vec<&B::Act> = own.iter().collect();
+            self.tower.prefill_many(&mut towers, &own_refs, &labels)?;
+            for ((s, rows), hidden) in states.into_iter().zip(&chunks).zip(&own) {
+                s.prefilled += rows.len();
+                if s.prefilled == s.prompt.len() {
+                    s.hidden = Some(self.backend.act_rows(hidden, rows.len() - 1, 1));
                 }
             }
         }

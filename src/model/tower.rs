@@ -13,7 +13,9 @@
 
 use std::ops::RangeInclusive;
 
-use crate::backend::tower::{TowerError, TowerLayerInput, TowerOps, TowerRowsInput, TowerShape, UnseenCodes};
+use crate::backend::tower::{
+    TowerError, TowerLayerInput, TowerManyInput, TowerOps, TowerRowsInput, TowerShape, UnseenCodes,
+};
 use crate::model::config::ModelConfig;
 use crate::model::frame::Rows;
 use crate::model::weights::TowerWeights;
@@ -143,6 +145,89 @@ impl<'w, B: TowerOps> Tower<'w, B> {
     /// (the last may be omitted: it is not used).
     pub fn prefill(&self, state: &mut TowerState<B>, hidden: &B::Act, rows: &Rows) -> Result<(), TowerError> {
         self.prefill_inner(state, hidden, rows, None)
+    }
+
+    /// [`Tower::prefill`] of several requests at once: `rows[i]` continues `states[i]`, and
+    /// `hidden[i]` holds its backbone rows (as `prefill` takes them). Every layer runs once over
+    /// all requests' written rows (`TowerOps::tower_layer_many`), so each request's cache is bit
+    /// for bit what `prefill` makes of it alone, and the weights are read once per layer instead
+    /// of once per request.
+    pub fn prefill_many(
+        &self,
+        states: &mut [&mut TowerState<B>],
+        hidden: &[&B::Act],
+        rows: &[Rows],
+    ) -> Result<(), TowerError> {
+        let requests = states.len();
+        for (what, found) in [("backbone row sets", hidden.len()), ("prompt chunks", rows.len())] {
+            if found != requests {
+                return Err(TowerError::Length { what, expected: requests, found });
+            }
+        }
+        // Request i writes n_i = rows_i − 1 rows (each labelled by its successor).
+        let mut written: Vec<usize> = Vec::new();
+        let mut parts: Vec<B::Act> = Vec::new();
+        let (mut inputs, mut labels): (Vec<&[u32]>, Vec<&[u32]>) = (Vec::new(), Vec::new());
+        for (i, r) in rows.iter().enumerate() {
+            self.check_width(r.codebooks())?;
+            let n = r.len().saturating_sub(1);
+            let (hidden_rows, _) = self.backend.tower_act_shape(hidden[i]);
+            if hidden_rows != n && hidden_rows != r.len() {
+                return Err(TowerError::Length { what: "backbone rows", expected: r.len(), found: hidden_rows });
+            }
+            written.push(n);
+            if n > 0 {
+                parts.push(self.backend.act_rows(hidden[i], 0, n));
+                inputs.extend((0..n).map(|p| r.row(p)));
+                labels.extend((1..=n).map(|p| r.row(p)));
+            }
+        }
+        let active: Vec<usize> = (0..requests).filter(|&i| written[i] > 0).collect();
+        if active.is_empty() {
+            return Ok(());
+        }
+        let h0 = if parts.len() == 1 { parts.pop().expect("one part") } else { self.backend.stack_rows(&parts) };
+        let mask: Vec<bool> = labels.iter().map(|l| self.is_semantic(l[0])).collect();
+        let flat: Vec<u32> = inputs.iter().flat_map(|row| row[1..].iter().copied()).collect();
+        let row_semantic: Vec<bool> = inputs.iter().map(|row| self.is_semantic(row[0])).collect();
+        let unseen = self.backend.tower_unseen(
+            &self.weights.codebook_embeddings,
+            &self.shape,
+            &UnseenCodes {
+                codes: &flat,
+                codebooks: self.codebooks,
+                first: self.backbone_codebooks + 1,
+                row_semantic: &row_semantic,
+            },
+        );
+        let lens: Vec<usize> = active.iter().map(|&i| written[i]).collect();
+        let starts: Vec<usize> = active.iter().map(|&i| states[i].len).collect();
+        // Shared layers embed c0 of the label (layer 0 adds the unseen codes); residual layer r
+        // embeds c_r (label column 1 + r), as `prefill` does.
+        let mut h: Option<B::Act> = None;
+        for index in 0..self.weights.layers.len() {
+            let column = 1 + index.saturating_sub(self.shared_layers);
+            let codes: Vec<u32> = labels.iter().map(|l| l[column]).collect();
+            let mut kvs: Vec<&mut B::TowerKv> = Vec::with_capacity(active.len());
+            for (i, state) in states.iter_mut().enumerate() {
+                if written[i] > 0 {
+                    kvs.push(&mut state.caches[index]);
+                }
+            }
+            let input = TowerManyInput {
+                hidden: h.as_ref().unwrap_or(&h0),
+                codes: &codes,
+                label_semantic: &mask,
+                unseen: (index == 0).then_some(&unseen),
+                starts: &starts,
+                lens: &lens,
+            };
+            h = Some(self.backend.tower_layer_many(&self.shape, &self.weights.layers[index], &mut kvs, input)?);
+        }
+        for &i in &active {
+            states[i].len += written[i];
+        }
+        Ok(())
     }
 
     /// [`Tower::prefill`], also returning every layer's output and every head's logits per

@@ -75,9 +75,6 @@ pub fn run(ctx: &mut Ctx) {
         for rows in [1, 2, 9, 64, 130] {
             rows_invariant(ctx, TINY, &tiny, activations, rows);
         }
-        for rows in [9, 130, 512] {
-            rows_tiles_agree(ctx, TINY, &tiny, activations, rows);
-        }
     }
     decode_allocates_nothing(ctx, TINY, &tiny);
 
@@ -103,10 +100,6 @@ pub fn run(ctx: &mut Ctx) {
         }
         rows_skewed(ctx, REAL, &real, activations);
     }
-    // A prefill pass's shape (600 rows: ≈ 19 pairs per expert) and two passes (1100 rows).
-    rows_tiles_agree(ctx, REAL, &real, ExpertActivations::Fp8Dynamic, 600);
-    rows_tiles_agree(ctx, REAL, &real, ExpertActivations::Fp8Dynamic, 1100);
-    rows_tiles_agree(ctx, REAL, &real, ExpertActivations::Exact, 600);
 }
 
 /// The dynamic quantiser (`moe_rows_operand`, e4m3) vs the CPU `quantise` on identical bf16 rows
@@ -232,17 +225,6 @@ fn rows_invariant(ctx: &mut Ctx, d: Dims, w: &Layer, activations: ExpertActivati
     let together = rows_path(ctx, &s, w, &x);
     let alone = rows_alone(ctx, &s, w, &x);
     ctx.exact(format!("moe {activations:?} rows, each row alone [{}]", d.label(rows)), &bits(&together), &bits(&alone));
-}
-
-/// Tiles of 8 and of 32 pairs give every row the same bits (`rows_block` checks the path, which
-/// takes 32-pair tiles from 16 pairs per expert, against the CPU).
-fn rows_tiles_agree(ctx: &mut Ctx, d: Dims, w: &Layer, activations: ExpertActivations, rows: usize) {
-    let s = d.shape(activations);
-    let gx = ctx.cuda.upload_matrix(&ctx.random_bf16(rows, d.hidden, 1.0));
-    let narrow = ctx.cuda.to_host(&moe::moe_with(ctx.cuda, &s, &w.gpu, &gx, MoePath::RowsTiles(8))).data;
-    let wide = ctx.cuda.to_host(&moe::moe_with(ctx.cuda, &s, &w.gpu, &gx, MoePath::RowsTiles(32))).data;
-    let label = d.label(rows);
-    ctx.exact(format!("moe {activations:?} rows, 32-pair tiles vs 8 (bits) [{label}]"), &bits(&wide), &bits(&narrow));
 }
 
 /// Routing skew: 24 rows, every other one the same row, so each of its top_k experts holds 12

@@ -2,6 +2,9 @@
 //! - One tower layer with random weights at the tiny checkpoint's dims and the real ones: a
 //!   prefill crossing the attention tiles, decode rows one at a time, and a call that rewrites
 //!   the last cached position (as S1 overwrites its placeholder row), then the caches.
+//! - Several requests' rows through one layer at once (`tower_layer_many`: lengths on both sides
+//!   of the split decode's 4 rows and of the 64-row tile): outputs and caches bit for bit as
+//!   each request alone.
 //! - The unseen-codes sum and a codebook head.
 //! - The whole tower on the tiny checkpoint through `model::tower`: teacher-forced prefill over
 //!   prompt rows and generated frames, every layer's output and every head's logits, and the
@@ -24,7 +27,8 @@ use half::bf16;
 use limelight::backend::BackendTypes;
 use limelight::backend::cpu::{Cpu, CpuWeight, Matrix};
 use limelight::backend::cuda::tensor::GpuWeight;
-use limelight::backend::tower::{TowerLayerInput, TowerOps, TowerShape, UnseenCodes};
+use limelight::backend::cuda::tower::GpuTowerKv;
+use limelight::backend::tower::{TowerLayerInput, TowerManyInput, TowerOps, TowerShape, UnseenCodes};
 use limelight::checkpoint::{Dtype, TensorView};
 use limelight::model::frame::Rows;
 use limelight::model::load::Checkpoint;
@@ -55,6 +59,7 @@ pub fn run(ctx: &mut Ctx) {
     };
     for (name, shape) in [("tiny", &tiny), ("real", &real)] {
         layer_checks(ctx, name, shape);
+        many_equals_alone(ctx, name, shape);
         unseen_and_head(ctx, name, shape);
     }
     whole_tower(ctx, &ckpt);
@@ -71,6 +76,67 @@ fn random_codes(ctx: &mut Ctx, n: usize, below: usize) -> Vec<u32> {
 
 fn random_mask(ctx: &mut Ctx, n: usize) -> Vec<bool> {
     (0..n).map(|_| ctx.rng.next_u64() % 10 < 7).collect()
+}
+
+/// Several requests' rows through one layer in one `tower_layer_many` call, each continuing its
+/// own primed cache: every output row and every cache bit for bit as `tower_layer` alone.
+fn many_equals_alone(ctx: &mut Ctx, name: &str, s: &TowerShape) {
+    const LENS: [usize; 6] = [65, 3, 84, 1, 9, 4];
+    let (_, gpu_w) = layer_weights(ctx, s);
+    let cuda = ctx.cuda;
+    let total: usize = LENS.iter().sum();
+    let primers: Vec<usize> = LENS.iter().map(|&n| n % 7 + 2).collect();
+    let hidden = ctx.random_bf16(total, s.dim, 1.0);
+    let unseen = ctx.random_bf16(total, s.dim, 0.5);
+    let codes = random_codes(ctx, total, s.codebook_vocab);
+    let mask = random_mask(ctx, total);
+    let primer_rows: Vec<Matrix> = primers.iter().map(|&p| ctx.random_bf16(p, s.dim, 1.0)).collect();
+    let primer_codes: Vec<Vec<u32>> = primers.iter().map(|&p| random_codes(ctx, p, s.codebook_vocab)).collect();
+    let primed = || {
+        (0..LENS.len())
+            .map(|i| {
+                let mut kv = cuda.tower_kv(s);
+                let h = cuda.upload_matrix(&primer_rows[i]);
+                let mask = vec![true; primers[i]];
+                let input =
+                    TowerLayerInput { hidden: &h, codes: &primer_codes[i], label_semantic: &mask, unseen: None, start: 0 };
+                cuda.tower_layer(s, &gpu_w, &mut kv, input).expect("GPU tower layer");
+                kv
+            })
+            .collect::<Vec<_>>()
+    };
+    let mut alone = primed();
+    let mut want = Vec::new();
+    let mut first = 0;
+    for (i, kv) in alone.iter_mut().enumerate() {
+        let n = LENS[i];
+        let (h, u) = (cuda.upload_matrix(&rows(&hidden, first, first + n)), cuda.upload_matrix(&rows(&unseen, first, first + n)));
+        let (c, m) = (&codes[first..first + n], &mask[first..first + n]);
+        let input = TowerLayerInput { hidden: &h, codes: c, label_semantic: m, unseen: Some(&u), start: primers[i] };
+        want.extend(cuda.to_host(&cuda.tower_layer(s, &gpu_w, kv, input).expect("GPU tower layer")).data);
+        first += n;
+    }
+    let mut together = primed();
+    let mut kvs: Vec<_> = together.iter_mut().collect();
+    let (gh, gu) = (cuda.upload_matrix(&hidden), cuda.upload_matrix(&unseen));
+    let input = TowerManyInput {
+        hidden: &gh,
+        codes: &codes,
+        label_semantic: &mask,
+        unseen: Some(&gu),
+        starts: &primers,
+        lens: &LENS,
+    };
+    let got = cuda.to_host(&cuda.tower_layer_many(s, &gpu_w, &mut kvs, input).expect("GPU tower layers")).data;
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    let label = format!("tower layer of {} requests together vs each alone [{name}]", LENS.len());
+    ctx.exact(format!("{label} output, bits"), &bits(&got), &bits(&want));
+    let caches = |kvs: &[GpuTowerKv]| -> Vec<u32> {
+        kvs.iter()
+            .flat_map(|kv| bits(&kv.cache.keys_to_host(cuda)).into_iter().chain(bits(&kv.cache.values_to_host(cuda))))
+            .collect()
+    };
+    ctx.exact(format!("{label} caches, bits"), &caches(&together), &caches(&alone));
 }
 
 /// One layer with random weights: prefill, decode rows, a rewrite of the last position, caches.

@@ -423,6 +423,79 @@ pub(super) fn attend_prefill(
     gated
 }
 
+/// Several requests' query rows for [`attend_prefill_segments`]: request i's `lens[i]` rows,
+/// from row `firsts[i]` of q, qg and the output, at positions `starts[i]..` of `caches[i]`,
+/// which already holds their keys.
+pub(super) struct PrefillSegments<'a> {
+    pub caches: &'a [&'a GpuKvCache],
+    pub firsts: &'a [usize],
+    pub lens: &'a [usize],
+    pub starts: &'a [usize],
+}
+
+/// The first row of each of consecutive runs of `lens` rows.
+pub(super) fn first_rows(lens: &[usize]) -> Vec<usize> {
+    lens.iter()
+        .scan(0, |next, &n| {
+            let first = *next;
+            *next += n;
+            Some(first)
+        })
+        .collect()
+}
+
+/// [`attend_prefill`] of several requests in one launch (grid.z = requests): q (f32
+/// `[rows, H, HD]`) and qg (bf16 `[rows, H·2·HD]`) at device addresses, the gated rows written at
+/// `out`. Each request's rows get exactly what [`attend_prefill`] gives them alone.
+pub(super) fn attend_prefill_segments(
+    cuda: &Cuda,
+    shape: &AttentionShape,
+    q: u64,
+    qg: u64,
+    segments: &PrefillSegments<'_>,
+    out: u64,
+) {
+    let (h, hkv, hd) = (shape.heads, shape.kv_heads, shape.head_dim);
+    let PrefillSegments { caches, firsts, lens, starts } = *segments;
+    let requests = lens.len();
+    assert!(
+        caches.len() == requests && firsts.len() == requests && starts.len() == requests,
+        "one cache, first row, length and start per request"
+    );
+    let Some(&most) = lens.iter().max() else { return };
+    let variant = cuda.kernels.attention.variant(hd);
+    if let Err(why) = &variant.prefill_ready {
+        panic!("{why}");
+    }
+    // Per request: [keys, values, first row, rows, first position].
+    let mut seqs: Vec<u64> = Vec::with_capacity(5 * requests);
+    for i in 0..requests {
+        let (cache, n, start) = (caches[i], lens[i], starts[i]);
+        assert!(cache.device_position.is_none(), "prefill attention reads host positions only (not capturable)");
+        assert!(start + n <= cache.len, "prefill attention: the cache must hold the rows' keys");
+        seqs.extend([cache.keys.ptr(), cache.values.ptr(), firsts[i] as u64, n as u64, start as u64]);
+    }
+    let table = cuda.scratch(seqs.len() * 8);
+    cuda.stage_to_device(table.ptr(), &seqs);
+    let blocks = (most * (h / hkv)).div_ceil(PREFILL_ROWS);
+    let dims = Dims::grid((blocks as u32, hkv as u32, lens.len() as u32), THREADS)
+        .with_shared(prefill_smem_bytes(hd) as u32);
+    let first = caches[0];
+    let args = [
+        q.into(),
+        qg.into(),
+        first.keys.ptr().into(),
+        first.values.ptr().into(),
+        out.into(),
+        0usize.into(),
+        h.into(),
+        hkv.into(),
+        0usize.into(),
+        table.ptr().into(),
+    ];
+    variant.prefill.launch(cuda.stream(), dims, &args);
+}
+
 /// [`prefill`] of several requests' prompt chunks at once (`BackboneOps::attention_prefill_many`):
 /// `lens[i]` consecutive rows of `x` continue `caches[i]`. The projections give each request's
 /// rows what [`linear`] gives them alone, in one launch for all (`linear_segments`); the prep runs
@@ -456,10 +529,6 @@ pub fn prefill_many(
         );
     }
     let (h, hkv, hd) = (s.heads, s.kv_heads, s.head_dim);
-    let variant = cuda.kernels.attention.variant(hd);
-    if let Err(why) = &variant.prefill_ready {
-        panic!("{why}");
-    }
     let qg = linear_segments(cuda, x, lens, &w.q_proj);
     let k = linear_segments(cuda, x, lens, &w.k_proj);
     let v = linear_segments(cuda, x, lens, &w.v_proj);
@@ -500,36 +569,15 @@ pub fn prefill_many(
     let dims = Dims::grid(((h + hkv) as u32, x.rows as u32, 1), hd as u32);
     cuda.kernels.attention.prep.launch(cuda.stream(), dims, &args);
 
-    // One CTA row-block grid per request: [keys, values, first row, rows, first position].
-    let mut seqs: Vec<u64> = Vec::with_capacity(5 * lens.len());
-    let mut row0 = 0;
-    for (cache, &n) in caches.iter().zip(lens) {
-        seqs.extend([cache.keys.ptr(), cache.values.ptr(), row0 as u64, n as u64, cache.len as u64]);
-        row0 += n;
-    }
-    let table = cuda.scratch(seqs.len() * 8);
-    cuda.stage_to_device(table.ptr(), &seqs);
-    let gated = cuda.matrix(x.rows, h * hd);
-    let most = lens.iter().copied().max().expect("at least one request");
-    let blocks = (most * (h / hkv)).div_ceil(PREFILL_ROWS);
-    let dims = Dims::grid((blocks as u32, hkv as u32, lens.len() as u32), THREADS)
-        .with_shared(prefill_smem_bytes(hd) as u32);
-    let args = [
-        q.ptr().into(),
-        qg.ptr().into(),
-        first.keys.ptr().into(),
-        first.values.ptr().into(),
-        gated.ptr().into(),
-        0usize.into(),
-        h.into(),
-        hkv.into(),
-        0usize.into(),
-        table.ptr().into(),
-    ];
-    variant.prefill.launch(cuda.stream(), dims, &args);
+    let starts: Vec<usize> = caches.iter().map(|c| c.len).collect();
     for (cache, &n) in caches.iter_mut().zip(lens) {
         cache.len += n;
     }
+    let gated = cuda.matrix(x.rows, h * hd);
+    let views: Vec<&GpuKvCache> = caches.iter().map(|c| &**c).collect();
+    let firsts = first_rows(lens);
+    let segments = PrefillSegments { caches: &views, firsts: &firsts, lens, starts: &starts };
+    attend_prefill_segments(cuda, s, q.ptr(), qg.ptr(), &segments, gated.ptr());
     linear_segments(cuda, &gated, lens, &w.o_proj)
 }
 
@@ -604,7 +652,7 @@ pub fn decode_rows(
     let dims = Dims::grid(((h + hkv) as u32, rows as u32, 1), hd as u32);
     cuda.kernels.attention.prep.launch(cuda.stream(), dims, &args);
     let gated = cuda.matrix(rows, h * hd);
-    attend_decode_seq(cuda, s, &q, qg.ptr(), first, rows, 0, gated.ptr(), seq.args());
+    attend_decode_seq(cuda, s, q.ptr(), qg.ptr(), first, rows, 0, gated.ptr(), seq.args());
     for cache in caches.iter_mut() {
         cache.len += 1;
     }
@@ -639,7 +687,7 @@ pub(super) fn attend_decode_into(
     start: usize,
     out: u64,
 ) {
-    attend_decode_seq(cuda, shape, q, qg, cache, rows, start, out, ONE_SEQUENCE);
+    attend_decode_seq(cuda, shape, q.ptr(), qg, cache, rows, start, out, ONE_SEQUENCE);
 }
 
 /// The split decode kernel and the combine over `rows` rows: of one sequence (`seq` =
@@ -649,7 +697,7 @@ pub(super) fn attend_decode_into(
 pub(super) fn attend_decode_seq(
     cuda: &Cuda,
     shape: &AttentionShape,
-    q: &PoolBuf,
+    q: u64,
     qg: u64,
     cache: &GpuKvCache,
     rows: usize,
@@ -664,7 +712,7 @@ pub(super) fn attend_decode_seq(
     let (counter, start) = cache.position_args(start);
     let [sk, sv, sp] = seq;
     let args = [
-        q.ptr().into(),
+        q.into(),
         cache.keys.ptr().into(),
         cache.values.ptr().into(),
         part_o.ptr().into(),

@@ -11,7 +11,8 @@ pub mod embedded {
     include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
 }
 
-/// A kernel or module missing from the embedded fatbins (a build problem, found at start-up).
+/// A kernel or module missing from the embedded fatbins (a build problem), or a kernel whose
+/// shared memory the GPU cannot grant; found at start-up.
 #[derive(Debug, thiserror::Error)]
 #[error("CUDA module `{module}`{}: {source}", kernel.map(|k| format!(", kernel `{k}`")).unwrap_or_default())]
 pub struct KernelError {

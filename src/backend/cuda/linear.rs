@@ -60,14 +60,28 @@ pub struct LinearKernels {
     restricted_logits: Kernel,
 }
 
+/// Dynamic shared memory of `linear_gemm_*` with `rows_per_block` rows: 3 stages of the block's
+/// x and W rows, 64 bf16 each (`gemm::STAGES`, `gemm::BK` in the .cu).
+fn gemm_smem_bytes(rows_per_block: usize) -> usize {
+    3 * (rows_per_block + GEMM_BLOCK_FEATURES) * 64 * 2
+}
+
 impl LinearKernels {
     pub fn load(ctx: &Arc<CudaContext>) -> Result<LinearKernels, KernelError> {
         let m = Module::load(ctx, "linear", embedded::LINEAR)?;
+        let gemm = |name: &'static str, rows_per_block: usize| -> Result<Kernel, KernelError> {
+            let kernel = m.kernel(name)?;
+            // 72 and 96 KiB: within every supported GPU's per-block limit (≥ 99 KiB from sm_80).
+            kernel
+                .allow_shared_bytes(gemm_smem_bytes(rows_per_block) as u32)
+                .map_err(|source| KernelError { module: "linear", kernel: Some(name), source })?;
+            Ok(kernel)
+        };
         Ok(LinearKernels {
             mma_r8: m.kernel("linear_mma_r8")?,
             mma_r64: m.kernel("linear_mma_r64")?,
-            gemm_r64: m.kernel("linear_gemm_r64")?,
-            gemm_r128: m.kernel("linear_gemm_r128")?,
+            gemm_r64: gemm("linear_gemm_r64", GEMM_R64_ROWS)?,
+            gemm_r128: gemm("linear_gemm_r128", GEMM_R128_ROWS)?,
             tiled: m.kernel("linear_tiled")?,
             embed_gather: m.kernel("embed_gather")?,
             restricted_logits: m.kernel("restricted_logits")?,
@@ -226,7 +240,8 @@ fn project(cuda: &Cuda, x: u64, rows: usize, w: &GpuWeight, y: u64, path: Path) 
             };
             let grid = (n.div_ceil(GEMM_BLOCK_FEATURES) as u32, rows.div_ceil(per_block) as u32, 1);
             let args = [x.into(), w.ptr.into(), y.into(), rows.into(), n.into(), k.into()];
-            kernel.launch(cuda.stream(), Dims::grid(grid, THREADS), &args);
+            let dims = Dims::grid(grid, THREADS).with_shared(gemm_smem_bytes(per_block) as u32);
+            kernel.launch(cuda.stream(), dims, &args);
         }
         Path::Blas => {
             let blas = cuda.blas.as_ref().expect("cuBLASLt path forced but libcublasLt is not loaded");

@@ -38,9 +38,6 @@ pub struct MoeKernels {
     rows_operand: Kernel,
     rows_gate_up: Kernel,
     rows_down: Kernel,
-    /// The same kernels over tiles of 32 pairs (`_t4`: four n8 column sets).
-    rows_gate_up_wide: Kernel,
-    rows_down_wide: Kernel,
     swiglu_bf16: Kernel,
     combine: Kernel,
     /// Per layer (keyed by the router weight's address): the experts' device address table.
@@ -62,8 +59,6 @@ impl MoeKernels {
             rows_operand: r.kernel("moe_rows_operand")?,
             rows_gate_up: r.kernel("moe_rows_gate_up")?,
             rows_down: r.kernel("moe_rows_down")?,
-            rows_gate_up_wide: r.kernel("moe_rows_gate_up_t4")?,
-            rows_down_wide: r.kernel("moe_rows_down_t4")?,
             swiglu_bf16: m.kernel("moe_swiglu_bf16")?,
             combine: m.kernel("moe_combine")?,
             tables: Mutex::new(HashMap::new()),
@@ -116,23 +111,14 @@ pub enum MoePath {
     /// Pairs grouped by expert, tiled GEMMs.
     Grouped,
     /// The decode batch's (`BackboneOps::moe_rows`): pairs grouped by expert, swap-AB tensor-core
-    /// tiles of up to 8 or 32 pairs (the expert's output features are the MMA's rows; 32 when a
-    /// pass averages [`WIDE_TILE_PAIRS_PER_EXPERT`] pairs per expert or more), and GEMV
+    /// tiles of up to 8 pairs (the expert's output features are the MMA's rows), and GEMV
     /// projections for the shared expert, at any row count. Each output's sum over K runs in an
-    /// order fixed by K alone, whichever pairs share its tile and whatever the tile size (the
-    /// atomics only order the pairs, never a sum), and the combine sums a row's slots in slot
-    /// order: each row's result is its own, bit for bit. The grid scales with the tiles, so one
-    /// row spreads its experts' bytes over every SM and a batch reads each expert once per tile
-    /// of its pairs.
+    /// order fixed by K alone, whichever pairs share its tile (the atomics only order the pairs,
+    /// never a sum), and the combine sums a row's slots in slot order: each row's result is its
+    /// own, bit for bit. The grid scales with the tiles, so one row spreads its experts' bytes
+    /// over every SM and a batch reads each expert once per 8 of its pairs.
     Rows,
-    /// [`MoePath::Rows`] with tiles of the given pairs (8 or 32) at any row count (checks: the
-    /// same bits).
-    RowsTiles(usize),
 }
-
-/// Pairs per expert from which a pass of [`MoePath::Rows`] takes 32-pair tiles: prefill-sized
-/// passes, where 8-pair tiles would read each expert's weights once per 8 of its pairs.
-pub const WIDE_TILE_PAIRS_PER_EXPERT: usize = 16;
 
 /// The router's decision for each row, on the device.
 pub struct Routing {
@@ -166,7 +152,7 @@ pub fn moe_with(cuda: &Cuda, s: &MoeShape, w: &MoeWeights<GpuWeight>, x: &GpuMat
     }
     let table = expert_table(cuda, s, w);
     let routing = route(cuda, s, w, x);
-    let shared = shared_expert(cuda, w, x, matches!(path, MoePath::Rows | MoePath::RowsTiles(_)));
+    let shared = shared_expert(cuda, w, x, path == MoePath::Rows);
     let quantised = (s.activations == ExpertActivations::Fp8Dynamic).then(|| quantise_rows(cuda, x));
     let input = match &quantised {
         Some(q) => Input { ptr: q.codes.ptr(), scales: q.scales.ptr(), kind: ACT_E4M3, elem: 1 },
@@ -178,8 +164,7 @@ pub fn moe_with(cuda: &Cuda, s: &MoeShape, w: &MoeWeights<GpuWeight>, x: &GpuMat
         MoePath::Auto if x.rows <= DECODE_MAX_ROWS => job.per_pair(),
         MoePath::PerPair => job.per_pair(),
         MoePath::Auto | MoePath::Grouped => job.grouped(),
-        MoePath::Rows => job.rows(None),
-        MoePath::RowsTiles(pairs) => job.rows(Some(pairs)),
+        MoePath::Rows => job.rows(),
     }
     out
 }

@@ -10,15 +10,17 @@ use std::sync::Arc;
 
 use cudarc::driver::CudaContext;
 
-use super::attention::{self, GpuKvCache, RowCaches};
+use super::attention::{self, GpuKvCache, PrefillSegments, RowCaches};
 use super::launch::{Arg, Dims, Kernel, KernelError, Module, embedded};
-use super::linear::{linear, linear_rows};
+use super::linear::{linear, linear_rows, linear_segments};
 use super::memory::PoolBuf;
 use super::tensor::{GpuMatrix, GpuWeight};
 use super::{Cuda, moe, norm};
 use crate::backend::backbone::AttentionShape;
 use crate::backend::cpu::Matrix;
-use crate::backend::tower::{TowerError, TowerLayerInput, TowerOps, TowerRowsInput, TowerShape, UnseenCodes};
+use crate::backend::tower::{
+    TowerError, TowerLayerInput, TowerManyInput, TowerOps, TowerRowsInput, TowerShape, UnseenCodes,
+};
 use crate::model::weights::TowerLayer;
 
 pub struct TowerKernels {
@@ -137,6 +139,16 @@ impl TowerOps for Cuda {
         self.tower_layer_batch(s, w, kvs, input)
     }
 
+    fn tower_layer_many(
+        &self,
+        s: &TowerShape,
+        w: &TowerLayer<GpuWeight>,
+        kvs: &mut [&mut GpuTowerKv],
+        input: TowerManyInput<'_, GpuMatrix>,
+    ) -> Result<GpuMatrix, TowerError> {
+        self.tower_layer_segments(s, w, kvs, input)
+    }
+
     fn tower_head_rows(&self, head: &GpuWeight, hidden: &GpuMatrix) -> GpuMatrix {
         linear_rows(self, hidden, head)
     }
@@ -215,7 +227,9 @@ impl Cuda {
             "tower: {start} positions + {n} rows exceed the KV cache capacity {}",
             cache.capacity
         );
-        self.layer_with(s, w, hidden, labels, unseen, linear, &mut |qkv| self.attend(s, w, qkv, cache, start))
+        self.layer_with(s, w, hidden, labels, unseen, &|x, m| linear(self, x, m), &mut |qkv| {
+            self.attend(s, w, qkv, cache, start)
+        })
     }
 
     /// [`TowerOps::tower_layer_rows`]: one row per request, each at its own position of its own
@@ -269,7 +283,100 @@ impl Cuda {
             assert!(start < kv.cache.capacity, "tower: position {start} past the KV cache capacity");
         }
         let mut attend = |qkv: &GpuMatrix| self.attend_rows(s, w, qkv, kvs, input.starts);
-        self.layer_with(s, w, input.hidden, input.labels, input.unseen, linear_rows, &mut attend)
+        self.layer_with(s, w, input.hidden, input.labels, input.unseen, &|x, m| linear_rows(self, x, m), &mut attend)
+    }
+
+    /// [`TowerOps::tower_layer_many`]: several requests' teacher-forced rows. The mix, norms and
+    /// SwiGLU run once over every row; the projections once, each request's rows getting what
+    /// [`linear`] gives them alone (`linear_segments`); the q/k prep once, each row into its own
+    /// request's cache; the attention of every request longer than the split decode's rows in
+    /// one launch (the others alone, as [`Cuda::attend`] takes them). Each request's rows and
+    /// cache are bit for bit those of [`TowerOps::tower_layer`] alone.
+    fn tower_layer_segments(
+        &self,
+        s: &TowerShape,
+        w: &TowerLayer<GpuWeight>,
+        kvs: &mut [&mut GpuTowerKv],
+        input: TowerManyInput<'_, GpuMatrix>,
+    ) -> Result<GpuMatrix, TowerError> {
+        let TowerManyInput { hidden, codes, label_semantic, unseen, starts, lens } = input;
+        let n = kvs.len();
+        let check =
+            |what, expected, found| if found == expected { Ok(()) } else { Err(TowerError::Length { what, expected, found }) };
+        check("positions", n, starts.len())?;
+        check("row counts", n, lens.len())?;
+        let total: usize = lens.iter().sum();
+        check("hidden rows", total, hidden.rows)?;
+        check("hidden width", s.dim, hidden.cols)?;
+        check("codes", total, codes.len())?;
+        check("label mask", total, label_semantic.len())?;
+        if let Some(u) = unseen {
+            check("unseen rows", total, u.rows)?;
+        }
+        for (kv, (&start, &len)) in kvs.iter().zip(starts.iter().zip(lens)) {
+            if start > kv.cache.len {
+                return Err(TowerError::PositionGap { start, cached: kv.cache.len });
+            }
+            assert!(
+                start + len <= kv.cache.capacity,
+                "tower: {start} positions + {len} rows exceed the KV cache capacity {}",
+                kv.cache.capacity
+            );
+        }
+        let codes = stage_u32(self, codes);
+        let mask = stage_u32(self, &flags(label_semantic));
+        let labels = DeviceLabels { codes: codes.ptr(), mask: mask.ptr(), stride: 1 };
+        let mut attend = |qkv: &GpuMatrix| self.attend_segments(s, w, qkv, kvs, starts, lens);
+        Ok(self.layer_with(s, w, hidden, labels, unseen, &|x, m| linear_segments(self, x, lens, m), &mut attend))
+    }
+
+    /// [`Cuda::attend`] of several requests' rows (`lens[i]` rows of request i at `starts[i]..` of
+    /// `kvs[i]`'s cache): one prep over every row, then one prefill-attention launch for the
+    /// requests above [`DECODE_ROWS`] rows and the split decode for each of the others.
+    fn attend_segments(
+        &self,
+        s: &TowerShape,
+        w: &TowerLayer<GpuWeight>,
+        qkv: &GpuMatrix,
+        kvs: &mut [&mut GpuTowerKv],
+        starts: &[usize],
+        lens: &[usize],
+    ) -> GpuMatrix {
+        let shape = attention_shape(s);
+        let n = qkv.rows;
+        let (mut keys, mut values, mut positions) = (Vec::new(), Vec::new(), Vec::new());
+        for (kv, (&start, &len)) in kvs.iter().zip(starts.iter().zip(lens)) {
+            keys.extend(std::iter::repeat_n(kv.cache.keys.ptr(), len));
+            values.extend(std::iter::repeat_n(kv.cache.values.ptr(), len));
+            positions.extend(start..start + len);
+        }
+        let seq = RowCaches::stage_addrs(self, &keys, &values, &positions);
+        let (q, qg) = self.prep_with(s, w, qkv.ptr(), n, &kvs[0].cache, 0, seq.args());
+        for (kv, (&start, &len)) in kvs.iter_mut().zip(starts.iter().zip(lens)) {
+            kv.cache.len = start + len;
+        }
+        let gated = self.matrix(n, s.heads * s.head_dim);
+        let firsts = attention::first_rows(lens);
+        let (mut long_caches, mut long_firsts, mut long_lens, mut long_starts) = (vec![], vec![], vec![], vec![]);
+        for (i, kv) in kvs.iter().enumerate() {
+            let (first, len, start) = (firsts[i], lens[i], starts[i]);
+            if len > DECODE_ROWS {
+                long_caches.push(&kv.cache);
+                long_firsts.push(first);
+                long_lens.push(len);
+                long_starts.push(start);
+            } else if len > 0 {
+                let hd = s.heads * s.head_dim;
+                let at = |base: u64, bytes_per_row: usize| base + (first * bytes_per_row) as u64;
+                let (q_at, qg_at, out_at) = (at(q.ptr(), hd * 4), at(qg.ptr(), 2 * hd * 2), at(gated.ptr(), hd * 2));
+                let one = attention::ONE_SEQUENCE;
+                attention::attend_decode_seq(self, &shape, q_at, qg_at, &kv.cache, len, start, out_at, one);
+            }
+        }
+        let segments =
+            PrefillSegments { caches: &long_caches, firsts: &long_firsts, lens: &long_lens, starts: &long_starts };
+        attention::attend_prefill_segments(self, &shape, q.ptr(), qg.ptr(), &segments, gated.ptr());
+        gated
     }
 
     /// One tower layer over `hidden`'s rows (`model.md` §6 steps 1–5), projecting with `project`
@@ -282,7 +389,7 @@ impl Cuda {
         hidden: &GpuMatrix,
         labels: DeviceLabels,
         unseen: Option<&GpuMatrix>,
-        project: fn(&Cuda, &GpuMatrix, &GpuWeight) -> GpuMatrix,
+        project: &dyn Fn(&GpuMatrix, &GpuWeight) -> GpuMatrix,
         attend: &mut dyn FnMut(&GpuMatrix) -> GpuMatrix,
     ) -> GpuMatrix {
         let (n, dim) = (hidden.rows, s.dim);
@@ -306,19 +413,19 @@ impl Cuda {
             (s.norm_eps as f32).into(),
         ];
         self.kernels.tower.mix.launch(self.stream(), Dims::linear(n, THREADS), &args);
-        let mut x = project(self, &eh, &w.eh_proj);
+        let mut x = project(&eh, &w.eh_proj);
 
         // 3. Gated attention over this layer's cache, rows written at start.. (replacing any).
         let a = norm::rms_norm(self, &x, &w.attention_norm, s.norm_eps);
-        let qkv = project(self, &a, &w.wqkv);
+        let qkv = project(&a, &w.wqkv);
         assert_eq!(qkv.cols, s.qkv_rows(), "tower wqkv output width");
         let gated = attend(&qkv);
-        let attn = project(self, &gated, &w.wo);
+        let attn = project(&gated, &w.wo);
 
         // 4. SwiGLU block (x += attn fused with ffn_norm), 5. final_layernorm (fused with x += down).
         let f = norm::add_rms_norm(self, &mut x, &attn, &w.ffn_norm, s.norm_eps);
-        let act = moe::swiglu(self, &project(self, &f, &w.w1), &project(self, &f, &w.w3));
-        let down = project(self, &act, &w.w2);
+        let act = moe::swiglu(self, &project(&f, &w.w1), &project(&f, &w.w3));
+        let down = project(&act, &w.w2);
         norm::add_rms_norm(self, &mut x, &down, &w.final_norm, s.norm_eps)
     }
 
@@ -380,7 +487,7 @@ impl Cuda {
         let (q, qg) = self.prep_with(s, w, qkv.ptr(), n, caches[0], 0, seq.args());
         let gated = self.matrix(n, s.heads * s.head_dim);
         let shape = attention_shape(s);
-        attention::attend_decode_seq(self, &shape, &q, qg.ptr(), caches[0], n, 0, gated.ptr(), seq.args());
+        attention::attend_decode_seq(self, &shape, q.ptr(), qg.ptr(), caches[0], n, 0, gated.ptr(), seq.args());
         for (cache, &start) in caches.iter_mut().zip(starts) {
             cache.len = start + 1;
         }

@@ -1,6 +1,5 @@
 //! The decode batch's routed experts ([`MoePath::Rows`](super::MoePath::Rows)) on tensor cores,
-//! `kernels/moe_rows.cu`: the pairs grouped by expert into tiles of up to 8 (or 32 in
-//! prefill-sized passes: the same bits), swap-AB
+//! `kernels/moe_rows.cu`: the pairs grouped by expert into tiles of up to 8, swap-AB
 //! `mma.sync` tiles (an expert's 16 output features against a tile's pairs) over operands that
 //! reach the MMA as f16 without rounding, and a grid that scales with the tiles, so one row
 //! spreads its experts' bytes over every SM and a batch reads each expert once per 8 of its pairs.
@@ -17,11 +16,8 @@ use crate::backend::cuda::Cuda;
 use crate::backend::cuda::launch::{Arg, Dims};
 use crate::backend::cuda::memory::PoolBuf;
 
-use super::WIDE_TILE_PAIRS_PER_EXPERT;
-
-/// Pairs of one expert per tile: one n8 MMA column set (`moe_rows_*`), or four (`moe_rows_*_t4`).
+/// Pairs of one expert per tile (`ROWS_PAIRS`): one n8 MMA column set.
 const TILE_PAIRS: usize = 8;
-const WIDE_TILE_PAIRS: usize = 32;
 /// Output features per block: gate/up 1 feature warp × 8 K slices, down 8 feature warps.
 const GATE_UP_FEATURES: usize = 16;
 const DOWN_FEATURES: usize = 128;
@@ -101,27 +97,16 @@ impl Operand {
 impl Job<'_> {
     /// The decode batch, in passes of at most `CHUNK_ROWS` rows: the pass's input rows as an
     /// operand (`Fp8Dynamic`: the quantised codes; `Exact`: f16 of the bf16 rows), its pairs
-    /// grouped by expert into tiles of up to 8 or 32 (`tile_pairs`; by default 32 when the
-    /// passes average [`WIDE_TILE_PAIRS_PER_EXPERT`] pairs per expert), gate/up tiles → h
-    /// [pairs, I] f32 by sorted position, h as an operand (requantised to e4m3, or hi + lo f16),
-    /// down tiles → y [pairs, hidden] f32; combine.
-    pub(super) fn rows(&self, tile_pairs: Option<usize>) {
+    /// grouped by expert into tiles of up to 8, gate/up tiles → h [pairs, I] f32 by sorted
+    /// position, h as an operand (requantised to e4m3, or hi + lo f16), down tiles → y
+    /// [pairs, hidden] f32; combine.
+    pub(super) fn rows(&self) {
         let (cuda, k, e, h, i) = (self.cuda, self.s.top_k, self.s.experts, self.hidden, self.s.intermediate);
         let kernels = &cuda.kernels.moe;
         let fp8 = self.input.kind == ACT_E4M3;
         let max_rows = self.rows.min(CHUNK_ROWS);
         let max_pairs = max_rows * k;
-        let tile_pairs = tile_pairs.unwrap_or(if max_pairs >= WIDE_TILE_PAIRS_PER_EXPERT * e {
-            WIDE_TILE_PAIRS
-        } else {
-            TILE_PAIRS
-        });
-        let (gate_up, down) = match tile_pairs {
-            TILE_PAIRS => (&kernels.rows_gate_up, &kernels.rows_down),
-            WIDE_TILE_PAIRS => (&kernels.rows_gate_up_wide, &kernels.rows_down_wide),
-            other => panic!("MoE rows tiles of {other} pairs: {TILE_PAIRS} or {WIDE_TILE_PAIRS}"),
-        };
-        let grouping = Grouping::new(cuda, e, max_pairs, tile_pairs);
+        let grouping = Grouping::new(cuda, e, max_pairs, TILE_PAIRS);
         let exact_input = (!fp8).then(|| Operand::new(cuda, max_rows, h, Format::F16));
         let hbuf = cuda.scratch(max_pairs * i * 4);
         let hop = Operand::new(cuda, max_pairs, i, if fp8 { Format::E4m3 } else { Format::F16x2 });
@@ -154,7 +139,7 @@ impl Job<'_> {
                 hbuf.ptr().into(),
             ];
             let dims = Dims::grid((max_tiles as u32, (i / GATE_UP_FEATURES) as u32, 1), THREADS);
-            gate_up.launch(cuda.stream(), dims, &args);
+            kernels.rows_gate_up.launch(cuda.stream(), dims, &args);
 
             hop.fill(cuda, hbuf.ptr(), ACT_F32, pairs);
             let args: [Arg; 11] = [
@@ -171,7 +156,7 @@ impl Job<'_> {
                 y.ptr().into(),
             ];
             let dims = Dims::grid((max_tiles as u32, (h / DOWN_FEATURES) as u32, 1), THREADS);
-            down.launch(cuda.stream(), dims, &args);
+            kernels.rows_down.launch(cuda.stream(), dims, &args);
             self.combine(r0, rows, y.ptr());
         }
     }
