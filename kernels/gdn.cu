@@ -211,47 +211,11 @@ __device__ __forceinline__ void gdn_rows_times_state(const float* X, const float
     }
 }
 
-// Rows per block of the chunk core's forward substitution.
-#define GDN_FS_BLOCK 16
-
-// X = (I + A)⁻¹ B over the columns c of [W | U] (c < dk: W in QW, B = β e^γ K; c ≥ dk: U in
-// place, B = β V), A the packed strict lower triangle. Block b (rows b0 ≤ i < b1):
-//   X[i, c] = B[i, c] − Σ_{m<b0} A[i, m] X[m, c]   (every (i, c) of the block, over m in order)
-//   X[i, c] −= Σ_{b0≤m<i} A[i, m] X[m, c]           (one thread per column, rows in order)
-// Each output's sum runs in an order fixed by n alone. Ends without a barrier.
-__device__ __forceinline__ void gdn_forward_substitution(const float* A, const float* K, float* QW, float* U,
-                                                         const float* beta, const float* egam, int n, int dk,
-                                                         int ks) {
-    const int cols = dk + GDN_BV;
-    auto x_at = [&](int i, int c) -> float& { return c < dk ? QW[gdn_swz(i, c, ks)] : U[i * GDN_BV + (c - dk)]; };
-    for (int b0 = 0; b0 < n; b0 += GDN_FS_BLOCK) {
-        const int b1 = min(b0 + GDN_FS_BLOCK, n);
-        for (int e = threadIdx.x; e < (b1 - b0) * cols; e += blockDim.x) {
-            const int i = b0 + e / cols, c = e % cols;
-            const float* a_row = A + gdn_tri(i, 0);
-            float x = c < dk ? beta[i] * egam[i] * K[gdn_swz(i, c, ks)] : beta[i] * U[i * GDN_BV + (c - dk)];
-            for (int m = 0; m < b0; ++m) x = fmaf(-a_row[m], x_at(m, c), x);
-            x_at(i, c) = x;
-        }
-        __syncthreads();
-        for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-            for (int i = b0 + 1; i < b1; ++i) {
-                const float* a_row = A + gdn_tri(i, 0);
-                float x = x_at(i, c);
-                for (int m = b0; m < i; ++m) x = fmaf(-a_row[m], x_at(m, c), x);
-                x_at(i, c) = x;
-            }
-        }
-        __syncthreads();
-    }
-}
-
 // Chunked prefill core (`backbone.md` §3.7): for each 64-token chunk, with γ the cumulative
 // log-decay from the chunk start,
 //   A = strict lower β_i (k_i·k_m) e^{γ_i−γ_m};  U = (I+A)⁻¹ diag(β) V;  W = (I+A)⁻¹ diag(β) (K ⊙ e^γ)
 //   V_new = U − W S;  O = (Q ⊙ e^γ) S + [(Q Kᵀ) ⊙ e^{γ_i−γ_m}]_{m≤i} V_new;  S ← e^{γ_n} S + (K ⊙ e^{γ_n−γ})ᵀ V_new.
-// (I+A)⁻¹ is applied by forward substitution of U and W column by column (blocked: see
-// gdn_forward_substitution), as the CPU does.
+// (I+A)⁻¹ is applied by forward substitution of U and W column by column, as the CPU does.
 //
 // Grid (Hv, ceil(Dv/32), sequences), 256 threads: one CTA per value head and 32 value columns of
 // one sequence (the delta rule never mixes value columns, so each column tile runs the recurrence
@@ -325,12 +289,25 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS)
         gdn_by_rows(n, [&](auto rows) { gdn_chunk_gram<false, decltype(rows)::value>(K, K, gam, beta, A, n, dk, ks); });
         __syncthreads();
 
-        // Forward substitution X = (I + A)⁻¹ B for the columns of [W | U] (B: β e^γ K | β V), in
-        // blocks of GDN_FS_BLOCK rows: first every (row, column) of the block subtracts the
-        // earlier blocks' rows (all threads, independent sums), then one thread per column
-        // solves within the block. A column depends only on itself; the serial chain per column
-        // is GDN_FS_BLOCK rows deep instead of n.
-        gdn_forward_substitution(A, K, QW, U, beta, egam, n, dk, ks);
+        // Forward substitution, one thread per column of [W | U]; a column depends only on itself.
+        for (int c = threadIdx.x; c < dk + GDN_BV; c += blockDim.x) {
+            if (c < dk) {
+                for (int i = 0; i < n; ++i) {
+                    const float* a_row = A + gdn_tri(i, 0);
+                    float x = beta[i] * egam[i] * K[gdn_swz(i, c, ks)];
+                    for (int m = 0; m < i; ++m) x = fmaf(-a_row[m], QW[gdn_swz(m, c, ks)], x);
+                    QW[gdn_swz(i, c, ks)] = x;
+                }
+            } else {
+                const int col = c - dk;
+                for (int i = 0; i < n; ++i) {
+                    const float* a_row = A + gdn_tri(i, 0);
+                    float x = beta[i] * U[i * GDN_BV + col];
+                    for (int m = 0; m < i; ++m) x = fmaf(-a_row[m], U[m * GDN_BV + col], x);
+                    U[i * GDN_BV + col] = x;
+                }
+            }
+        }
         __syncthreads();
 
         // V_new = U − W S: warp w owns rows w, w+8, …, lane its value column.
