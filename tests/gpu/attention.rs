@@ -115,7 +115,9 @@ fn check_many(ctx: &mut Ctx, case: &Case, gpu_w: &AttentionWeights<GpuWeight>) {
     let label = format!("attention prefill of {} prompts together vs each alone [{}]", LENS.len(), case.name);
     ctx.exact(format!("{label} output, bits"), &bits(&y.data), &bits(&alone_out));
     let caches = |c: &[GpuKvCache]| -> Vec<u32> {
-        c.iter().flat_map(|cache| bits(&cache.keys_to_host(cuda)).into_iter().chain(bits(&cache.values_to_host(cuda)))).collect()
+        c.iter()
+            .flat_map(|cache| bits(&cache.keys_to_host(cuda)).into_iter().chain(bits(&cache.values_to_host(cuda))))
+            .collect()
     };
     ctx.exact(format!("{label} caches, bits"), &caches(&together), &caches(&alone));
     let lens: Vec<usize> = together.iter().map(|c| c.len).collect();

@@ -160,9 +160,7 @@ fn gemm_row_invariance(ctx: &mut Ctx, n: usize, k: usize) {
         let y = linear::linear_via(ctx.cuda, &ctx.cuda.upload_matrix(x), &gw, Path::Gemm).expect("no failure path");
         bits(&ctx.cuda.to_host(&y))
     };
-    let alone: Vec<Vec<u32>> = (0..most)
-        .map(|r| gemm(ctx, &Matrix::from_vec(1, k, x.row(r).to_vec())))
-        .collect();
+    let alone: Vec<Vec<u32>> = (0..most).map(|r| gemm(ctx, &Matrix::from_vec(1, k, x.row(r).to_vec()))).collect();
     for &m in GEMM_INVARIANCE_ROWS {
         let want: Vec<u32> = alone[..m].concat();
         let got = gemm(ctx, &Matrix::from_vec(m, k, x.data[..m * k].to_vec()));
@@ -185,7 +183,11 @@ fn segments(ctx: &mut Ctx, n: usize, k: usize) {
         start += rows;
     }
     let got = linear::linear_segments(ctx.cuda, &ctx.cuda.upload_matrix(&x), SEGMENTS, &gw);
-    ctx.exact(format!("linear_segments {SEGMENTS:?} · [{n}, {k}]ᵀ vs each alone (bits)"), &bits(&ctx.cuda.to_host(&got)), &want);
+    ctx.exact(
+        format!("linear_segments {SEGMENTS:?} · [{n}, {k}]ᵀ vs each alone (bits)"),
+        &bits(&ctx.cuda.to_host(&got)),
+        &want,
+    );
 }
 
 fn bits(m: &Matrix) -> Vec<u32> {

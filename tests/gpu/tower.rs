@@ -98,8 +98,13 @@ fn many_equals_alone(ctx: &mut Ctx, name: &str, s: &TowerShape) {
                 let mut kv = cuda.tower_kv(s);
                 let h = cuda.upload_matrix(&primer_rows[i]);
                 let mask = vec![true; primers[i]];
-                let input =
-                    TowerLayerInput { hidden: &h, codes: &primer_codes[i], label_semantic: &mask, unseen: None, start: 0 };
+                let input = TowerLayerInput {
+                    hidden: &h,
+                    codes: &primer_codes[i],
+                    label_semantic: &mask,
+                    unseen: None,
+                    start: 0,
+                };
                 cuda.tower_layer(s, &gpu_w, &mut kv, input).expect("GPU tower layer");
                 kv
             })
@@ -110,7 +115,10 @@ fn many_equals_alone(ctx: &mut Ctx, name: &str, s: &TowerShape) {
     let mut first = 0;
     for (i, kv) in alone.iter_mut().enumerate() {
         let n = LENS[i];
-        let (h, u) = (cuda.upload_matrix(&rows(&hidden, first, first + n)), cuda.upload_matrix(&rows(&unseen, first, first + n)));
+        let (h, u) = (
+            cuda.upload_matrix(&rows(&hidden, first, first + n)),
+            cuda.upload_matrix(&rows(&unseen, first, first + n)),
+        );
         let (c, m) = (&codes[first..first + n], &mask[first..first + n]);
         let input = TowerLayerInput { hidden: &h, codes: c, label_semantic: m, unseen: Some(&u), start: primers[i] };
         want.extend(cuda.to_host(&cuda.tower_layer(s, &gpu_w, kv, input).expect("GPU tower layer")).data);

@@ -478,8 +478,8 @@ pub(super) fn attend_prefill_segments(
     let table = cuda.scratch(seqs.len() * 8);
     cuda.stage_to_device(table.ptr(), &seqs);
     let blocks = (most * (h / hkv)).div_ceil(PREFILL_ROWS);
-    let dims = Dims::grid((blocks as u32, hkv as u32, lens.len() as u32), THREADS)
-        .with_shared(prefill_smem_bytes(hd) as u32);
+    let dims =
+        Dims::grid((blocks as u32, hkv as u32, lens.len() as u32), THREADS).with_shared(prefill_smem_bytes(hd) as u32);
     let first = caches[0];
     let args = [
         q.into(),

@@ -72,9 +72,11 @@ impl LinearKernels {
         let gemm = |name: &'static str, rows_per_block: usize| -> Result<Kernel, KernelError> {
             let kernel = m.kernel(name)?;
             // 72 and 96 KiB: within every supported GPU's per-block limit (≥ 99 KiB from sm_80).
-            kernel
-                .allow_shared_bytes(gemm_smem_bytes(rows_per_block) as u32)
-                .map_err(|source| KernelError { module: "linear", kernel: Some(name), source })?;
+            kernel.allow_shared_bytes(gemm_smem_bytes(rows_per_block) as u32).map_err(|source| KernelError {
+                module: "linear",
+                kernel: Some(name),
+                source,
+            })?;
             Ok(kernel)
         };
         Ok(LinearKernels {

@@ -301,8 +301,9 @@ impl Cuda {
     ) -> Result<GpuMatrix, TowerError> {
         let TowerManyInput { hidden, codes, label_semantic, unseen, starts, lens } = input;
         let n = kvs.len();
-        let check =
-            |what, expected, found| if found == expected { Ok(()) } else { Err(TowerError::Length { what, expected, found }) };
+        let check = |what, expected, found| {
+            if found == expected { Ok(()) } else { Err(TowerError::Length { what, expected, found }) }
+        };
         check("positions", n, starts.len())?;
         check("row counts", n, lens.len())?;
         let total: usize = lens.iter().sum();
