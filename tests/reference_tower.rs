@@ -1,7 +1,8 @@
 //! The CPU tower (`model.md` §6, §8.1) against golden tensors from mlx-audio 0.6.2's and
 //! sglang-omni 0.1.9's own towers (tools/reference/tower.py), for both vq placements, plus the
-//! identities the model relies on: prefill then per-frame steps equals one longer prefill, and
-//! chunked prefill equals whole prefill.
+//! identities the model relies on: prefill then per-frame steps equals one longer prefill,
+//! chunked prefill equals whole prefill, and several requests prefilled together equal each
+//! alone.
 
 mod common;
 
@@ -266,6 +267,44 @@ fn chunked_prefill_equals_whole() {
         assert!(rel_l2(x, y) <= SCHEDULE_BOUND);
     }
     assert_eq!(chunked.caches(), whole.caches());
+}
+
+/// Several requests' prompt chunks through `prefill_many` leave every cache bit for bit as
+/// `prefill` leaves it alone, whatever else shares the call: requests continuing their own
+/// earlier chunks, one starting fresh, and one whose single row writes nothing yet.
+#[test]
+fn prefill_many_equals_each_alone() {
+    let g = golden(1);
+    let (_dir, ckpt, weights) = checkpoint(1);
+    let tower = Tower::new(&Cpu, &weights.tower, &ckpt.config).unwrap();
+    let n = g.rows.len();
+    // (primer rows, then the chunk's rows a..end with backbone rows a..end−1) per request.
+    let plans = [(0, 0, 9), (5, 5, n), (0, 0, 1), (9, 9, 17)];
+    let primed = |primer: usize| {
+        let mut state = tower.new_state();
+        if primer > 0 {
+            tower.prefill(&mut state, &hidden_rows(&g.hidden, 0, primer), &rows_range(&g.rows, 0, primer + 1)).unwrap();
+        }
+        state
+    };
+    let chunk = |a: usize, end: usize| {
+        (hidden_rows(&g.hidden, a, end.saturating_sub(1).max(a) - a), rows_range(&g.rows, a, end))
+    };
+    let mut alone: Vec<_> = plans.iter().map(|&(p, _, _)| primed(p)).collect();
+    for (state, &(_, a, end)) in alone.iter_mut().zip(&plans) {
+        let (h, rows) = chunk(a, end);
+        tower.prefill(state, &h, &rows).unwrap();
+    }
+    let mut together: Vec<_> = plans.iter().map(|&(p, _, _)| primed(p)).collect();
+    let chunks: Vec<(Matrix, Rows)> = plans.iter().map(|&(_, a, end)| chunk(a, end)).collect();
+    let hidden: Vec<&Matrix> = chunks.iter().map(|(h, _)| h).collect();
+    let rows: Vec<Rows> = chunks.iter().map(|(_, r)| r.clone()).collect();
+    let mut states: Vec<_> = together.iter_mut().collect();
+    tower.prefill_many(&mut states, &hidden, &rows).unwrap();
+    for (i, (a, b)) in together.iter().zip(&alone).enumerate() {
+        assert_eq!(a.len(), b.len(), "request {i}: positions written");
+        assert_eq!(a.caches(), b.caches(), "request {i}: caches");
+    }
 }
 
 #[test]
