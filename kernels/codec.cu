@@ -335,18 +335,6 @@ struct GemmIn {
 // g and g + 8, `mma.cuh`) has each quarter-warp read two whole 64-byte rows, conflict-free.
 constexpr int MMA_BN = 64, MMA_BK = 32, MMA_THREADS = 128;
 
-__device__ __forceinline__ void cp_async_16(void* smem, const void* global, bool valid) {
-    const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
-    // src-size 0 reads nothing and zero-fills the 16 bytes.
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(global), "r"(valid ? 16 : 0)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
 template <int MI, int STAGES, int EPI>
 __device__ __forceinline__ void conv_mma(const GemmIn in, const GemmOut out) {
     constexpr int BM = 32 * MI, BN = MMA_BN, BK = MMA_BK;
@@ -371,14 +359,14 @@ __device__ __forceinline__ void conv_mma(const GemmIn in, const GemmOut out) {
             const int r = prow + 32 * j, m = m0 + r;
             const bool ok = in_k && m < out.M;
             const f16* src = ok ? in.a + (size_t)(m + in.a_base + t * in.a_tap) * in.C + c : in.a;
-            cp_async_16(&as[stage][r][8 * piece], src, ok);
+            cp_async16_zfill(&as[stage][r][8 * piece], src, ok);
         }
 #pragma unroll
         for (int j = 0; j < BN / 32; ++j) {
             const int r = prow + 32 * j, n = n0 + r;
             const bool ok = in_k && n < out.N;
             const f16* src = ok ? in.w + (size_t)n * in.b_row + (size_t)t * in.b_tap + c : in.w;
-            cp_async_16(&bs[stage][r][8 * piece], src, ok);
+            cp_async16_zfill(&bs[stage][r][8 * piece], src, ok);
         }
     };
 

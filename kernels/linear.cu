@@ -354,21 +354,6 @@ namespace gemm {
 constexpr int BN = 128, BK = 64, STAGES = 3, THREADS = 256;
 }
 
-__device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, bool ok) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(ok ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(s));
-}
 // The bf16 offset of 16-byte chunk q (0..7) of shared row r (128-byte rows, swizzled).
 __device__ __forceinline__ int gemm_slot(int r, int q) { return r * gemm::BK + ((q ^ (r & 7)) << 3); }
 

@@ -323,3 +323,278 @@ extern "C" __global__ void __launch_bounds__(ROWS_THREADS)
         if (pos < tile.end) y[(size_t)sorted[pos] * N + f0 + g + 8 * (i >> 1)] = total[0][i];
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Prefill-sized passes (`moe_tiles_gate_up`, `moe_tiles_down`): the same per-pair arithmetic as
+// `moe_rows_*`, bit for bit, from shared memory.
+//
+// In a prompt's pass of 1024 rows each expert holds ≈ 32 pairs, and the 8-pair tiles above
+// re-read its weights for every 8 of them and each pair's operand for every 16 features, from
+// L2, with a block's loads all issued before its few MMAs (latency-bound: run 21, 228 ms of a
+// 634 ms prefill of 64 prompts). Here a block owns up to 64 pairs of one expert × 64 features:
+// each 128-wide K group of the weights (NB matrices × 64 rows of e4m3) and of the pairs' operand
+// rows is staged once in shared memory by cp.async (two stages: the next group loads while this
+// one is multiplied), and 8 warps (4 feature warps of 16 × 2 pair warps of 32) read their
+// fragments from it.
+//
+// Bits: every fragment holds the same codes at the same positions as warp_tile's (lane (g, c)
+// reads 16 bytes at k = group·128 + half·64 + c·16 of its weight rows g, g + 8 and of its pair's
+// operand row), each group's 8 k16 steps run in the same order into a fresh partial, the group
+// folds in as total = fmaf(partial, s_x·s_w, total), and the K slices of moe_rows_gate_up
+// (groups ks, ks + GU_KS, …) are visited slice by slice, each slice's total added to the running
+// sum in slice order. So each pair's outputs are moe_rows_*'s exactly (the checks compare bits).
+//
+// Shared rows are 128-byte units whose 16-byte chunks are XOR-swizzled by the row (chunk q of
+// row r at q ^ (r & 7)), so the 8 rows of a fragment load hit distinct banks.
+constexpr int TILES_PAIRS = 64, TILES_FEATURES = 64;
+
+__device__ __forceinline__ int tiles_chunk(int row, int chunk, int row_chunks) {
+    return row * row_chunks + (chunk ^ (row & 7));
+}
+
+// Bytes of one operand row's 128-wide group in shared memory (hi; F16X2 keeps lo rows after).
+template <int FMT>
+struct TilesRow {
+    static constexpr int bytes = FMT == FMT_E4M3 ? 128 : 256;
+    static constexpr int chunks = bytes / 16;
+};
+
+// Dynamic shared memory of one stage: NB weight tiles [64][128 B], the operand tile [64][row]
+// (and its lo rows for F16X2).
+template <int NB, int FMT>
+__host__ __device__ constexpr int tiles_stage_bytes() {
+    return NB * TILES_FEATURES * 128 + (FMT == FMT_F16X2 ? 2 : 1) * TILES_PAIRS * TilesRow<FMT>::bytes;
+}
+
+// The block's pairs × features over every K group, in slice order (SLICES: moe_rows_gate_up's
+// GU_KS or 1). pair_row(p): the operand row of the tile's pair p (< 0 past the tile).
+// Returns in sum[m][j][i] what warp_tile + the slice sum give the lane's outputs.
+template <int NB, int FMT, int SLICES, typename PairRow>
+__device__ __forceinline__ void tiles_block(const unsigned char* const (&w)[NB], const float* const (&sw)[NB],
+                                            const void* act, const void* act_lo, const float* act_scales, int K,
+                                            PairRow pair_row, unsigned char* smem, float (&sum)[NB][4][4]) {
+    constexpr int STAGE = tiles_stage_bytes<NB, FMT>();
+    constexpr int XC = TilesRow<FMT>::chunks;  // 16-byte chunks per operand row
+    constexpr int EB = FMT == FMT_E4M3 ? 1 : 2;  // bytes per operand element (hi part)
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
+    const int fw = warp & 3, pw = warp >> 2;  // feature warp (16 features), pair warp (32 pairs)
+    const int groups = K >> 7;
+
+    // Group g's tiles into stage `slot`: weights rows 0..63 of each matrix, operand rows of the
+    // tile's pairs (zeros past the tile).
+    auto stage = [&](int slot, int gi) {
+        unsigned char* base = smem + slot * STAGE;
+        for (int q = tid; q < NB * TILES_FEATURES * 8; q += blockDim.x) {
+            const int m = q / (TILES_FEATURES * 8), r = (q / 8) % TILES_FEATURES, ch = q % 8;
+            const unsigned char* src = w[m] + (size_t)r * K + gi * 128 + ch * 16;
+            cp_async16_zfill(base + m * TILES_FEATURES * 128 + tiles_chunk(r, ch, 8) * 16, src, true);
+        }
+        unsigned char* xs = base + NB * TILES_FEATURES * 128;
+        for (int q = tid; q < TILES_PAIRS * XC; q += blockDim.x) {
+            const int r = q / XC, ch = q % XC;
+            const int row = pair_row(r);
+            const size_t at = ((size_t)max(row, 0) * K + gi * 128) * EB + ch * 16;
+            cp_async16_zfill(xs + tiles_chunk(r, ch, XC) * 16, (const unsigned char*)act + at, row >= 0);
+            if constexpr (FMT == FMT_F16X2)
+                cp_async16_zfill(xs + TILES_PAIRS * XC * 16 + tiles_chunk(r, ch, XC) * 16,
+                                 (const unsigned char*)act_lo + at, row >= 0);
+        }
+    };
+
+    // The lane's output columns' operand rows (for the scales): pairs 32pw + 8j + 2c (+1).
+    int src0[4], src1[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        src0[j] = pair_row(32 * pw + 8 * j + 2 * c);
+        src1[j] = pair_row(32 * pw + 8 * j + 2 * c + 1);
+    }
+
+    // Groups in slice order: slice ks takes groups ks, ks + SLICES, …
+    const int per_slice = (groups + SLICES - 1) / SLICES;
+    auto group_at = [&](int n) { return (n % per_slice) * SLICES + n / per_slice; };  // n-th visited
+    const int visits = per_slice * SLICES;  // some (slice, i) past groups: skipped
+    auto valid = [&](int n) { return group_at(n) < groups; };
+
+    float total[NB][4][4];
+#pragma unroll
+    for (int m = 0; m < NB; ++m)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) total[m][j][i] = sum[m][j][i] = 0.f;
+
+    int next = 0;  // the next visit to stage
+    auto stage_next = [&](int slot) {
+        while (next < visits && !valid(next)) ++next;
+        if (next < visits) stage(slot, group_at(next));
+        cp_async_commit();
+        ++next;
+    };
+    stage_next(0);
+    int slot = 0;
+    for (int n = 0; n < visits; ++n) {
+        const int ks = n / per_slice;
+        if (valid(n)) {
+            stage_next(slot ^ 1);
+            cp_async_wait<1>();
+            __syncthreads();
+            const int gi = group_at(n);
+            const unsigned char* base = smem + slot * STAGE;
+            const unsigned char* xs = base + NB * TILES_FEATURES * 128;
+            float part[NB][4][4];
+#pragma unroll
+            for (int m = 0; m < NB; ++m)
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) part[m][j][i] = 0.f;
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                uint4 a[NB][2], b[4][OperandVecs<FMT>::n];
+                const int fr = 16 * fw + g;
+#pragma unroll
+                for (int m = 0; m < NB; ++m) {
+                    const unsigned char* wt = base + m * TILES_FEATURES * 128;
+                    a[m][0] = *reinterpret_cast<const uint4*>(wt + tiles_chunk(fr, half * 4 + c, 8) * 16);
+                    a[m][1] = *reinterpret_cast<const uint4*>(wt + tiles_chunk(fr + 8, half * 4 + c, 8) * 16);
+                }
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const int pr = 32 * pw + 8 * j + g;
+                    if constexpr (FMT == FMT_E4M3) {
+                        b[j][0] = *reinterpret_cast<const uint4*>(xs + tiles_chunk(pr, half * 4 + c, XC) * 16);
+                    } else {
+                        const int ch = half * 8 + 2 * c;  // 16 f16 = two chunks
+                        b[j][0] = *reinterpret_cast<const uint4*>(xs + tiles_chunk(pr, ch, XC) * 16);
+                        b[j][1] = *reinterpret_cast<const uint4*>(xs + tiles_chunk(pr, ch + 1, XC) * 16);
+                        if constexpr (FMT == FMT_F16X2) {
+                            const unsigned char* lo = xs + TILES_PAIRS * XC * 16;
+                            b[j][2] = *reinterpret_cast<const uint4*>(lo + tiles_chunk(pr, ch, XC) * 16);
+                            b[j][3] = *reinterpret_cast<const uint4*>(lo + tiles_chunk(pr, ch + 1, XC) * 16);
+                        }
+                    }
+                }
+#pragma unroll
+                for (int step = 0; step < 4; ++step)
+#pragma unroll
+                    for (int m = 0; m < NB; ++m) {
+                        const uint2 ag = e4m3x4_to_f16x4(word_of(a[m][0], step));
+                        const uint2 ag8 = e4m3x4_to_f16x4(word_of(a[m][1], step));
+#pragma unroll
+                        for (int j = 0; j < 4; ++j) {
+                            uint32_t b0, b1, l0 = 0u, l1 = 0u;
+                            operand_frag<FMT>(b[j], step, b0, b1, l0, l1);
+                            mma_f16_k16(part[m][j], ag.x, ag8.x, ag.y, ag8.y, b0, b1);
+                            if constexpr (FMT == FMT_F16X2) mma_f16_k16(part[m][j], ag.x, ag8.x, ag.y, ag8.y, l0, l1);
+                        }
+                    }
+            }
+#pragma unroll
+            for (int m = 0; m < NB; ++m) {
+                const float swg = __ldg(sw[m] + gi);
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const float sx0 = src0[j] >= 0 ? __ldg(act_scales + (size_t)src0[j] * groups + gi) : 0.f;
+                    const float sx1 = src1[j] >= 0 ? __ldg(act_scales + (size_t)src1[j] * groups + gi) : 0.f;
+                    const float s0 = sx0 * swg, s1 = sx1 * swg;
+                    total[m][j][0] = fmaf(part[m][j][0], s0, total[m][j][0]);
+                    total[m][j][1] = fmaf(part[m][j][1], s1, total[m][j][1]);
+                    total[m][j][2] = fmaf(part[m][j][2], s0, total[m][j][2]);
+                    total[m][j][3] = fmaf(part[m][j][3], s1, total[m][j][3]);
+                }
+            }
+            __syncthreads();  // this stage's slot is refilled two visits on
+            slot ^= 1;
+        }
+        // The slice ends: its total joins the running sum in slice order (moe_rows_gate_up's
+        // ((t0 + t1) + t2) + …), and the next slice starts from zero.
+        if ((n + 1) % per_slice == 0) {
+#pragma unroll
+            for (int m = 0; m < NB; ++m)
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        sum[m][j][i] = ks == 0 ? total[m][j][i] : sum[m][j][i] + total[m][j][i];
+                        total[m][j][i] = 0.f;
+                    }
+        }
+    }
+    cp_async_wait<0>();
+}
+
+// moe_rows_gate_up's outputs over tiles of up to 64 pairs × 64 features. Grid (max_tiles,
+// N / 64), 256 threads, dynamic shared memory 2 · tiles_stage_bytes<2, fmt>.
+template <int FMT>
+__device__ __forceinline__ void tiles_gate_up(const void* act, const float* act_scales, const int* sorted,
+                                              const int* tiles, const int* offsets, const unsigned long long* table,
+                                              int top_k, int K, int N, float* h) {
+    extern __shared__ __align__(128) unsigned char tiles_smem[];
+    if ((int)blockIdx.x >= tiles[0]) return;
+    const int e = tiles[1 + 2 * blockIdx.x], start = tiles[2 + 2 * blockIdx.x];
+    const int end = min(offsets[e + 1], start + TILES_PAIRS);
+    const int f0 = blockIdx.y * TILES_FEATURES;
+    const unsigned long long* t = table + (size_t)e * T_STRIDE;
+    const size_t srow = (size_t)(f0 >> 7) * (K >> 7);
+    const unsigned char* const w[2] = {(const unsigned char*)t[T_GATE_W] + (size_t)f0 * K,
+                                       (const unsigned char*)t[T_UP_W] + (size_t)f0 * K};
+    const float* const sw[2] = {(const float*)t[T_GATE_S] + srow, (const float*)t[T_UP_S] + srow};
+    auto pair_row = [&](int p) { return start + p < end ? sorted[start + p] / top_k : -1; };
+    float sum[2][4][4];
+    tiles_block<2, FMT, GU_KS>(w, sw, act, nullptr, act_scales, K, pair_row, tiles_smem, sum);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    const int fw = warp & 3, pw = warp >> 2;
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int pos = start + 32 * pw + 8 * j + 2 * c + (i & 1);
+            if (pos < end) h[(size_t)pos * N + f0 + 16 * fw + g + 8 * (i >> 1)] = siluf_(sum[0][j][i]) * sum[1][j][i];
+        }
+}
+
+// moe_rows_down's outputs over tiles of up to 64 pairs × 64 features. Grid (max_tiles, N / 64),
+// 256 threads, dynamic shared memory 2 · tiles_stage_bytes<1, fmt>.
+template <int FMT>
+__device__ __forceinline__ void tiles_down(const void* act, const void* act_lo, const float* act_scales,
+                                           const int* sorted, const int* tiles, const int* offsets,
+                                           const unsigned long long* table, int K, int N, float* y) {
+    extern __shared__ __align__(128) unsigned char tiles_smem[];
+    if ((int)blockIdx.x >= tiles[0]) return;
+    const int e = tiles[1 + 2 * blockIdx.x], start = tiles[2 + 2 * blockIdx.x];
+    const int end = min(offsets[e + 1], start + TILES_PAIRS);
+    const int f0 = blockIdx.y * TILES_FEATURES;
+    const unsigned long long* t = table + (size_t)e * T_STRIDE;
+    const unsigned char* const w[1] = {(const unsigned char*)t[T_DOWN_W] + (size_t)f0 * K};
+    const float* const sw[1] = {(const float*)t[T_DOWN_S] + (size_t)(f0 >> 7) * (K >> 7)};
+    auto pair_row = [&](int p) { return start + p < end ? start + p : -1; };
+    float sum[1][4][4];
+    tiles_block<1, FMT, 1>(w, sw, act, act_lo, act_scales, K, pair_row, tiles_smem, sum);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    const int fw = warp & 3, pw = warp >> 2;
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int pos = start + 32 * pw + 8 * j + 2 * c + (i & 1);
+            if (pos < end) y[(size_t)sorted[pos] * N + f0 + 16 * fw + g + 8 * (i >> 1)] = sum[0][j][i];
+        }
+}
+
+extern "C" __global__ void __launch_bounds__(ROWS_THREADS, 1)
+    moe_tiles_gate_up(const void* act, const float* act_scales, int fmt, const int* sorted, const int* tiles,
+                      const int* offsets, const unsigned long long* table, int top_k, int K, int N, float* h) {
+    if (fmt == FMT_E4M3)
+        tiles_gate_up<FMT_E4M3>(act, act_scales, sorted, tiles, offsets, table, top_k, K, N, h);
+    else
+        tiles_gate_up<FMT_F16>(act, act_scales, sorted, tiles, offsets, table, top_k, K, N, h);
+}
+
+extern "C" __global__ void __launch_bounds__(ROWS_THREADS, 1)
+    moe_tiles_down(const void* act, const void* act_lo, const float* act_scales, int fmt, const int* sorted,
+                   const int* tiles, const int* offsets, const unsigned long long* table, int K, int N, float* y) {
+    if (fmt == FMT_E4M3)
+        tiles_down<FMT_E4M3>(act, nullptr, act_scales, sorted, tiles, offsets, table, K, N, y);
+    else
+        tiles_down<FMT_F16X2>(act, act_lo, act_scales, sorted, tiles, offsets, table, K, N, y);
+}
