@@ -11,7 +11,7 @@ use limelight::backend::BackendTypes;
 use limelight::backend::backbone::{BackboneOps, ExpertActivations, MoeShape};
 use limelight::backend::cpu::backbone::{quantise, route};
 use limelight::backend::cpu::{CpuWeight, Matrix};
-use limelight::backend::cuda::moe::{self, MoePath, RowsKernels};
+use limelight::backend::cuda::moe::{self, MoePath};
 use limelight::backend::cuda::tensor::GpuWeight;
 use limelight::checkpoint::fp8::f32_to_e4m3;
 use limelight::checkpoint::{Dtype, TensorView};
@@ -75,9 +75,6 @@ pub fn run(ctx: &mut Ctx) {
         for rows in [1, 2, 9, 64, 130] {
             rows_invariant(ctx, TINY, &tiny, activations, rows);
         }
-        for rows in [9, 130, 512] {
-            staged_agrees(ctx, TINY, &tiny, activations, rows);
-        }
     }
     decode_allocates_nothing(ctx, TINY, &tiny);
 
@@ -103,12 +100,6 @@ pub fn run(ctx: &mut Ctx) {
         }
         rows_skewed(ctx, REAL, &real, activations);
     }
-    // A prompt pass's shape (600 rows: ≈ 19 pairs per expert), two passes (1100 rows), and the
-    // skew of a few rows: each expert's pairs in one to three 64-pair tiles.
-    staged_agrees(ctx, REAL, &real, ExpertActivations::Fp8Dynamic, 600);
-    staged_agrees(ctx, REAL, &real, ExpertActivations::Fp8Dynamic, 1100);
-    staged_agrees(ctx, REAL, &real, ExpertActivations::Exact, 600);
-    staged_agrees(ctx, REAL, &real, ExpertActivations::Exact, 7);
 }
 
 /// The dynamic quantiser (`moe_rows_operand`, e4m3) vs the CPU `quantise` on identical bf16 rows
@@ -234,22 +225,6 @@ fn rows_invariant(ctx: &mut Ctx, d: Dims, w: &Layer, activations: ExpertActivati
     let together = rows_path(ctx, &s, w, &x);
     let alone = rows_alone(ctx, &s, w, &x);
     ctx.exact(format!("moe {activations:?} rows, each row alone [{}]", d.label(rows)), &bits(&together), &bits(&alone));
-}
-
-/// The staged kernels (64 pairs × 64 features from shared memory) give every row the bits of the
-/// 8-pair kernels (`rows_block` checks the path, which takes the staged kernels from 16 pairs per
-/// expert, against the CPU).
-fn staged_agrees(ctx: &mut Ctx, d: Dims, w: &Layer, activations: ExpertActivations, rows: usize) {
-    let s = d.shape(activations);
-    let gx = ctx.cuda.upload_matrix(&ctx.random_bf16(rows, d.hidden, 1.0));
-    let with = |kernels| ctx.cuda.to_host(&moe::moe_with(ctx.cuda, &s, &w.gpu, &gx, MoePath::RowsWith(kernels))).data;
-    let (pairs8, staged) = (with(RowsKernels::Pairs8), with(RowsKernels::Staged));
-    let label = d.label(rows);
-    ctx.exact(
-        format!("moe {activations:?} rows, staged kernels vs 8-pair tiles (bits) [{label}]"),
-        &bits(&staged),
-        &bits(&pairs8),
-    );
 }
 
 /// Routing skew: 24 rows, every other one the same row, so each of its top_k experts holds 12

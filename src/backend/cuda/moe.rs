@@ -38,9 +38,6 @@ pub struct MoeKernels {
     rows_operand: Kernel,
     rows_gate_up: Kernel,
     rows_down: Kernel,
-    /// The same outputs from shared memory, over tiles of 64 pairs × 64 features (prefill).
-    tiles_gate_up: Kernel,
-    tiles_down: Kernel,
     swiglu_bf16: Kernel,
     combine: Kernel,
     /// Per layer (keyed by the router weight's address): the experts' device address table.
@@ -62,8 +59,6 @@ impl MoeKernels {
             rows_operand: r.kernel("moe_rows_operand")?,
             rows_gate_up: r.kernel("moe_rows_gate_up")?,
             rows_down: r.kernel("moe_rows_down")?,
-            tiles_gate_up: rows::staged_kernel(&r, "moe_tiles_gate_up", rows::TILES_GATE_UP_SMEM)?,
-            tiles_down: rows::staged_kernel(&r, "moe_tiles_down", rows::TILES_DOWN_SMEM)?,
             swiglu_bf16: m.kernel("moe_swiglu_bf16")?,
             combine: m.kernel("moe_combine")?,
             tables: Mutex::new(HashMap::new()),
@@ -121,27 +116,9 @@ pub enum MoePath {
     /// order fixed by K alone, whichever pairs share its tile (the atomics only order the pairs,
     /// never a sum), and the combine sums a row's slots in slot order: each row's result is its
     /// own, bit for bit. The grid scales with the tiles, so one row spreads its experts' bytes
-    /// over every SM and a batch reads each expert once per 8 of its pairs. Prefill-sized passes
-    /// (≥ [`STAGED_PAIRS_PER_EXPERT`] pairs per expert on average) take the staged kernels
-    /// (`moe_tiles_*`: 64 pairs × 64 features per block from shared memory), whose outputs are
-    /// the same bits.
+    /// over every SM and a batch reads each expert once per 8 of its pairs.
     Rows,
-    /// [`MoePath::Rows`] with the given kernels at any row count (checks compare their bits).
-    RowsWith(RowsKernels),
 }
-
-/// The kernels of [`MoePath::Rows`]: the same bits either way.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RowsKernels {
-    /// `moe_rows_*`: tiles of 8 pairs, fragments from global memory (the decode batch).
-    Pairs8,
-    /// `moe_tiles_*`: tiles of 64 pairs × 64 features staged in shared memory (prefill).
-    Staged,
-}
-
-/// Pairs per expert (on average over a pass) from which [`MoePath::Rows`] takes the staged
-/// kernels: a prompt's pass (1024 rows × top-8 over 256 experts: 32).
-pub const STAGED_PAIRS_PER_EXPERT: usize = 16;
 
 /// The router's decision for each row, on the device.
 pub struct Routing {
@@ -175,7 +152,7 @@ pub fn moe_with(cuda: &Cuda, s: &MoeShape, w: &MoeWeights<GpuWeight>, x: &GpuMat
     }
     let table = expert_table(cuda, s, w);
     let routing = route(cuda, s, w, x);
-    let shared = shared_expert(cuda, w, x, matches!(path, MoePath::Rows | MoePath::RowsWith(_)));
+    let shared = shared_expert(cuda, w, x, path == MoePath::Rows);
     let quantised = (s.activations == ExpertActivations::Fp8Dynamic).then(|| quantise_rows(cuda, x));
     let input = match &quantised {
         Some(q) => Input { ptr: q.codes.ptr(), scales: q.scales.ptr(), kind: ACT_E4M3, elem: 1 },
@@ -187,8 +164,7 @@ pub fn moe_with(cuda: &Cuda, s: &MoeShape, w: &MoeWeights<GpuWeight>, x: &GpuMat
         MoePath::Auto if x.rows <= DECODE_MAX_ROWS => job.per_pair(),
         MoePath::PerPair => job.per_pair(),
         MoePath::Auto | MoePath::Grouped => job.grouped(),
-        MoePath::Rows => job.rows(None),
-        MoePath::RowsWith(kernels) => job.rows(Some(kernels)),
+        MoePath::Rows => job.rows(),
     }
     out
 }

@@ -11,36 +11,13 @@
 //! rows are f16 per 1×128 group scaled by a power of two (a bf16 input exactly, the f32 SwiGLU
 //! output as hi + lo f16, 22 bits), so the CPU oracle's arithmetic is kept up to f32 summation.
 
-use super::{ACT_BF16, ACT_E4M3, ACT_F32, CHUNK_ROWS, GROUP, Grouping, Job, RowsKernels, STAGED_PAIRS_PER_EXPERT};
+use super::{ACT_BF16, ACT_E4M3, ACT_F32, CHUNK_ROWS, GROUP, Grouping, Job};
 use crate::backend::cuda::Cuda;
-use crate::backend::cuda::launch::{Arg, Dims, Kernel, KernelError, Module};
+use crate::backend::cuda::launch::{Arg, Dims};
 use crate::backend::cuda::memory::PoolBuf;
 
 /// Pairs of one expert per tile (`ROWS_PAIRS`): one n8 MMA column set.
 const TILE_PAIRS: usize = 8;
-/// Pairs × features per block of the staged kernels (`TILES_PAIRS`, `TILES_FEATURES`).
-const STAGED_PAIRS: usize = 64;
-const STAGED_FEATURES: usize = 64;
-/// Their dynamic shared memory: two stages of the block's weight tiles (64 rows × 128 e4m3 per
-/// matrix) and operand rows (64 × 128 elements: e4m3, f16, or f16 hi and lo).
-fn staged_smem(matrices: usize, fmt: Format) -> usize {
-    2 * (matrices * STAGED_FEATURES * 128 + STAGED_PAIRS * 128 * fmt.bytes())
-}
-/// The most either staged kernel asks for (f16 operands for gate/up, f16 hi + lo for down).
-pub(super) const TILES_GATE_UP_SMEM: usize = 2 * (2 * STAGED_FEATURES * 128 + STAGED_PAIRS * 128 * 2);
-pub(super) const TILES_DOWN_SMEM: usize = 2 * (STAGED_FEATURES * 128 + STAGED_PAIRS * 128 * 4);
-
-/// A staged kernel, allowed `smem` bytes of dynamic shared memory (above the default 48 KiB).
-pub(super) fn staged_kernel(m: &Module, name: &'static str, smem: usize) -> Result<Kernel, KernelError> {
-    let kernel = m.kernel(name)?;
-    kernel.allow_shared_bytes(smem as u32).map_err(|source| KernelError {
-        module: "moe_rows",
-        kernel: Some(name),
-        source,
-    })?;
-    Ok(kernel)
-}
-
 /// Output features per block: gate/up 1 feature warp × 8 K slices, down 8 feature warps.
 const GATE_UP_FEATURES: usize = 16;
 const DOWN_FEATURES: usize = 128;
@@ -120,25 +97,16 @@ impl Operand {
 impl Job<'_> {
     /// The decode batch, in passes of at most `CHUNK_ROWS` rows: the pass's input rows as an
     /// operand (`Fp8Dynamic`: the quantised codes; `Exact`: f16 of the bf16 rows), its pairs
-    /// grouped by expert into tiles (of up to 8, or of 64 for the staged kernels, which
-    /// prefill-sized passes take unless `kernels_given` says otherwise), gate/up tiles → h
-    /// [pairs, I] f32 by sorted position, h as an operand (requantised to e4m3, or hi + lo f16),
-    /// down tiles → y [pairs, hidden] f32; combine.
-    pub(super) fn rows(&self, kernels_given: Option<RowsKernels>) {
+    /// grouped by expert into tiles of up to 8, gate/up tiles → h [pairs, I] f32 by sorted
+    /// position, h as an operand (requantised to e4m3, or hi + lo f16), down tiles → y
+    /// [pairs, hidden] f32; combine.
+    pub(super) fn rows(&self) {
         let (cuda, k, e, h, i) = (self.cuda, self.s.top_k, self.s.experts, self.hidden, self.s.intermediate);
         let kernels = &cuda.kernels.moe;
         let fp8 = self.input.kind == ACT_E4M3;
         let max_rows = self.rows.min(CHUNK_ROWS);
         let max_pairs = max_rows * k;
-        let staged_fits = h.is_multiple_of(STAGED_FEATURES) && i.is_multiple_of(STAGED_FEATURES);
-        let chosen = kernels_given.unwrap_or(if staged_fits && max_pairs >= STAGED_PAIRS_PER_EXPERT * e {
-            RowsKernels::Staged
-        } else {
-            RowsKernels::Pairs8
-        });
-        let staged = chosen == RowsKernels::Staged;
-        assert!(!staged || staged_fits, "the staged MoE kernels need widths in multiples of {STAGED_FEATURES}");
-        let grouping = Grouping::new(cuda, e, max_pairs, if staged { STAGED_PAIRS } else { TILE_PAIRS });
+        let grouping = Grouping::new(cuda, e, max_pairs, TILE_PAIRS);
         let exact_input = (!fp8).then(|| Operand::new(cuda, max_rows, h, Format::F16));
         let hbuf = cuda.scratch(max_pairs * i * 4);
         let hop = Operand::new(cuda, max_pairs, i, if fp8 { Format::E4m3 } else { Format::F16x2 });
@@ -170,14 +138,8 @@ impl Job<'_> {
                 i.into(),
                 hbuf.ptr().into(),
             ];
-            if staged {
-                let dims = Dims::grid((max_tiles as u32, (i / STAGED_FEATURES) as u32, 1), THREADS)
-                    .with_shared(staged_smem(2, fmt) as u32);
-                kernels.tiles_gate_up.launch(cuda.stream(), dims, &args);
-            } else {
-                let dims = Dims::grid((max_tiles as u32, (i / GATE_UP_FEATURES) as u32, 1), THREADS);
-                kernels.rows_gate_up.launch(cuda.stream(), dims, &args);
-            }
+            let dims = Dims::grid((max_tiles as u32, (i / GATE_UP_FEATURES) as u32, 1), THREADS);
+            kernels.rows_gate_up.launch(cuda.stream(), dims, &args);
 
             hop.fill(cuda, hbuf.ptr(), ACT_F32, pairs);
             let args: [Arg; 11] = [
@@ -193,14 +155,8 @@ impl Job<'_> {
                 h.into(),
                 y.ptr().into(),
             ];
-            if staged {
-                let dims = Dims::grid((max_tiles as u32, (h / STAGED_FEATURES) as u32, 1), THREADS)
-                    .with_shared(staged_smem(1, hop.fmt) as u32);
-                kernels.tiles_down.launch(cuda.stream(), dims, &args);
-            } else {
-                let dims = Dims::grid((max_tiles as u32, (h / DOWN_FEATURES) as u32, 1), THREADS);
-                kernels.rows_down.launch(cuda.stream(), dims, &args);
-            }
+            let dims = Dims::grid((max_tiles as u32, (h / DOWN_FEATURES) as u32, 1), THREADS);
+            kernels.rows_down.launch(cuda.stream(), dims, &args);
             self.combine(r0, rows, y.ptr());
         }
     }
