@@ -1,7 +1,9 @@
 //! `kernels/attention.cu`: the gated full-attention mixer (`backbone.md` §2) on the GPU, with its
 //! KV cache. Same contract as the CPU oracle (`cpu::backbone::attention`): per-head [query | gate]
 //! split of `q_proj`, zero-centred q/k norms, partial NeoX RoPE at positions `cache.len ..`, GQA
-//! causal softmax, output · sigmoid(gate), `o_proj`.
+//! causal softmax, output · sigmoid(gate), `o_proj`. One request's rows ([`prefill`], [`decode`]),
+//! one row per request (the decode batch, [`decode_rows`]), or several requests' prompt chunks in
+//! one launch per kernel ([`prefill_many`], whose attention the tower's prefill shares).
 //!
 //! Numerics: the projections come out of `linear::linear` in bf16; q stays f32 after its norm and
 //! RoPE; K (after norm and RoPE) and V are stored in a bf16 cache; scores, softmax and the weighted

@@ -1,7 +1,8 @@
 //! `kernels/tower.cu` and `TowerOps` on the GPU: the Codebook-MTP tower layer (`model.md` §6)
 //! from the tower's own kernels (unseen-codes sum, the enorm/hnorm mix, the q/k norm + interleaved
 //! RoPE + cache write), the shared projections, norms and SwiGLU, and the backbone's attention
-//! kernels over each layer's own KV cache.
+//! kernels over each layer's own KV cache. One request's rows, one row per request (the decode
+//! batch), or several requests' prompt rows in one launch per kernel (the prompts' prefill).
 //!
 //! Numerics follow the backbone's: bf16 activations between operations, f32 inside them, keys
 //! and values in bf16 caches; q stays f32 after its norm and RoPE; head logits come out in bf16.
