@@ -445,8 +445,8 @@ impl<'a, B: BackboneOps> Backbone<'a, B> {
     /// final-norm hidden of every row, request after request (`[Σ rows, hidden]`). The mixers run
     /// each request on its own rows and state, through `BackboneOps::gdn_prefill_many` and
     /// `BackboneOps::attention_prefill_many` (which may run all requests in one launch per
-    /// kernel, each request's arithmetic fixed by its own rows); everything row-wise (embedding, norms, the MoE under the decode batch's contract) runs
-    /// once over all rows: a request's rows are bit for bit the same whichever requests share the
+    /// kernel, each request's arithmetic fixed by its own rows); everything row-wise
+    /// (embedding, norms, the MoE under the decode batch's contract) runs once over all rows: a request's rows are bit for bit the same whichever requests share the
     /// call, and the experts a batch of prompts routes to are read once per layer instead of once
     /// per prompt.
     pub fn prefill_rows(&self, states: &mut [&mut BackboneState<B>], chunks: &[Rows]) -> Result<B::Act, BackboneError> {
