@@ -446,9 +446,9 @@ impl<'a, B: BackboneOps> Backbone<'a, B> {
     /// each request on its own rows and state, through `BackboneOps::gdn_prefill_many` and
     /// `BackboneOps::attention_prefill_many` (which may run all requests in one launch per
     /// kernel, each request's arithmetic fixed by its own rows); everything row-wise
-    /// (embedding, norms, the MoE under the decode batch's contract) runs once over all rows: a request's rows are bit for bit the same whichever requests share the
-    /// call, and the experts a batch of prompts routes to are read once per layer instead of once
-    /// per prompt.
+    /// (embedding, norms, the MoE under the decode batch's contract) runs once over all rows: a
+    /// request's rows are bit for bit the same whichever requests share the call, and the
+    /// experts a batch of prompts routes to are read once per layer instead of once per prompt.
     pub fn prefill_rows(&self, states: &mut [&mut BackboneState<B>], chunks: &[Rows]) -> Result<B::Act, BackboneError> {
         if chunks.len() != states.len() {
             return Err(BackboneError::StatesPerRow { rows: chunks.len(), states: states.len() });
