@@ -35,14 +35,18 @@ impl Outcome {
 
     /// Whether `self` (from a batch) is what `alone` produced for the same request: the same
     /// rows, reason and PCM bits; for a request cancelled after `n` frames, exactly the first `n`
-    /// frames of the lone run and their audio.
+    /// frames of the lone run and their audio. A request whose lone run ends by itself (EOS or
+    /// `max_frames`) within those `n` frames ends the same way in the batch, before its caller's
+    /// cancel comes: then it must equal the lone run whole.
     pub fn matches(&self, alone: &Outcome, cancel_after: Option<usize>, samples_per_frame: usize) -> bool {
+        let whole = self.finished == alone.finished && self.pcm_bits() == alone.pcm_bits();
         match cancel_after {
-            None => self.finished == alone.finished && self.pcm_bits() == alone.pcm_bits(),
+            None => whole,
+            Some(n) if alone.finished.frames <= n && alone.finished.reason != FinishReason::Cancelled => whole,
             Some(n) => {
                 let w = alone.finished.rows.width();
                 self.finished.reason == FinishReason::Cancelled
-                    && self.finished.frames == n.min(alone.finished.frames)
+                    && self.finished.frames == n
                     && self.finished.rows.as_flat() == &alone.finished.rows.as_flat()[..self.finished.frames * w]
                     && self.pcm_bits()[..] == alone.pcm_bits()[..self.finished.frames * samples_per_frame]
             }
