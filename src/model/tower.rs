@@ -188,18 +188,7 @@ impl<'w, B: TowerOps> Tower<'w, B> {
         }
         let h0 = if parts.len() == 1 { parts.pop().expect("one part") } else { self.backend.stack_rows(&parts) };
         let mask: Vec<bool> = labels.iter().map(|l| self.is_semantic(l[0])).collect();
-        let flat: Vec<u32> = inputs.iter().flat_map(|row| row[1..].iter().copied()).collect();
-        let row_semantic: Vec<bool> = inputs.iter().map(|row| self.is_semantic(row[0])).collect();
-        let unseen = self.backend.tower_unseen(
-            &self.weights.codebook_embeddings,
-            &self.shape,
-            &UnseenCodes {
-                codes: &flat,
-                codebooks: self.codebooks,
-                first: self.backbone_codebooks + 1,
-                row_semantic: &row_semantic,
-            },
-        );
+        let unseen = self.unseen(&inputs);
         let lens: Vec<usize> = active.iter().map(|&i| written[i]).collect();
         let starts: Vec<usize> = active.iter().map(|&i| states[i].len).collect();
         // Shared layers embed c0 of the label (layer 0 adds the unseen codes); residual layer r
@@ -374,18 +363,7 @@ impl<'w, B: TowerOps> Tower<'w, B> {
         let starts: Vec<usize> = states.iter().map(|s| s.len).collect();
         let mut codes: Vec<Vec<u32>> =
             mains.iter().map(|&m| vec![m.saturating_sub(*self.semantic.start()).min(vocab as u32 - 1)]).collect();
-        let flat: Vec<u32> = input_rows.iter().flat_map(|row| row[1..].iter().copied()).collect();
-        let row_semantic: Vec<bool> = input_rows.iter().map(|row| self.is_semantic(row[0])).collect();
-        let unseen = self.backend.tower_unseen(
-            &self.weights.codebook_embeddings,
-            &self.shape,
-            &UnseenCodes {
-                codes: &flat,
-                codebooks: self.codebooks,
-                first: self.backbone_codebooks + 1,
-                row_semantic: &row_semantic,
-            },
-        );
+        let unseen = self.unseen(input_rows);
         // Shared layers embed c0 (layer 0 adds the unseen codes); residual layer r embeds c_r.
         let mut hidden: Option<B::Act> = None;
         for index in 0..self.weights.layers.len() {
@@ -431,18 +409,7 @@ impl<'w, B: TowerOps> Tower<'w, B> {
         mask: &[bool],
         mut trace: Option<&mut TowerTrace>,
     ) -> Result<B::Act, TowerError> {
-        let flat: Vec<u32> = inputs.iter().flat_map(|row| row[1..].iter().copied()).collect();
-        let row_semantic: Vec<bool> = inputs.iter().map(|row| self.is_semantic(row[0])).collect();
-        let unseen = self.backend.tower_unseen(
-            &self.weights.codebook_embeddings,
-            &self.shape,
-            &UnseenCodes {
-                codes: &flat,
-                codebooks: self.codebooks,
-                first: self.backbone_codebooks + 1,
-                row_semantic: &row_semantic,
-            },
-        );
+        let unseen = self.unseen(&inputs);
         let c0: Vec<u32> = labels.iter().map(|l| l[1]).collect();
         let mut h = self.layer(state, 0, hidden, &c0, mask, Some(&unseen), trace.as_deref_mut())?;
         for l in 1..self.shared_layers {
@@ -462,6 +429,23 @@ impl<'w, B: TowerOps> Tower<'w, B> {
         trace: Option<&mut TowerTrace>,
     ) -> Result<B::Act, TowerError> {
         self.layer(state, self.shared_layers + r, hidden, codes, mask, None, trace)
+    }
+
+    /// The unseen-codes vector of each input row (its codebooks past the backbone's k, if the
+    /// row is semantic).
+    fn unseen(&self, inputs: &[&[u32]]) -> B::Act {
+        let flat: Vec<u32> = inputs.iter().flat_map(|row| row[1..].iter().copied()).collect();
+        let row_semantic: Vec<bool> = inputs.iter().map(|row| self.is_semantic(row[0])).collect();
+        self.backend.tower_unseen(
+            &self.weights.codebook_embeddings,
+            &self.shape,
+            &UnseenCodes {
+                codes: &flat,
+                codebooks: self.codebooks,
+                first: self.backbone_codebooks + 1,
+                row_semantic: &row_semantic,
+            },
+        )
     }
 
     #[allow(clippy::too_many_arguments)]

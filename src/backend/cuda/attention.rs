@@ -328,6 +328,46 @@ fn prep(
     q
 }
 
+/// The prep kernel with every row in its own cache at its own position (`rows`, from
+/// [`RowCaches`]); `first` gives the RoPE table. The caller advances the caches' lengths.
+fn prep_rows(
+    cuda: &Cuda,
+    s: &AttentionShape,
+    w: &AttentionWeights<GpuWeight>,
+    p: Projected,
+    rows: &RowCaches,
+    first: &GpuKvCache,
+) -> PoolBuf {
+    let (h, hkv, hd) = (s.heads, s.kv_heads, s.head_dim);
+    let q = cuda.scratch(p.rows * h * hd * 4);
+    let q_scale = (std::f64::consts::LOG2_E / (hd as f64).sqrt()) as f32;
+    let [sk, sv, sp] = rows.args();
+    let args = [
+        p.qg.into(),
+        p.k.into(),
+        p.v.into(),
+        w.q_norm.ptr.into(),
+        w.k_norm.ptr.into(),
+        first.inv_freq.ptr().into(),
+        q.ptr().into(),
+        first.keys.ptr().into(),
+        first.values.ptr().into(),
+        h.into(),
+        hkv.into(),
+        s.rotary_dim.into(),
+        0usize.into(),
+        0u64.into(),
+        (s.norm_eps as f32).into(),
+        q_scale.into(),
+        sk,
+        sv,
+        sp,
+    ];
+    let dims = Dims::grid(((h + hkv) as u32, p.rows as u32, 1), hd as u32);
+    cuda.kernels.attention.prep.launch(cuda.stream(), dims, &args);
+    q
+}
+
 /// The decode batch's rows on the device (the kernels' `DecodeRows`): for row r, the addresses of
 /// its own cache's keys and values and its position, staged for one call.
 pub(super) struct RowCaches {
@@ -530,7 +570,7 @@ pub fn prefill_many(
             cache.capacity
         );
     }
-    let (h, hkv, hd) = (s.heads, s.kv_heads, s.head_dim);
+    let (h, hd) = (s.heads, s.head_dim);
     let qg = linear_segments(cuda, x, lens, &w.q_proj);
     let k = linear_segments(cuda, x, lens, &w.k_proj);
     let v = linear_segments(cuda, x, lens, &w.v_proj);
@@ -543,33 +583,7 @@ pub fn prefill_many(
         positions.extend(cache.len..cache.len + n);
     }
     let rows = RowCaches::stage_addrs(cuda, &keys, &values, &positions);
-    let q = cuda.scratch(x.rows * h * hd * 4);
-    let q_scale = (std::f64::consts::LOG2_E / (hd as f64).sqrt()) as f32;
-    let first = &caches[0];
-    let [sk, sv, sp] = rows.args();
-    let args = [
-        qg.ptr().into(),
-        k.ptr().into(),
-        v.ptr().into(),
-        w.q_norm.ptr.into(),
-        w.k_norm.ptr.into(),
-        first.inv_freq.ptr().into(),
-        q.ptr().into(),
-        first.keys.ptr().into(),
-        first.values.ptr().into(),
-        h.into(),
-        hkv.into(),
-        s.rotary_dim.into(),
-        0usize.into(),
-        0u64.into(),
-        (s.norm_eps as f32).into(),
-        q_scale.into(),
-        sk,
-        sv,
-        sp,
-    ];
-    let dims = Dims::grid(((h + hkv) as u32, x.rows as u32, 1), hd as u32);
-    cuda.kernels.attention.prep.launch(cuda.stream(), dims, &args);
+    let q = prep_rows(cuda, s, w, Projected { qg: qg.ptr(), k: k.ptr(), v: v.ptr(), rows: x.rows }, &rows, &caches[0]);
 
     let starts: Vec<usize> = caches.iter().map(|c| c.len).collect();
     for (cache, &n) in caches.iter_mut().zip(lens) {
@@ -620,39 +634,14 @@ pub fn decode_rows(
         assert!(cache.len < cache.capacity, "attention decode rows: a KV cache is full ({} positions)", cache.len);
         assert_eq!(cache.splits, caches[0].splits, "attention decode rows: caches of different capacities");
     }
-    let (h, hkv, hd) = (s.heads, s.kv_heads, s.head_dim);
+    let (h, hd) = (s.heads, s.head_dim);
     let qg = linear_rows(cuda, x, &w.q_proj);
     let k = linear_rows(cuda, x, &w.k_proj);
     let v = linear_rows(cuda, x, &w.v_proj);
     let positions: Vec<usize> = caches.iter().map(|c| c.len).collect();
     let seq = RowCaches::stage(cuda, caches, &positions);
-    let q = cuda.scratch(rows * h * hd * 4);
-    let q_scale = (std::f64::consts::LOG2_E / (hd as f64).sqrt()) as f32;
     let first = &caches[0];
-    let [sk, sv, sp] = seq.args();
-    let args = [
-        qg.ptr().into(),
-        k.ptr().into(),
-        v.ptr().into(),
-        w.q_norm.ptr.into(),
-        w.k_norm.ptr.into(),
-        first.inv_freq.ptr().into(),
-        q.ptr().into(),
-        first.keys.ptr().into(),
-        first.values.ptr().into(),
-        h.into(),
-        hkv.into(),
-        s.rotary_dim.into(),
-        0usize.into(),
-        0u64.into(),
-        (s.norm_eps as f32).into(),
-        q_scale.into(),
-        sk,
-        sv,
-        sp,
-    ];
-    let dims = Dims::grid(((h + hkv) as u32, rows as u32, 1), hd as u32);
-    cuda.kernels.attention.prep.launch(cuda.stream(), dims, &args);
+    let q = prep_rows(cuda, s, w, Projected { qg: qg.ptr(), k: k.ptr(), v: v.ptr(), rows }, &seq, first);
     let gated = cuda.matrix(rows, h * hd);
     attend_decode_seq(cuda, s, q.ptr(), qg.ptr(), first, rows, 0, gated.ptr(), seq.args());
     for cache in caches.iter_mut() {
