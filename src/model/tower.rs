@@ -409,7 +409,7 @@ impl<'w, B: TowerOps> Tower<'w, B> {
         mask: &[bool],
         mut trace: Option<&mut TowerTrace>,
     ) -> Result<B::Act, TowerError> {
-        let unseen = self.unseen(&inputs);
+        let unseen = self.unseen(inputs);
         let c0: Vec<u32> = labels.iter().map(|l| l[1]).collect();
         let mut h = self.layer(state, 0, hidden, &c0, mask, Some(&unseen), trace.as_deref_mut())?;
         for l in 1..self.shared_layers {

@@ -583,7 +583,7 @@ pub fn prefill_many(
         positions.extend(cache.len..cache.len + n);
     }
     let rows = RowCaches::stage_addrs(cuda, &keys, &values, &positions);
-    let q = prep_rows(cuda, s, w, Projected { qg: qg.ptr(), k: k.ptr(), v: v.ptr(), rows: x.rows }, &rows, &caches[0]);
+    let q = prep_rows(cuda, s, w, Projected { qg: qg.ptr(), k: k.ptr(), v: v.ptr(), rows: x.rows }, &rows, caches[0]);
 
     let starts: Vec<usize> = caches.iter().map(|c| c.len).collect();
     for (cache, &n) in caches.iter_mut().zip(lens) {
