@@ -19,3 +19,4 @@ pub mod serve;
 pub mod service;
 pub mod synth;
 pub mod telemetry;
+pub mod voice;

@@ -1,7 +1,8 @@
 //! The codec decoder's operations (`codec.md` §1–2): one method per stage of the Fish modded DAC
 //! decode path — RVQ lookup, a layer of the windowed causal transformer, a quantizer upsample
 //! stage, a causal conv, a decoder block's Snake + transposed conv, a residual unit, tanh.
-//! `model::codec` composes them; each backend implements them.
+//! `model::codec` composes them; each backend implements them. The layers the encoder shares
+//! (convs, residual units, the transformer) form [`CodecLayerOps`]; [`CodecOps`] adds the rest.
 //!
 //! Every stage is causal, so every operation continues a stream: it takes the new input rows
 //! and a state holding exactly the past its outputs need (`codec.md` §2), and advances that
@@ -59,11 +60,10 @@ pub struct CodecAttentionShape {
     pub norm_eps: f32,
 }
 
-/// One quantizer upsample stage (`codec.md` §1.4): transposed conv k = s = 2, then a ConvNeXt block.
-pub struct UpsampleStage<W> {
-    /// `[2, out, in]` (tap-major), no weight norm.
-    pub conv_weight: W,
-    pub conv_bias: W,
+/// A ConvNeXt block (`rvq.py`): causal depthwise conv, LayerNorm (eps 1e-6), Linear, exact GELU,
+/// Linear, γ, residual. It follows each quantizer upsample stage (decode) and downsample stage
+/// (encode).
+pub struct ConvNext<W> {
     /// Depthwise causal conv `[kernel, channels]`.
     pub dw_weight: W,
     pub dw_bias: W,
@@ -76,6 +76,14 @@ pub struct UpsampleStage<W> {
     pub pw2_weight: W,
     pub pw2_bias: W,
     pub gamma: W,
+}
+
+/// One quantizer upsample stage (`codec.md` §1.4): transposed conv k = s = 2, then a ConvNeXt block.
+pub struct UpsampleStage<W> {
+    /// `[2, out, in]` (tap-major), no weight norm.
+    pub conv_weight: W,
+    pub conv_bias: W,
+    pub convnext: ConvNext<W>,
 }
 
 /// Snake then the transposed conv: the head of a decoder block.
@@ -93,17 +101,19 @@ pub struct ResidualUnitParams<W> {
     pub conv2: CausalConv<W>,
 }
 
-/// The codec's arithmetic. Activations are `[rows, channels]`, one row per time step.
-pub trait CodecOps: BackendTypes {
+/// The codec's layers that decoder and encoder share: causal convs, residual units, the
+/// windowed transformer, RMSNorm, and the state they carry. Activations are `[rows, channels]`,
+/// one row per time step.
+pub trait CodecLayerOps: BackendTypes {
     /// The last inputs of a causal conv (after its Snake, where it has one), or of a transposed
     /// conv; a fresh one holds zeros, the reference's left padding.
     type ConvHistory;
     /// Post-RoPE keys and values of the last `window − 1` frames of one attention layer.
     type KvWindow;
 
-    /// Makes a host-prepared codec weight resident (every decode-path tensor goes through this,
+    /// Makes a host-prepared codec weight resident (every codec tensor goes through this,
     /// after the weight-norm fold and re-layout in f32). By default exactly as `upload_f32`; a
-    /// backend that decodes in lower precision rounds here.
+    /// backend that computes in lower precision rounds here.
     fn codec_weight(&self, shape: &[usize], data: Vec<f32>) -> Self::Weight {
         self.upload_f32(shape, data)
     }
@@ -112,10 +122,6 @@ pub trait CodecOps: BackendTypes {
     fn new_conv_history(&self, rows: usize, channels: usize) -> Self::ConvHistory;
     /// An empty key/value window for frames of width `heads · head_dim`.
     fn new_kv_window(&self, shape: &CodecAttentionShape) -> Self::KvWindow;
-
-    /// Sum of the codebook projections of each frame: `q₀ + (((q₁ + q₂) + …) + q₉)`.
-    /// `codes` is row-major `[frames, books.len()]`, every code already clamped in range.
-    fn codec_rvq(&self, books: &[RvqCodebook<Self::Weight>], codes: &[u32]) -> Self::Act;
 
     /// One pre-norm transformer layer with LayerScale over new frames; `rope` holds the
     /// `(cos, sin)` pairs `[rows, head_dim / 2, 2]` of the frames' absolute positions. Appends the
@@ -132,6 +138,30 @@ pub trait CodecOps: BackendTypes {
     /// `x · rsqrt(mean(x²) + eps) · w` over each row (the reference's RMSNorm, no `1 +`).
     fn codec_rms_norm(&self, weight: &Self::Weight, eps: f32, x: &Self::Act) -> Self::Act;
 
+    /// Optional Snake (α per channel), then a causal conv.
+    fn codec_causal_conv(
+        &self,
+        conv: &CausalConv<Self::Weight>,
+        snake: Option<&Self::Weight>,
+        x: &Self::Act,
+        history: &mut Self::ConvHistory,
+    ) -> Self::Act;
+
+    /// A residual unit; `history` holds the last `6·d` inputs of its dilated conv (after Snake).
+    fn codec_residual_unit(
+        &self,
+        w: &ResidualUnitParams<Self::Weight>,
+        x: &Self::Act,
+        history: &mut Self::ConvHistory,
+    ) -> Self::Act;
+}
+
+/// The codec decoder's own arithmetic on top of [`CodecLayerOps`].
+pub trait CodecOps: CodecLayerOps {
+    /// Sum of the codebook projections of each frame: `q₀ + (((q₁ + q₂) + …) + q₉)`.
+    /// `codes` is row-major `[frames, books.len()]`, every code already clamped in range.
+    fn codec_rvq(&self, books: &[RvqCodebook<Self::Weight>], codes: &[u32]) -> Self::Act;
+
     /// Transposed conv k = s = 2 (rows double), then ConvNeXt: causal depthwise conv (its
     /// input history in `dw_history`), LayerNorm (eps 1e-6), Linear, exact GELU, Linear, γ,
     /// residual.
@@ -142,27 +172,10 @@ pub trait CodecOps: BackendTypes {
         dw_history: &mut Self::ConvHistory,
     ) -> Self::Act;
 
-    /// Optional Snake (α per channel), then a causal conv.
-    fn codec_causal_conv(
-        &self,
-        conv: &CausalConv<Self::Weight>,
-        snake: Option<&Self::Weight>,
-        x: &Self::Act,
-        history: &mut Self::ConvHistory,
-    ) -> Self::Act;
-
     /// Snake then the causal transposed conv (rows × stride); `history` holds one row.
     fn codec_decoder_upsample(
         &self,
         w: &DecoderUpsample<Self::Weight>,
-        x: &Self::Act,
-        history: &mut Self::ConvHistory,
-    ) -> Self::Act;
-
-    /// A residual unit; `history` holds the last `6·d` inputs of its dilated conv (after Snake).
-    fn codec_residual_unit(
-        &self,
-        w: &ResidualUnitParams<Self::Weight>,
         x: &Self::Act,
         history: &mut Self::ConvHistory,
     ) -> Self::Act;

@@ -10,6 +10,7 @@
 
 pub mod backbone;
 pub mod codec;
+pub mod codec_encode;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;

@@ -12,6 +12,7 @@ mod batch;
 #[path = "../common/batch_driver.rs"]
 mod batch_driver;
 mod codec;
+mod encode;
 mod engine;
 mod gdn;
 mod harness;
@@ -38,6 +39,7 @@ const SECTIONS: &[Section] = &[
     ("backbone", backbone::run),
     ("tower", tower::run),
     ("codec", codec::run),
+    ("encode", encode::run),
     ("sampling", sampling::run),
     ("engine", engine::run),
     ("batch", batch::run),

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Regenerates the golden fixtures of tests/fixtures/{backbone,codec,prompt,sampling,tower} from their
+# Regenerates the golden fixtures of tests/fixtures/{backbone,codec,codec_encode,prompt,sampling,tower} from their
 # independent references (tools/reference/README.md says which) and proves that the result is byte for
 # byte what is committed.
 #
 #   tools/reference/setup.sh          # once: .cache/reference (torch venv, sglang-omni) and .venv (mlx-audio)
-#   tools/reference/regenerate.sh     # all five; or name some: tools/reference/regenerate.sh codec tower
+#   tools/reference/regenerate.sh     # all six; or name some: tools/reference/regenerate.sh codec tower
 #
 # Steps: `cargo build --bin limelight` (debug; the scripts synthesize the tiny checkpoint with it), then
 # each generator with the interpreter it needs, writing into its fixture folder, then
@@ -25,7 +25,7 @@ torch_python=.cache/reference/venv/bin/python
 sglang=.cache/reference/sglang
 mlx_python=.venv/bin/python
 bin="${CARGO_TARGET_DIR:-target}/debug/limelight"  # what `cargo build --bin limelight` writes
-all=(backbone codec prompt sampling tower)
+all=(backbone codec codec_encode prompt sampling tower)
 
 say() { echo "regenerate: $*"; }
 die() { echo "regenerate: error: $*" >&2; exit 1; }
@@ -73,6 +73,8 @@ for name in "${names[@]}"; do
     case "$name" in
         backbone) step backbone "$torch_python" tools/reference/backbone.py --bin "$bin" --out tests/fixtures/backbone ;;
         codec) step codec "$torch_python" tools/reference/codec.py --bin "$bin" --out tests/fixtures/codec ;;
+        codec_encode) step codec_encode "$torch_python" tools/reference/codec_encode.py --bin "$bin" \
+            --out tests/fixtures/codec_encode ;;
         prompt) step prompt "$torch_python" tools/reference/prompt.py --bin "$bin" --out tests/fixtures/prompt ;;
         sampling) step sampling "$torch_python" tools/reference/sampling.py --out tests/fixtures/sampling ;;
         tower) step tower "$mlx_python" tools/reference/tower.py --bin "$bin" --torch-python "$torch_python" \

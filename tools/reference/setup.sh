@@ -31,8 +31,8 @@ RECORDED_PYTHON=3.11.7  # what tests/fixtures/*/versions.json record
 say() { echo "reference-setup: $*"; }
 die() { echo "reference-setup: error: $*" >&2; exit 1; }
 
-if ! grep -qx '/.cache/' "$root/.gitignore"; then
-    die "$root/.gitignore has no '/.cache/' line; .cache/reference must stay out of git"
+if ! grep -qxE '/\.cache/?' "$root/.gitignore"; then
+    die "$root/.gitignore has no '/.cache' line; .cache/reference must stay out of git"
 fi
 
 py_version="$("$python" -c 'import sys; print(sys.version.split()[0])')"

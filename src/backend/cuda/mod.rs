@@ -12,6 +12,7 @@ pub mod attention;
 pub mod backbone;
 pub mod budget;
 pub mod codec;
+pub mod codec_encode;
 pub mod cublaslt;
 pub mod device;
 pub mod gdn;
@@ -86,6 +87,7 @@ pub struct Kernels {
     pub moe: moe::MoeKernels,
     pub tower: tower::TowerKernels,
     pub codec: codec::CodecKernels,
+    pub codec_encode: codec_encode::CodecEncodeKernels,
     pub sampling: sampling::SamplingKernels,
     pub step: step::StepKernels,
 }
@@ -101,6 +103,7 @@ impl Kernels {
             moe: moe::MoeKernels::load(ctx)?,
             tower: tower::TowerKernels::load(ctx)?,
             codec: codec::CodecKernels::load(ctx)?,
+            codec_encode: codec_encode::CodecEncodeKernels::load(ctx)?,
             sampling: sampling::SamplingKernels::load(ctx)?,
             step: step::StepKernels::load(ctx)?,
         })
@@ -287,8 +290,22 @@ impl Cuda {
         out
     }
 
+    /// Queues a zero fill of `bytes` at `dst` (f16 and f32 zero are all-zero bytes).
+    pub fn zero(&self, dst: u64, bytes: usize) {
+        if bytes == 0 {
+            return;
+        }
+        // SAFETY: callers pass a live pool buffer of at least `bytes` bytes; the fill is ordered
+        // on the stream before any kernel that reads the buffer.
+        unsafe { cudarc::driver::result::memset_d8_async(dst, 0, bytes, self.stream().cu_stream()) }
+            .expect("zero fill");
+    }
+
     /// Queues a copy of `bytes` between two device buffers (ordered on the stream, no sync).
     pub fn copy_device_to_device(&self, dst: u64, src: u64, bytes: usize) {
+        if bytes == 0 {
+            return;
+        }
         // SAFETY: callers pass the addresses of live buffers of at least `bytes` bytes each; pool
         // buffers are reused only in stream order, so both outlive the copy.
         unsafe { cudarc::driver::result::memcpy_dtod_async(dst, src, bytes, self.stream().cu_stream()) }
@@ -376,6 +393,7 @@ impl BackendTypes for Cuda {
         let data = match a.elem {
             Elem::Bf16 => self.copy_to_host::<bf16>(a.ptr(), a.len()).iter().map(|v| v.to_f32()).collect(),
             Elem::F16 => self.copy_to_host::<f16>(a.ptr(), a.len()).iter().map(|v| v.to_f32()).collect(),
+            Elem::F32 => self.copy_to_host::<f32>(a.ptr(), a.len()),
         };
         Matrix::from_vec(a.rows, a.cols, data)
     }
@@ -384,7 +402,7 @@ impl BackendTypes for Cuda {
         assert!(start + count <= a.rows, "rows {start}..{} of {}", start + count, a.rows);
         let out = self.matrix_of(count, a.cols, a.elem);
         if count > 0 {
-            self.copy_device_to_device(out.ptr(), a.row_ptr(start), count * a.cols * 2);
+            self.copy_device_to_device(out.ptr(), a.row_ptr(start), count * a.cols * a.elem.size());
         }
         out
     }
@@ -395,7 +413,7 @@ impl BackendTypes for Cuda {
         let out = self.matrix_of(parts.iter().map(|p| p.rows).sum(), first.0, first.1);
         let mut row = 0;
         for p in parts.iter().filter(|p| p.rows > 0) {
-            self.copy_device_to_device(out.row_ptr(row), p.ptr(), p.rows * p.cols * 2);
+            self.copy_device_to_device(out.row_ptr(row), p.ptr(), p.bytes());
             row += p.rows;
         }
         out

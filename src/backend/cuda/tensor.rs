@@ -51,16 +51,28 @@ impl GpuWeight {
     }
 }
 
-/// Element type of an activation matrix (both 2 bytes).
+/// Element type of an activation matrix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Elem {
     /// The backbone's and tower's activations.
     Bf16,
-    /// The codec's activations (the reference decodes in FP16).
+    /// The codec decoder's activations (the reference decodes in FP16).
     F16,
+    /// The codec encoder's activations (the reference encodes in f32).
+    F32,
 }
 
-/// A row-major `[rows, cols]` activation matrix of 2-byte elements.
+impl Elem {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            Elem::Bf16 | Elem::F16 => 2,
+            Elem::F32 => 4,
+        }
+    }
+}
+
+/// A row-major `[rows, cols]` activation matrix.
 pub struct GpuMatrix {
     pub(crate) buf: PoolBuf,
     pub rows: usize,
@@ -76,7 +88,7 @@ impl GpuMatrix {
 
     /// An uninitialised matrix of `elem` from the pool.
     pub fn uninit_of(pool: &Arc<Pool>, rows: usize, cols: usize, elem: Elem) -> Result<GpuMatrix, MemoryError> {
-        Ok(GpuMatrix { buf: pool.take(rows * cols * 2)?, rows, cols, elem })
+        Ok(GpuMatrix { buf: pool.take(rows * cols * elem.size())?, rows, cols, elem })
     }
 
     pub fn ptr(&self) -> u64 {
@@ -86,11 +98,16 @@ impl GpuMatrix {
     /// Address of row `r`.
     pub fn row_ptr(&self, r: usize) -> u64 {
         assert!(r < self.rows, "row {r} of {}", self.rows);
-        self.ptr() + (r * self.cols * 2) as u64
+        self.ptr() + (r * self.cols * self.elem.size()) as u64
     }
 
     pub fn len(&self) -> usize {
         self.rows * self.cols
+    }
+
+    /// Bytes of the matrix's elements.
+    pub fn bytes(&self) -> usize {
+        self.len() * self.elem.size()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -107,10 +124,10 @@ impl Clone for GpuMatrix {
         let pool = self.pool();
         let copy = GpuMatrix::uninit_of(pool, self.rows, self.cols, self.elem)
             .expect("GPU memory budget exhausted cloning an activation");
-        // SAFETY: both buffers are live pool buffers of at least rows·cols·2 bytes; the copy is
-        // ordered on the one stream after the writes of `self`.
+        // SAFETY: both buffers are live pool buffers of at least rows·cols·elem.size() bytes; the
+        // copy is ordered on the one stream after the writes of `self`.
         unsafe {
-            cudarc::driver::result::memcpy_dtod_async(copy.ptr(), self.ptr(), self.len() * 2, pool.stream().cu_stream())
+            cudarc::driver::result::memcpy_dtod_async(copy.ptr(), self.ptr(), self.bytes(), pool.stream().cu_stream())
         }
         .expect("device-to-device copy");
         copy

@@ -4,6 +4,7 @@
 //! decodes a whole utterance; [`StreamingDecoder`] decodes frames as they come, bit-identical to
 //! the whole decode for every chunking.
 
+pub mod encode;
 mod params;
 pub mod rope;
 mod stream;
@@ -33,6 +34,10 @@ pub enum CodecError {
     Codes { len: usize, width: usize },
     #[error("codes: no frames to decode")]
     Empty,
+    #[error("audio: no samples to encode")]
+    EmptyAudio,
+    #[error("audio: sample {at} is not a finite number")]
+    NonFiniteSample { at: usize },
     #[error("codes: a decode of {frames} frames exceeds the codec's {max} positions")]
     TooLong { frames: usize, max: usize },
 }

@@ -6,12 +6,13 @@
 
 use super::CodecError;
 use crate::backend::codec::{
-    CausalConv, CausalConvTranspose, CodecOps, DecoderUpsample, ResidualUnitParams, RvqCodebook, UpsampleStage,
+    CausalConv, CausalConvTranspose, CodecOps, ConvNext, DecoderUpsample, ResidualUnitParams, RvqCodebook,
+    UpsampleStage,
 };
 use crate::checkpoint::pth::PthArchive;
 use crate::model::load::{Checkpoint, CodecTensor};
 use crate::model::weights::codec::{DECODER_RATES, RESIDUAL_DILATIONS};
-use crate::model::weights::{ResampleStage, ResidualUnit, TransformerLayer, Vq, WnConv};
+use crate::model::weights::{ConvNeXt, ResampleStage, ResidualUnit, TransformerLayer, Vq, WnConv};
 
 /// A decoder block: Snake + transposed conv, then the residual units (d = 1, 3, 9).
 pub struct DecoderBlockParams<W> {
@@ -45,7 +46,7 @@ pub fn fold_weight_norm(g: &[f32], v: &[f32]) -> Vec<f32> {
 }
 
 /// Permutes a row-major `[a, b, c]` tensor: output axis `n` is input axis `order[n]`.
-fn permute3(x: &[f32], [a, b, c]: [usize; 3], order: [usize; 3]) -> (Vec<f32>, [usize; 3]) {
+pub(super) fn permute3(x: &[f32], [a, b, c]: [usize; 3], order: [usize; 3]) -> (Vec<f32>, [usize; 3]) {
     let dims = [a, b, c];
     let shape = [dims[order[0]], dims[order[1]], dims[order[2]]];
     let mut out = vec![0.0; x.len()];
@@ -61,36 +62,36 @@ fn permute3(x: &[f32], [a, b, c]: [usize; 3], order: [usize; 3]) -> (Vec<f32>, [
     (out, shape)
 }
 
-/// Walks the decode-path tensors, hands each prepared tensor (shape, f32 values) to `place`.
-struct Reader<'a, W> {
-    archive: &'a PthArchive,
-    place: &'a dyn Fn(&[usize], Vec<f32>) -> W,
+/// Walks codec tensors, hands each prepared tensor (shape, f32 values) to `place`.
+pub(super) struct Reader<'a, W> {
+    pub(super) archive: &'a PthArchive,
+    pub(super) place: &'a dyn Fn(&[usize], Vec<f32>) -> W,
 }
 
 impl<W> Reader<'_, W> {
-    fn values(&self, t: &CodecTensor<'_>) -> Result<(Vec<f32>, Vec<usize>), CodecError> {
+    pub(super) fn values(&self, t: &CodecTensor<'_>) -> Result<(Vec<f32>, Vec<usize>), CodecError> {
         Ok((self.archive.to_f32_vec(&t.name)?, t.tensor.shape.clone()))
     }
 
-    fn plain(&self, t: &CodecTensor<'_>) -> Result<W, CodecError> {
+    pub(super) fn plain(&self, t: &CodecTensor<'_>) -> Result<W, CodecError> {
         let (data, shape) = self.values(t)?;
         Ok((self.place)(&shape, data))
     }
 
     /// A per-channel vector stored `[1, C, 1]` (Snake α) or `[C]`, as `[C]`.
-    fn vector(&self, t: &CodecTensor<'_>) -> Result<W, CodecError> {
+    pub(super) fn vector(&self, t: &CodecTensor<'_>) -> Result<W, CodecError> {
         let (data, _) = self.values(t)?;
         Ok((self.place)(&[data.len()], data))
     }
 
-    fn folded(&self, wn: &WnConv<CodecTensor<'_>>) -> Result<(Vec<f32>, [usize; 3]), CodecError> {
+    pub(super) fn folded(&self, wn: &WnConv<CodecTensor<'_>>) -> Result<(Vec<f32>, [usize; 3]), CodecError> {
         let (g, _) = self.values(&wn.g)?;
         let (v, shape) = self.values(&wn.v)?;
         Ok((fold_weight_norm(&g, &v), [shape[0], shape[1], shape[2]]))
     }
 
     /// A weight-normed `Conv1d` `[out, in, k]` as `[out, k, in]`.
-    fn conv(&self, wn: &WnConv<CodecTensor<'_>>, dilation: usize) -> Result<CausalConv<W>, CodecError> {
+    pub(super) fn conv(&self, wn: &WnConv<CodecTensor<'_>>, dilation: usize) -> Result<CausalConv<W>, CodecError> {
         let (w, shape) = self.folded(wn)?;
         let (w, tap_major) = permute3(&w, shape, [0, 2, 1]);
         Ok(CausalConv { weight: (self.place)(&tap_major, w), bias: self.plain(&wn.bias)?, kernel: shape[2], dilation })
@@ -116,7 +117,7 @@ impl<W> Reader<'_, W> {
         })
     }
 
-    fn layer(&self, l: &TransformerLayer<CodecTensor<'_>>) -> Result<TransformerLayer<W>, CodecError> {
+    pub(super) fn layer(&self, l: &TransformerLayer<CodecTensor<'_>>) -> Result<TransformerLayer<W>, CodecError> {
         Ok(TransformerLayer {
             attention_norm: self.plain(&l.attention_norm)?,
             wqkv: self.plain(&l.wqkv)?,
@@ -133,12 +134,18 @@ impl<W> Reader<'_, W> {
     fn upsample(&self, s: &ResampleStage<CodecTensor<'_>>) -> Result<UpsampleStage<W>, CodecError> {
         let (w, shape) = self.values(&s.conv_weight)?;
         let (w, tap_major) = permute3(&w, [shape[0], shape[1], shape[2]], [2, 1, 0]);
-        let c = &s.convnext;
-        let (dw, dw_shape) = self.values(&c.dwconv_weight)?;
-        let (dw, dw_tap_major) = permute3(&dw, [dw_shape[0], dw_shape[1], dw_shape[2]], [2, 0, 1]);
         Ok(UpsampleStage {
             conv_weight: (self.place)(&tap_major, w),
             conv_bias: self.plain(&s.conv_bias)?,
+            convnext: self.convnext(&s.convnext)?,
+        })
+    }
+
+    /// A ConvNeXt block, its depthwise `Conv1d` `[C, 1, k]` as `[k, C]`.
+    pub(super) fn convnext(&self, c: &ConvNeXt<CodecTensor<'_>>) -> Result<ConvNext<W>, CodecError> {
+        let (dw, dw_shape) = self.values(&c.dwconv_weight)?;
+        let (dw, dw_tap_major) = permute3(&dw, [dw_shape[0], dw_shape[1], dw_shape[2]], [2, 0, 1]);
+        Ok(ConvNext {
             dw_weight: (self.place)(&dw_tap_major[..2], dw),
             dw_bias: self.plain(&c.dwconv_bias)?,
             norm_weight: self.plain(&c.norm_weight)?,
@@ -151,7 +158,11 @@ impl<W> Reader<'_, W> {
         })
     }
 
-    fn residual_unit(&self, u: &ResidualUnit<CodecTensor<'_>>, d: usize) -> Result<ResidualUnitParams<W>, CodecError> {
+    pub(super) fn residual_unit(
+        &self,
+        u: &ResidualUnit<CodecTensor<'_>>,
+        d: usize,
+    ) -> Result<ResidualUnitParams<W>, CodecError> {
         Ok(ResidualUnitParams {
             snake1: self.vector(&u.snake1_alpha)?,
             conv1: self.conv(&u.conv1, d)?,
@@ -253,15 +264,17 @@ impl<W> CodecParams<W> {
                 .map(|u| UpsampleStage {
                     conv_weight: f(u.conv_weight),
                     conv_bias: f(u.conv_bias),
-                    dw_weight: f(u.dw_weight),
-                    dw_bias: f(u.dw_bias),
-                    norm_weight: f(u.norm_weight),
-                    norm_bias: f(u.norm_bias),
-                    pw1_weight: f(u.pw1_weight),
-                    pw1_bias: f(u.pw1_bias),
-                    pw2_weight: f(u.pw2_weight),
-                    pw2_bias: f(u.pw2_bias),
-                    gamma: f(u.gamma),
+                    convnext: ConvNext {
+                        dw_weight: f(u.convnext.dw_weight),
+                        dw_bias: f(u.convnext.dw_bias),
+                        norm_weight: f(u.convnext.norm_weight),
+                        norm_bias: f(u.convnext.norm_bias),
+                        pw1_weight: f(u.convnext.pw1_weight),
+                        pw1_bias: f(u.convnext.pw1_bias),
+                        pw2_weight: f(u.convnext.pw2_weight),
+                        pw2_bias: f(u.convnext.pw2_bias),
+                        gamma: f(u.convnext.gamma),
+                    },
                 })
                 .collect(),
             conv_in: conv(self.conv_in, &mut f),

@@ -13,7 +13,7 @@
 use std::time::Instant;
 
 use limelight::backend::BackendTypes;
-use limelight::backend::codec::CodecOps;
+use limelight::backend::codec::CodecLayerOps;
 use limelight::backend::cuda::Cuda;
 use limelight::model::codec::{CodecModel, CodecParams, DecoderBlockParams, StreamingDecoder};
 use limelight::model::weights::CodecDims;

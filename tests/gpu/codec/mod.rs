@@ -16,7 +16,8 @@ mod ops;
 
 use limelight::backend::BackendTypes;
 use limelight::backend::codec::{
-    CausalConv, CausalConvTranspose, CodecOps, DecoderUpsample, ResidualUnitParams, RvqCodebook, UpsampleStage,
+    CausalConv, CausalConvTranspose, CodecLayerOps, CodecOps, ConvNext, DecoderUpsample, ResidualUnitParams,
+    RvqCodebook, UpsampleStage,
 };
 use limelight::backend::cpu::codec::{ConvHistory, KvWindow};
 use limelight::backend::cpu::{Cpu, CpuWeight, Matrix};
@@ -123,15 +124,17 @@ pub fn upsample_stage<W>(m: &mut Maker<'_, W>, c: usize) -> UpsampleStage<W> {
     UpsampleStage {
         conv_weight: m.fan_in(&[2, c, c], c),
         conv_bias: m.w(&[c], 0.0, 0.1),
-        dw_weight: m.fan_in(&[7, c], 7),
-        dw_bias: m.w(&[c], 0.0, 0.1),
-        norm_weight: m.w(&[c], 1.0, 0.5),
-        norm_bias: m.w(&[c], 0.0, 0.1),
-        pw1_weight: m.fan_in(&[4 * c, c], c),
-        pw1_bias: m.w(&[4 * c], 0.0, 0.1),
-        pw2_weight: m.fan_in(&[c, 4 * c], 4 * c),
-        pw2_bias: m.w(&[c], 0.0, 0.1),
-        gamma: m.w(&[c], 0.0, 0.5),
+        convnext: ConvNext {
+            dw_weight: m.fan_in(&[7, c], 7),
+            dw_bias: m.w(&[c], 0.0, 0.1),
+            norm_weight: m.w(&[c], 1.0, 0.5),
+            norm_bias: m.w(&[c], 0.0, 0.1),
+            pw1_weight: m.fan_in(&[4 * c, c], c),
+            pw1_bias: m.w(&[4 * c], 0.0, 0.1),
+            pw2_weight: m.fan_in(&[c, 4 * c], 4 * c),
+            pw2_bias: m.w(&[c], 0.0, 0.1),
+            gamma: m.w(&[c], 0.0, 0.5),
+        },
     }
 }
 
@@ -202,7 +205,7 @@ impl BackendTypes for F16Cpu {
     }
 }
 
-impl CodecOps for F16Cpu {
+impl CodecLayerOps for F16Cpu {
     type ConvHistory = ConvHistory;
     type KvWindow = KvWindow;
 
@@ -216,10 +219,6 @@ impl CodecOps for F16Cpu {
 
     fn new_kv_window(&self, shape: &limelight::backend::codec::CodecAttentionShape) -> KvWindow {
         Cpu.new_kv_window(shape)
-    }
-
-    fn codec_rvq(&self, books: &[RvqCodebook<CpuWeight>], codes: &[u32]) -> Matrix {
-        self.out(Cpu.codec_rvq(books, codes))
     }
 
     fn codec_transformer_layer(
@@ -237,10 +236,6 @@ impl CodecOps for F16Cpu {
         self.out(Cpu.codec_rms_norm(weight, eps, x))
     }
 
-    fn codec_upsample_stage(&self, w: &UpsampleStage<CpuWeight>, x: &Matrix, h: &mut ConvHistory) -> Matrix {
-        self.out(Cpu.codec_upsample_stage(w, x, h))
-    }
-
     fn codec_causal_conv(
         &self,
         conv: &CausalConv<CpuWeight>,
@@ -251,12 +246,22 @@ impl CodecOps for F16Cpu {
         self.out(Cpu.codec_causal_conv(conv, snake, x, h))
     }
 
-    fn codec_decoder_upsample(&self, w: &DecoderUpsample<CpuWeight>, x: &Matrix, h: &mut ConvHistory) -> Matrix {
-        self.out(Cpu.codec_decoder_upsample(w, x, h))
-    }
-
     fn codec_residual_unit(&self, w: &ResidualUnitParams<CpuWeight>, x: &Matrix, h: &mut ConvHistory) -> Matrix {
         self.out(Cpu.codec_residual_unit(w, x, h))
+    }
+}
+
+impl CodecOps for F16Cpu {
+    fn codec_rvq(&self, books: &[RvqCodebook<CpuWeight>], codes: &[u32]) -> Matrix {
+        self.out(Cpu.codec_rvq(books, codes))
+    }
+
+    fn codec_upsample_stage(&self, w: &UpsampleStage<CpuWeight>, x: &Matrix, h: &mut ConvHistory) -> Matrix {
+        self.out(Cpu.codec_upsample_stage(w, x, h))
+    }
+
+    fn codec_decoder_upsample(&self, w: &DecoderUpsample<CpuWeight>, x: &Matrix, h: &mut ConvHistory) -> Matrix {
+        self.out(Cpu.codec_decoder_upsample(w, x, h))
     }
 
     fn codec_tanh_pcm(&self, x: &Matrix) -> Vec<f32> {

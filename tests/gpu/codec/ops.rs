@@ -15,7 +15,7 @@
 //! rows, with either tile, bit-identical to the row computed alone.
 
 use limelight::backend::BackendTypes;
-use limelight::backend::codec::{CausalConv, CodecAttentionShape, CodecOps};
+use limelight::backend::codec::{CausalConv, CodecAttentionShape, CodecLayerOps, CodecOps};
 use limelight::backend::cpu::Matrix;
 use limelight::backend::cuda::codec::gemm::{Epilogue, Gemm, Taps, Tile, gemm, gemm_tiled, uses_tensor_cores};
 use limelight::backend::cuda::tensor::{GpuMatrix, GpuWeight, round_to_f16_vec};

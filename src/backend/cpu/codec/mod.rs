@@ -1,17 +1,22 @@
 //! The CPU implementation of [`CodecOps`] (`codec.md` §1–2), one file per stage: RVQ lookup
-//! (here), the post_module transformer, the quantizer upsample stages, the DAC decoder's convs.
+//! (here), the post_module transformer, the quantizer upsample stages, the DAC decoder's convs;
+//! and of [`CodecEncodeOps`] (`codec.md` §5.3, the encoder's strided convs, downsample stages and
+//! quantizers).
 //! Products are exact f32 × f32 and sums f64, rounded once per output; element-wise steps
 //! follow the reference's f32 order. Scratch is NaN-poisoned before use.
 
 mod conv;
+mod encode;
 mod math;
 mod transformer;
 mod upsample;
 
 use super::{Cpu, CpuWeight, Matrix};
 use crate::backend::codec::{
-    CausalConv, CodecAttentionShape, CodecOps, DecoderUpsample, ResidualUnitParams, RvqCodebook, UpsampleStage,
+    CausalConv, CodecAttentionShape, CodecLayerOps, CodecOps, DecoderUpsample, ResidualUnitParams, RvqCodebook,
+    UpsampleStage,
 };
+use crate::backend::codec_encode::{CodecEncodeOps, DownsampleStage, StridedConv, VqEncoder};
 use crate::model::weights::TransformerLayer;
 use math::{dot, poisoned};
 
@@ -30,7 +35,7 @@ pub struct KvWindow {
     pub len: usize,
 }
 
-impl CodecOps for Cpu {
+impl CodecLayerOps for Cpu {
     type ConvHistory = ConvHistory;
     type KvWindow = KvWindow;
 
@@ -43,6 +48,37 @@ impl CodecOps for Cpu {
         KvWindow { keys: poisoned(rows, width), values: poisoned(rows, width), len: 0 }
     }
 
+    fn codec_transformer_layer(
+        &self,
+        shape: &CodecAttentionShape,
+        w: &TransformerLayer<CpuWeight>,
+        rope: &[f32],
+        x: &Matrix,
+        kv: &mut KvWindow,
+    ) -> Matrix {
+        transformer::transformer_layer(shape, w, rope, x, kv)
+    }
+
+    fn codec_rms_norm(&self, weight: &CpuWeight, eps: f32, x: &Matrix) -> Matrix {
+        transformer::rms_norm(weight, eps, x)
+    }
+
+    fn codec_causal_conv(
+        &self,
+        conv: &CausalConv<CpuWeight>,
+        snake: Option<&CpuWeight>,
+        x: &Matrix,
+        history: &mut ConvHistory,
+    ) -> Matrix {
+        conv::causal_conv(conv, snake, x, history)
+    }
+
+    fn codec_residual_unit(&self, w: &ResidualUnitParams<CpuWeight>, x: &Matrix, history: &mut ConvHistory) -> Matrix {
+        conv::residual_unit(w, x, history)
+    }
+}
+
+impl CodecOps for Cpu {
     fn codec_rvq(&self, books: &[RvqCodebook<CpuWeight>], codes: &[u32]) -> Matrix {
         assert!(!books.is_empty() && codes.len().is_multiple_of(books.len()), "codes are whole frames");
         let latent = books[0].proj.shape[0];
@@ -67,46 +103,35 @@ impl CodecOps for Cpu {
         z
     }
 
-    fn codec_transformer_layer(
-        &self,
-        shape: &CodecAttentionShape,
-        w: &TransformerLayer<CpuWeight>,
-        rope: &[f32],
-        x: &Matrix,
-        kv: &mut KvWindow,
-    ) -> Matrix {
-        transformer::transformer_layer(shape, w, rope, x, kv)
-    }
-
-    fn codec_rms_norm(&self, weight: &CpuWeight, eps: f32, x: &Matrix) -> Matrix {
-        transformer::rms_norm(weight, eps, x)
-    }
-
     fn codec_upsample_stage(&self, w: &UpsampleStage<CpuWeight>, x: &Matrix, dw_history: &mut ConvHistory) -> Matrix {
         upsample::upsample_stage(w, x, dw_history)
-    }
-
-    fn codec_causal_conv(
-        &self,
-        conv: &CausalConv<CpuWeight>,
-        snake: Option<&CpuWeight>,
-        x: &Matrix,
-        history: &mut ConvHistory,
-    ) -> Matrix {
-        conv::causal_conv(conv, snake, x, history)
     }
 
     fn codec_decoder_upsample(&self, w: &DecoderUpsample<CpuWeight>, x: &Matrix, history: &mut ConvHistory) -> Matrix {
         conv::decoder_upsample(w, x, history)
     }
 
-    fn codec_residual_unit(&self, w: &ResidualUnitParams<CpuWeight>, x: &Matrix, history: &mut ConvHistory) -> Matrix {
-        conv::residual_unit(w, x, history)
-    }
-
     fn codec_tanh_pcm(&self, x: &Matrix) -> Vec<f32> {
         assert_eq!(x.cols, 1, "PCM has one channel");
         x.data.iter().map(|v| v.tanh()).collect()
+    }
+}
+
+impl CodecEncodeOps for Cpu {
+    fn codec_samples(&self, samples: &[f32]) -> Matrix {
+        Matrix::from_vec(samples.len(), 1, samples.to_vec())
+    }
+
+    fn codec_strided_conv(&self, conv: &StridedConv<CpuWeight>, snake: Option<&CpuWeight>, x: &Matrix) -> Matrix {
+        encode::strided_conv(conv, snake, x)
+    }
+
+    fn codec_downsample_stage(&self, w: &DownsampleStage<CpuWeight>, x: &Matrix) -> Matrix {
+        encode::downsample_stage(w, x)
+    }
+
+    fn codec_quantize(&self, quantizers: &[&VqEncoder<CpuWeight>], z: &Matrix) -> Vec<u32> {
+        encode::quantize(quantizers, z)
     }
 }
 

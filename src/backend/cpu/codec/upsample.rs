@@ -1,11 +1,11 @@
 //! The quantizer's upsample stages on the CPU (`codec.md` §1.4): a transposed conv with
 //! kernel = stride = 2 (no temporal context), then a ConvNeXt block whose causal depthwise conv
-//! carries its last inputs between calls.
+//! carries its last inputs between calls. The encoder's downsample stages share the ConvNeXt.
 
 use super::ConvHistory;
 use super::conv::{advance, window};
 use super::math::{dot, gelu, linear, poisoned};
-use crate::backend::codec::UpsampleStage;
+use crate::backend::codec::{ConvNext, UpsampleStage};
 use crate::backend::cpu::{CpuWeight, Matrix};
 
 /// LayerNorm eps of the ConvNeXt block.
@@ -61,9 +61,14 @@ fn layer_norm(weight: &CpuWeight, bias: &CpuWeight, x: &Matrix) -> Matrix {
 }
 
 pub fn upsample_stage(w: &UpsampleStage<CpuWeight>, x: &Matrix, dw_history: &mut ConvHistory) -> Matrix {
-    assert_eq!(dw_history.rows.rows, w.dw_weight.shape[0] - 1, "depthwise conv history rows");
     let up = transposed_conv_k2(&w.conv_weight, &w.conv_bias, x);
-    let win = window(dw_history, &up, None);
+    convnext(&w.convnext, &up, dw_history)
+}
+
+/// A ConvNeXt block over new rows `x`, its depthwise conv continuing `dw_history`.
+pub fn convnext(w: &ConvNext<CpuWeight>, x: &Matrix, dw_history: &mut ConvHistory) -> Matrix {
+    assert_eq!(dw_history.rows.rows, w.dw_weight.shape[0] - 1, "depthwise conv history rows");
+    let win = window(dw_history, x, None);
     advance(dw_history, &win);
     let normed = layer_norm(&w.norm_weight, &w.norm_bias, &depthwise(&w.dw_weight, &w.dw_bias, &win));
     let mut hidden = linear(&normed, &w.pw1_weight, Some(&w.pw1_bias));
@@ -72,7 +77,7 @@ pub fn upsample_stage(w: &UpsampleStage<CpuWeight>, x: &Matrix, dw_history: &mut
     }
     let mut y = linear(&hidden, &w.pw2_weight, Some(&w.pw2_bias));
     for t in 0..y.rows {
-        for ((v, &g), &r) in y.row_mut(t).iter_mut().zip(&w.gamma.data).zip(up.row(t)) {
+        for ((v, &g), &r) in y.row_mut(t).iter_mut().zip(&w.gamma.data).zip(x.row(t)) {
             *v = r + g * *v;
         }
     }

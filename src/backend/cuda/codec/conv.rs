@@ -185,7 +185,7 @@ pub fn upsample_stage(
     rows: &[usize],
     dw_histories: &mut [&mut GpuConvHistory],
 ) -> GpuMatrix {
-    let (k, c) = (w.dw_weight.shape[0], w.conv_bias.numel());
+    let (k, c) = (w.convnext.dw_weight.shape[0], w.conv_bias.numel());
     assert!(dw_histories.iter().all(|h| h.rows.rows == k - 1), "depthwise conv history rows");
     let linear = |input: &GpuMatrix, weight: &GpuWeight, bias: &GpuWeight, epilogue, residual| {
         let n = bias.numel();
@@ -208,27 +208,33 @@ pub fn upsample_stage(
     let doubled: Vec<usize> = rows.iter().map(|n| 2 * n).collect();
     let win = windows(cuda, dw_histories, &up, &doubled, None);
     let normed = gather(cuda, convnext_dw_norm(cuda, w, &win.win), &win.starts, &doubled);
-    let hidden = linear(&normed, &w.pw1_weight, &w.pw1_bias, Epilogue::Gelu, None);
-    linear(&hidden, &w.pw2_weight, &w.pw2_bias, Epilogue::None, Some(Residual { x: &up, gamma: Some(&w.gamma) }))
+    let hidden = linear(&normed, &w.convnext.pw1_weight, &w.convnext.pw1_bias, Epilogue::Gelu, None);
+    linear(
+        &hidden,
+        &w.convnext.pw2_weight,
+        &w.convnext.pw2_bias,
+        Epilogue::None,
+        Some(Residual { x: &up, gamma: Some(&w.convnext.gamma) }),
+    )
 }
 
 /// The depthwise causal conv over `win` and the LayerNorm of its output, per row.
 fn convnext_dw_norm(cuda: &Cuda, w: &UpsampleStage<GpuWeight>, win: &GpuMatrix) -> GpuMatrix {
-    let (k, c) = (w.dw_weight.shape[0], win.cols);
-    check_f16(&w.dw_weight, k * c, "depthwise conv weight");
-    for (t, what) in [(&w.dw_bias, "depthwise conv bias"), (&w.norm_weight, "LayerNorm weight")] {
+    let (k, c) = (w.convnext.dw_weight.shape[0], win.cols);
+    check_f16(&w.convnext.dw_weight, k * c, "depthwise conv weight");
+    for (t, what) in [(&w.convnext.dw_bias, "depthwise conv bias"), (&w.convnext.norm_weight, "LayerNorm weight")] {
         check_f16(t, c, what);
     }
-    check_f16(&w.norm_bias, c, "LayerNorm bias");
+    check_f16(&w.convnext.norm_bias, c, "LayerNorm bias");
     let rows = win.rows - (k - 1);
     let y = cuda.matrix_f16(rows, c);
     if rows > 0 {
         let args = [
             win.ptr().into(),
-            w.dw_weight.ptr.into(),
-            w.dw_bias.ptr.into(),
-            w.norm_weight.ptr.into(),
-            w.norm_bias.ptr.into(),
+            w.convnext.dw_weight.ptr.into(),
+            w.convnext.dw_bias.ptr.into(),
+            w.convnext.norm_weight.ptr.into(),
+            w.convnext.norm_bias.ptr.into(),
             y.ptr().into(),
             c.into(),
             k.into(),

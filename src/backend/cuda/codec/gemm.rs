@@ -265,7 +265,7 @@ pub fn check_f16(w: &GpuWeight, len: usize, what: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::codec::{CausalConv, CausalConvTranspose, CodecOps, DecoderUpsample};
+    use crate::backend::codec::{CausalConv, CausalConvTranspose, CodecLayerOps, CodecOps, DecoderUpsample};
     use crate::backend::cpu::codec::ConvHistory;
     use crate::backend::cpu::{Cpu, CpuWeight, Matrix};
 

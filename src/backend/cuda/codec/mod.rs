@@ -22,7 +22,8 @@ use super::Cuda;
 use super::launch::{Kernel, KernelError, Module, embedded};
 use super::tensor::{DType, GpuMatrix, GpuWeight, to_f16_vec};
 use crate::backend::codec::{
-    CausalConv, CodecAttentionShape, CodecOps, DecoderUpsample, ResidualUnitParams, RvqCodebook, UpsampleStage,
+    CausalConv, CodecAttentionShape, CodecLayerOps, CodecOps, DecoderUpsample, ResidualUnitParams, RvqCodebook,
+    UpsampleStage,
 };
 use crate::model::weights::TransformerLayer;
 
@@ -67,7 +68,7 @@ pub struct GpuKvWindow {
     pub len: usize,
 }
 
-impl CodecOps for Cuda {
+impl CodecLayerOps for Cuda {
     type ConvHistory = GpuConvHistory;
     type KvWindow = GpuKvWindow;
 
@@ -89,10 +90,6 @@ impl CodecOps for Cuda {
         GpuKvWindow { keys: self.matrix_f16(rows, width), values: self.matrix_f16(rows, width), len: 0 }
     }
 
-    fn codec_rvq(&self, books: &[RvqCodebook<GpuWeight>], codes: &[u32]) -> GpuMatrix {
-        transformer::rvq(self, books, codes)
-    }
-
     fn codec_transformer_layer(
         &self,
         shape: &CodecAttentionShape,
@@ -108,15 +105,6 @@ impl CodecOps for Cuda {
         transformer::rms_norm(self, weight, eps, x)
     }
 
-    fn codec_upsample_stage(
-        &self,
-        w: &UpsampleStage<GpuWeight>,
-        x: &GpuMatrix,
-        dw_history: &mut GpuConvHistory,
-    ) -> GpuMatrix {
-        conv::upsample_stage(self, w, x, &[x.rows], &mut [dw_history])
-    }
-
     fn codec_causal_conv(
         &self,
         conv: &CausalConv<GpuWeight>,
@@ -127,15 +115,6 @@ impl CodecOps for Cuda {
         conv::causal_conv(self, conv, snake, x, &[x.rows], &mut [history])
     }
 
-    fn codec_decoder_upsample(
-        &self,
-        w: &DecoderUpsample<GpuWeight>,
-        x: &GpuMatrix,
-        history: &mut GpuConvHistory,
-    ) -> GpuMatrix {
-        conv::decoder_upsample(self, w, x, &[x.rows], &mut [history])
-    }
-
     fn codec_residual_unit(
         &self,
         w: &ResidualUnitParams<GpuWeight>,
@@ -143,6 +122,30 @@ impl CodecOps for Cuda {
         history: &mut GpuConvHistory,
     ) -> GpuMatrix {
         conv::residual_unit(self, w, x, &[x.rows], &mut [history])
+    }
+}
+
+impl CodecOps for Cuda {
+    fn codec_rvq(&self, books: &[RvqCodebook<GpuWeight>], codes: &[u32]) -> GpuMatrix {
+        transformer::rvq(self, books, codes)
+    }
+
+    fn codec_upsample_stage(
+        &self,
+        w: &UpsampleStage<GpuWeight>,
+        x: &GpuMatrix,
+        dw_history: &mut GpuConvHistory,
+    ) -> GpuMatrix {
+        conv::upsample_stage(self, w, x, &[x.rows], &mut [dw_history])
+    }
+
+    fn codec_decoder_upsample(
+        &self,
+        w: &DecoderUpsample<GpuWeight>,
+        x: &GpuMatrix,
+        history: &mut GpuConvHistory,
+    ) -> GpuMatrix {
+        conv::decoder_upsample(self, w, x, &[x.rows], &mut [history])
     }
 
     fn codec_tanh_pcm(&self, x: &GpuMatrix) -> Vec<f32> {
@@ -203,18 +206,5 @@ impl CodecOps for Cuda {
         histories: &mut [&mut GpuConvHistory],
     ) -> GpuMatrix {
         conv::residual_unit(self, w, x, rows, histories)
-    }
-}
-
-impl Cuda {
-    /// Queues a zero fill of `bytes` at `dst` (f16 and f32 zero are all-zero bytes).
-    fn zero(&self, dst: u64, bytes: usize) {
-        if bytes == 0 {
-            return;
-        }
-        // SAFETY: callers pass a live pool buffer of at least `bytes` bytes; the fill is ordered
-        // on the stream before any kernel that reads the buffer.
-        unsafe { cudarc::driver::result::memset_d8_async(dst, 0, bytes, self.stream().cu_stream()) }
-            .expect("zero fill");
     }
 }
