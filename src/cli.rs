@@ -47,6 +47,31 @@ pub enum BenchCommand {
     Batch(BenchBatchArgs),
     /// Drive a running server with closed-loop streaming clients (a load test).
     Serve(BenchServeArgs),
+    /// Load a checkpoint's codec encoder on the GPU and time the encode of a reference clip.
+    Encode(BenchEncodeArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BenchEncodeArgs {
+    /// Checkpoint directory.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Length of the synthetic clip timed (seconds).
+    #[arg(long, default_value_t = 10.0)]
+    pub seconds: f64,
+    /// Timed encodes (after one warm-up).
+    #[arg(long, default_value_t = 5)]
+    pub repeats: usize,
+    /// Length of the clip also encoded on the CPU to compare codes (seconds; the CPU encoder is
+    /// slow at full size).
+    #[arg(long, default_value_t = 0.5)]
+    pub check_seconds: f64,
+    /// Hard cap on GPU memory (bytes, or with a K/M/G/KiB/MiB/GiB suffix).
+    #[arg(long, value_parser = parse_bytes)]
+    pub gpu_memory_budget: Option<u64>,
+    /// Also write every number as JSON.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

@@ -6,6 +6,8 @@ pub mod bench;
 #[cfg(feature = "cuda")]
 pub mod bench_batch;
 #[cfg(feature = "cuda")]
+pub mod bench_encode;
+#[cfg(feature = "cuda")]
 pub mod bench_engine;
 pub mod bench_serve;
 
@@ -20,7 +22,9 @@ use crate::backend::cpu::Cpu;
 use crate::checkpoint::Dtype;
 use crate::checkpoint::safetensors::SafetensorsFile;
 use crate::checkpoint::safetensors_writer::{TensorHeader, f32_bytes, write_safetensors};
-use crate::cli::{BenchBackboneArgs, BenchBatchArgs, BenchEngineArgs, BenchServeArgs, SayArgs, TraceArgs};
+use crate::cli::{
+    BenchBackboneArgs, BenchBatchArgs, BenchEncodeArgs, BenchEngineArgs, BenchServeArgs, SayArgs, TraceArgs,
+};
 use crate::engine::generate::{Engine, Finished, GenerateOptions, ResidentModel};
 use crate::engine::trace::trace;
 use crate::model::frame::Rows;
@@ -104,6 +108,20 @@ pub fn bench_engine(args: &BenchEngineArgs) -> anyhow::Result<()> {
             );
         }
         Ok(())
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = args;
+        bail!("this binary was built without the `cuda` feature: rebuild with default features to use the GPU")
+    }
+}
+
+/// `limelight bench encode`: the codec encoder on the GPU, in seconds of audio per second.
+pub fn bench_encode(args: &BenchEncodeArgs) -> anyhow::Result<()> {
+    #[cfg(feature = "cuda")]
+    {
+        let result = bench_encode::bench_encode(args)?;
+        report(&result.summary(), &result, args.json.as_deref())
     }
     #[cfg(not(feature = "cuda"))]
     {
