@@ -29,7 +29,8 @@ pub struct EncodeBench {
     pub audio_seconds_per_second: f64,
     /// Device memory the encode took above what the weights hold (the pool's peak growth).
     pub scratch_bytes: u64,
-    pub weight_bytes: u64,
+    /// The weight arena's size (whole 1 GiB chunks), not the encoder's parameter bytes.
+    pub weight_arena_bytes: u64,
     /// Codes of the CPU check clip that differ from the CPU encoder's.
     pub check_clip_seconds: f64,
     pub check_codes: usize,
@@ -60,7 +61,7 @@ pub fn bench_encode(args: &BenchEncodeArgs) -> anyhow::Result<EncodeBench> {
     let encoder = CodecEncoder::load(&ckpt, &gpu).context("loading the codec encoder")?;
     cuda.synchronize();
     let load_s = t.elapsed().as_secs_f64();
-    let weight_bytes = cuda.weight_bytes() as u64;
+    let weight_arena_bytes = cuda.weight_bytes() as u64;
 
     let clip = test_clip(args.seconds, 7);
     let before = cuda.budget().used();
@@ -89,7 +90,7 @@ pub fn bench_encode(args: &BenchEncodeArgs) -> anyhow::Result<EncodeBench> {
         encode_ms_each: each,
         audio_seconds_per_second: args.seconds / (encode_ms / 1e3),
         scratch_bytes,
-        weight_bytes,
+        weight_arena_bytes,
         check_clip_seconds: args.check_seconds,
         check_codes: want.len(),
         check_codes_differing: differing,
@@ -99,13 +100,13 @@ pub fn bench_encode(args: &BenchEncodeArgs) -> anyhow::Result<EncodeBench> {
 impl EncodeBench {
     pub fn summary(&self) -> String {
         format!(
-            "GPU {gpu}; codec encoder (f32) loaded in {load:.2} s, {wb:.1} MiB of weights\n\
+            "GPU {gpu}; codec encoder (f32) loaded in {load:.2} s into a {wb:.0} MiB weight arena\n\
              clip {secs:.1} s ({frames} frames): {ms:.1} ms per encode (best of {n}) = {rate:.0} s of audio per second\n\
              device memory for one encode: {scratch:.1} MiB above the weights\n\
              check clip {cs:.1} s: {diff} of {codes} codes differ from the CPU encoder",
             gpu = self.gpu,
             load = self.load_s,
-            wb = self.weight_bytes as f64 / (1 << 20) as f64,
+            wb = self.weight_arena_bytes as f64 / (1 << 20) as f64,
             secs = self.clip_seconds,
             frames = self.frames,
             ms = self.encode_ms,
