@@ -1,6 +1,7 @@
 //! Voice cloning's input side: a reference clip becomes the codec encoder's input (mono, the
 //! codec's 44.1 kHz) as the reference encode hook prepares it (`codec.md` §5.3).
 
+pub mod clip;
 pub mod resample;
 
 /// A clip of one or more channels (`channels[c]` all of one length) mixed down to mono: the mean
