@@ -3,6 +3,7 @@
 
 pub mod clip;
 pub mod resample;
+pub mod store;
 
 /// A clip of one or more channels (`channels[c]` all of one length) mixed down to mono: the mean
 /// of the channels per sample, summed in channel order in f32 as `audio.mean(0)` does.
