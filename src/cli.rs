@@ -272,6 +272,21 @@ pub struct ServeArgs {
     /// samples each: 2048 frames are about 95 s of audio).
     #[arg(long, env = "LIMELIGHT_MAX_FRAMES", default_value_t = 2048)]
     pub max_frames: usize,
+    /// Keep named voices (`/v1/audio/voices`) here, one file each; without it voices live in
+    /// memory and are lost at exit.
+    #[arg(long, env = "LIMELIGHT_VOICES_DIR")]
+    pub voices_dir: Option<PathBuf>,
+    /// Speak an OpenAI built-in voice name in a stored voice: `alloy=narrator` (repeat, or
+    /// separate with commas). Unmapped built-in names keep the model's default voice.
+    #[arg(long = "voice-alias", env = "LIMELIGHT_VOICE_ALIAS", value_delimiter = ',')]
+    pub voice_aliases: Vec<String>,
+    /// Most named voices the server keeps.
+    #[arg(long, env = "LIMELIGHT_MAX_VOICES", default_value_t = 1000)]
+    pub max_voices: usize,
+    /// Largest reference clip a voice upload may carry, in bytes (the clip may also last at
+    /// most 60 s).
+    #[arg(long, env = "LIMELIGHT_MAX_VOICE_UPLOAD_BYTES", default_value_t = crate::http::DEFAULT_MAX_VOICE_UPLOAD_BYTES)]
+    pub max_voice_upload_bytes: usize,
     /// Seconds to let running requests finish after SIGTERM or SIGINT before exiting.
     #[arg(long, env = "LIMELIGHT_DRAIN_TIMEOUT", default_value_t = 30)]
     pub drain_timeout: u64,

@@ -1,12 +1,14 @@
 //! `ServeConfig`: the `serve` flags checked once at start (limits, addresses, names, keys), in
 //! the terms the worker and the HTTP layer use. Nothing downstream re-checks them.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::cli::ServeArgs;
+use crate::request::validate::OPENAI_VOICES;
 use crate::scheduler::{GpuOptions, WorkerConfig, gpu_present};
 use crate::telemetry::LogFormat;
 
@@ -79,6 +81,12 @@ pub struct ServeConfig {
     pub stall_timeout: Duration,
     pub drain_timeout: Duration,
     pub log_format: LogFormat,
+    /// Where named voices persist; `None`: in memory only.
+    pub voices_dir: Option<PathBuf>,
+    /// OpenAI built-in names (lower case) → stored voice names.
+    pub voice_aliases: BTreeMap<String, String>,
+    pub max_voices: usize,
+    pub max_voice_upload_bytes: usize,
 }
 
 /// A flag the server cannot start with; says which and why.
@@ -106,6 +114,8 @@ pub enum ConfigError {
     NoCacheDir,
     #[error("give `--model DIR` or `--demo`")]
     NoModel,
+    #[error("`--voice-alias {0}`: {1}")]
+    VoiceAlias(String, String),
 }
 
 impl ServeConfig {
@@ -132,6 +142,8 @@ impl ServeConfig {
         at_least("max-frames", 1, args.max_frames)?;
         at_least("max-body-bytes", MIN_BODY_BYTES, args.max_body_bytes)?;
         at_least("prefill-chunk", 1, args.prefill_chunk)?;
+        at_least("max-voices", 1, args.max_voices)?;
+        at_least("max-voice-upload-bytes", 1024, args.max_voice_upload_bytes)?;
         at_least("stall-timeout", 1, args.stall_timeout as usize)?;
         if let Some(n) = args.max_batch {
             at_least("max-batch", 1, n)?;
@@ -161,6 +173,10 @@ impl ServeConfig {
             stall_timeout: Duration::from_secs(args.stall_timeout),
             drain_timeout: Duration::from_secs(args.drain_timeout),
             log_format: args.log_format,
+            voices_dir: args.voices_dir.clone(),
+            voice_aliases: voice_aliases(&args.voice_aliases)?,
+            max_voices: args.max_voices,
+            max_voice_upload_bytes: args.max_voice_upload_bytes,
         })
     }
 
@@ -210,6 +226,10 @@ impl fmt::Debug for ServeConfig {
             .field("stall_timeout", &self.stall_timeout)
             .field("drain_timeout", &self.drain_timeout)
             .field("log_format", &self.log_format)
+            .field("voices_dir", &self.voices_dir)
+            .field("voice_aliases", &self.voice_aliases)
+            .field("max_voices", &self.max_voices)
+            .field("max_voice_upload_bytes", &self.max_voice_upload_bytes)
             .finish()
     }
 }
@@ -238,6 +258,25 @@ fn resolve(host: &str, port: u16) -> Result<SocketAddr, ConfigError> {
 
 /// `--api-key`, or every key in `--api-key-file`: one per line, surrounding whitespace ignored,
 /// blank lines and `#` comments skipped (several keys let a key be rotated without downtime).
+/// `alloy=narrator` pairs: an OpenAI built-in name (any case) → a valid stored-voice name.
+fn voice_aliases(pairs: &[String]) -> Result<BTreeMap<String, String>, ConfigError> {
+    let mut out = BTreeMap::new();
+    for pair in pairs.iter().filter(|p| !p.trim().is_empty()) {
+        let bad = |why: &str| ConfigError::VoiceAlias(pair.clone(), why.to_owned());
+        let (from, to) = pair.split_once('=').ok_or_else(|| bad("write it as BUILTIN=VOICE, e.g. alloy=narrator"))?;
+        let from = from.trim().to_ascii_lowercase();
+        if !OPENAI_VOICES.contains(&from.as_str()) {
+            return Err(bad("the left side must be one of OpenAI's built-in voice names"));
+        }
+        let to = to.trim();
+        crate::voice::store::validate_name(to).map_err(|e| bad(&e.to_string()))?;
+        if out.insert(from, to.to_owned()).is_some() {
+            return Err(bad("that built-in name is mapped twice"));
+        }
+    }
+    Ok(out)
+}
+
 fn api_keys(args: &ServeArgs) -> Result<Vec<String>, ConfigError> {
     match (&args.api_key, &args.api_key_file) {
         (Some(key), _) if key.trim().is_empty() => Err(ConfigError::EmptyKey),

@@ -6,6 +6,7 @@
 use std::io;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::serve::ListenerExt;
@@ -24,6 +25,7 @@ use crate::service;
 use crate::synth::presets::Preset;
 use crate::synth::{SynthOptions, SynthPlan};
 use crate::telemetry::{self, TelemetryError};
+use crate::voice::store::{StoreLimits, VoiceStore};
 
 /// How often loading progress goes to systemd's `STATUS=`. The start timeout is not extended:
 /// `TimeoutStartSec` stays the bound that catches a load that hangs (`docs/operations.md` §4).
@@ -53,6 +55,8 @@ pub enum ServeError {
     Load(String),
     #[error("{0}")]
     EngineLost(String),
+    #[error("voices: {0}")]
+    Voices(#[from] crate::voice::store::StoreError),
 }
 
 /// Requests to shut down: the first drains, a second stops at once.
@@ -92,7 +96,8 @@ pub async fn serve(
             metrics.run_upkeep();
         }
     });
-    let app = http::router(AppState::new(scheduler.clone(), http_config));
+    let voices = open_voices(&config)?;
+    let app = http::router(AppState::with_voices(scheduler.clone(), http_config, voices));
     // Small PCM chunks must leave at once, not wait for Nagle.
     let listener = listener.tap_io(|tcp| {
         let _ = tcp.set_nodelay(true);
@@ -167,6 +172,27 @@ fn loader(config: &ServeConfig) -> Result<Loader, ConfigError> {
     }
 }
 
+/// The named voices: loaded from `--voices-dir` (files that do not hold a voice are refused by
+/// name and left alone), or kept in memory.
+fn open_voices(config: &ServeConfig) -> Result<Arc<VoiceStore>, ServeError> {
+    let limits = StoreLimits { max_voices: config.max_voices };
+    let Some(dir) = &config.voices_dir else {
+        info!("voices: in memory only (no --voices-dir); uploads are lost at exit");
+        return Ok(Arc::new(VoiceStore::in_memory(limits)));
+    };
+    let (store, refused) = VoiceStore::open(dir, limits)?;
+    for r in &refused {
+        error!(file = %r.path.display(), reason = %r.reason, "voice file refused");
+    }
+    info!(dir = %dir.display(), voices = store.list().len(), refused = refused.len(), "voices loaded");
+    for (builtin, voice) in &config.voice_aliases {
+        if store.get(voice).is_none() {
+            warn!(alias = %builtin, voice = %voice, "--voice-alias names a voice that does not exist yet");
+        }
+    }
+    Ok(Arc::new(store))
+}
+
 /// The HTTP layer's share of the configuration.
 pub fn http_config(config: &ServeConfig) -> HttpConfig {
     HttpConfig {
@@ -178,6 +204,8 @@ pub fn http_config(config: &ServeConfig) -> HttpConfig {
         },
         api_keys: config.api_keys.clone(),
         max_body_bytes: config.max_body_bytes,
+        voice_aliases: config.voice_aliases.clone(),
+        max_voice_upload_bytes: config.max_voice_upload_bytes,
     }
 }
 

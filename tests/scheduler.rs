@@ -16,8 +16,8 @@ use limelight::model::frame::Rows;
 use limelight::model::sampling::SamplingParams;
 use limelight::model::vocabulary::Vocabulary;
 use limelight::scheduler::{
-    BatchLimits, Job, JobEvent, JobStream, Loader, MemoryUse, ModelHost, Prefilled, Readiness, Scheduler, StreamId,
-    SubmitError, SynthError, Synthesizer, WorkerConfig, cpu_loader,
+    BatchLimits, Encoded, Job, JobEvent, JobStream, Loader, MemoryUse, ModelHost, Prefilled, Readiness, Scheduler,
+    StreamId, SubmitError, SynthError, Synthesizer, WorkerConfig, cpu_loader,
 };
 
 const TEXT: &str = "Hello there, how are you today?";
@@ -132,6 +132,9 @@ impl Synthesizer for Faulty<'_> {
             }
         }
         results
+    }
+    fn encode_reference(&self, samples: &[f32]) -> Result<Encoded, SynthError> {
+        self.inner.encode_reference(samples)
     }
     fn cancel(&self, id: StreamId) -> Result<Vec<f32>, SynthError> {
         self.inner.cancel(id)

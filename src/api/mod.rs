@@ -4,7 +4,9 @@
 pub mod error;
 pub mod models;
 pub mod speech;
+pub mod voices;
 
 pub use error::{ErrorBody, ErrorDetail};
 pub use models::{ModelCard, ModelList};
 pub use speech::{ResponseFormat, SpeechEvent, SpeechRequest, StreamFormat, Usage, Voice};
+pub use voices::{VoiceDeleted, VoiceInfo, VoiceList, VoiceUpload};

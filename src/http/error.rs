@@ -50,6 +50,15 @@ pub enum ApiError {
     /// The job was stopped by the server (drain deadline) before its audio was complete.
     #[error("The server stopped this request while shutting down; retry it")]
     Cancelled,
+    /// A voice upload's field broke a rule (400 naming it).
+    #[error("{message}")]
+    VoiceField { param: &'static str, message: String },
+    #[error("No voice named `{name}`")]
+    VoiceNotFound { name: String },
+    #[error("A voice named `{name}` already exists; delete it first to replace it")]
+    VoiceExists { name: String },
+    #[error("This server already holds {max} voices; delete one first")]
+    VoicesFull { max: usize },
     /// Something failed inside this request only; the detail went to the log under the id.
     #[error("The server failed on this request; quote request id {request_id} when reporting it")]
     Internal { request_id: String },
@@ -93,6 +102,14 @@ impl ApiError {
             ApiError::Submit(SubmitError::Draining) | ApiError::Cancelled => {
                 (StatusCode::SERVICE_UNAVAILABLE, SERVER, None, Some("shutting_down"), Some(DRAINING_RETRY_AFTER_SECS))
             }
+            ApiError::VoiceField { param, .. } => {
+                (StatusCode::BAD_REQUEST, INVALID, Some((*param).to_owned()), Some("invalid_value"), None)
+            }
+            ApiError::VoiceNotFound { .. } => (StatusCode::NOT_FOUND, INVALID, None, Some("voice_not_found"), None),
+            ApiError::VoiceExists { .. } => {
+                (StatusCode::CONFLICT, INVALID, Some(String::from("name")), Some("voice_exists"), None)
+            }
+            ApiError::VoicesFull { .. } => (StatusCode::CONFLICT, INVALID, None, Some("voice_limit_reached"), None),
             ApiError::Internal { .. } => {
                 (StatusCode::INTERNAL_SERVER_ERROR, SERVER, None, Some("internal_error"), None)
             }
@@ -224,7 +241,7 @@ fn check_content_type(value: Option<&HeaderValue>) -> Result<(), ApiError> {
 }
 
 /// A body read failed: over the limit (chunked bodies give no length up front) or broken.
-fn read_error(e: axum::Error, limit: usize) -> ApiError {
+pub fn read_error(e: axum::Error, limit: usize) -> ApiError {
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&e);
     while let Some(s) = source {
         if s.is::<http_body_util::LengthLimitError>() {

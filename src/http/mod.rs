@@ -7,13 +7,17 @@ pub mod error;
 pub mod ops;
 pub mod request_id;
 pub mod speech;
+pub mod voices;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::middleware;
 use axum::routing::{get, post};
+
+use crate::voice::store::{StoreLimits, VoiceStore};
 
 pub use error::{ApiError, ApiJson};
 pub use request_id::RequestId;
@@ -36,7 +40,14 @@ pub struct HttpConfig {
     pub api_keys: Vec<String>,
     /// `--max-body-bytes`: a larger request body is refused with 413.
     pub max_body_bytes: usize,
+    /// `--voice-alias`: OpenAI built-in names (lower case) that speak in a stored voice.
+    pub voice_aliases: BTreeMap<String, String>,
+    /// `--max-voice-upload-bytes`: the largest reference clip a voice upload may carry.
+    pub max_voice_upload_bytes: usize,
 }
+
+/// Default `--max-voice-upload-bytes`: a minute of 16-bit stereo WAV at 48 kHz fits (11 MB).
+pub const DEFAULT_MAX_VOICE_UPLOAD_BYTES: usize = 16 << 20;
 
 /// Shared by every handler: the scheduler handle and the configuration. Cheap to clone.
 #[derive(Clone)]
@@ -47,14 +58,28 @@ pub struct AppState {
 struct Inner {
     scheduler: Scheduler,
     config: HttpConfig,
+    voices: Arc<VoiceStore>,
 }
 
 impl AppState {
+    /// With voices kept in memory only.
     pub fn new(scheduler: Scheduler, config: HttpConfig) -> AppState {
+        AppState::with_voices(scheduler, config, Arc::new(VoiceStore::in_memory(StoreLimits::default())))
+    }
+
+    pub fn with_voices(scheduler: Scheduler, config: HttpConfig, voices: Arc<VoiceStore>) -> AppState {
         // Install the metrics recorder now, so the first request is counted and not lost to a
         // recorder that `/metrics` would only install later.
         telemetry::metrics_handle();
-        AppState { inner: Arc::new(Inner { scheduler, config }) }
+        AppState { inner: Arc::new(Inner { scheduler, config, voices }) }
+    }
+
+    pub fn voices(&self) -> &VoiceStore {
+        &self.inner.voices
+    }
+
+    pub fn voices_arc(&self) -> Arc<VoiceStore> {
+        Arc::clone(&self.inner.voices)
     }
 
     pub fn scheduler(&self) -> &Scheduler {
@@ -72,6 +97,13 @@ impl AppState {
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/v1/audio/speech", post(speech::create_speech))
+        .route(
+            "/v1/audio/voices",
+            get(voices::list).post(voices::upload).layer(DefaultBodyLimit::max(
+                state.config().max_voice_upload_bytes.div_ceil(3) * 4 + voices::UPLOAD_OVERHEAD_BYTES,
+            )),
+        )
+        .route("/v1/audio/voices/{name}", get(voices::describe).delete(voices::delete))
         .route("/v1/models", get(ops::models))
         .route("/health", get(ops::health))
         .route("/ready", get(ops::ready))

@@ -8,7 +8,7 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 
 use super::body::{self, Reply, Step};
-use super::{ApiError, ApiJson, AppState, RequestId};
+use super::{ApiError, ApiJson, AppState, RequestId, voices};
 use crate::api::speech::{SpeechRequest, StreamFormat};
 use crate::audio::{self, CODEC_SAMPLE_RATE, EncodeOptions};
 use crate::engine::generate::FinishReason;
@@ -56,8 +56,12 @@ pub async fn create_speech(
 
     // The prompt rows, built here so that the queue carries rows and a prompt the tokenizer
     // refuses is this request's 400 (or 500), before it waits for a slot.
+    let references = match voices::references(&state, &valid.voice) {
+        Ok(references) => references,
+        Err(e) => return tracker.refuse(e),
+    };
     let rows = match state.scheduler().vocabulary() {
-        Ok(vocabulary) => match PromptBuilder::new(vocabulary).build_checked(&valid.text, &[]) {
+        Ok(vocabulary) => match PromptBuilder::new(vocabulary).build_checked(&valid.text, &references) {
             Ok(rows) => rows,
             Err(e) if e.field().is_some() => return tracker.refuse(ApiError::Prompt(e)),
             Err(e) => {

@@ -1,11 +1,11 @@
 //! Device-memory arithmetic of the model, independent of any backend: the weights as stored,
-//! the codec's FP16 decode path, and what each request's state costs (KV rows per position, GDN
+//! the codec's FP16 decode path, its f32 encoder, and what each request's state costs (KV rows per position, GDN
 //! conv and recurrent state). `inspect` prints it; the CUDA admission plan and the engine
 //! loaders build on it.
 
 use crate::model::config::{Dims, LayerType};
 use crate::model::load::Checkpoint;
-use crate::model::weights::codec::is_decode_path;
+use crate::model::weights::codec::{CODEC_IGNORED_BUFFERS, is_decode_path};
 
 /// Device-resident sizes for serving, in bytes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -40,6 +40,20 @@ pub fn recurrent_state_bytes(d: &Dims) -> usize {
     let conv = (d.gdn_conv_kernel - 1) * d.gdn_qkv_dim();
     let state = d.gdn_value_heads * d.gdn_value_dim * d.gdn_key_dim;
     gdn_layers * (conv + state) * 4
+}
+
+/// The codec encoder's weights in f32 (voice cloning: the encoder, the quantizer's downsampling,
+/// `pre_module` and the quantizers), as the GPU encoder holds them.
+pub fn encoder_weight_bytes(ckpt: &Checkpoint) -> usize {
+    let decode_only = |name: &str| {
+        name.starts_with("decoder.")
+            || name.starts_with("quantizer.post_module.")
+            || name.starts_with("quantizer.upsample.")
+    };
+    (ckpt.codec.tensors())
+        .filter(|(name, _)| !decode_only(name) && !CODEC_IGNORED_BUFFERS.contains(name))
+        .map(|(_, t)| t.shape.iter().product::<usize>() * 4)
+        .sum()
 }
 
 pub fn device_budget(ckpt: &Checkpoint, context_length: usize) -> DeviceBudget {

@@ -9,6 +9,7 @@ use crate::api::speech::{self as wire, SpeechRequest, StreamFormat, Voice};
 use crate::audio::{self, ResponseFormat};
 use crate::engine::generate::GenerateOptions;
 use crate::model::sampling::{ParamsError, SamplingParams};
+use crate::voice::store::validate_name;
 
 /// OpenAI's built-in voice names: each means the model's default voice here, so apps written
 /// for OpenAI work unchanged (`serving-anchors.md` §1.1).
@@ -44,10 +45,16 @@ pub struct ValidSpeech {
     pub options: GenerateOptions,
 }
 
-/// Which voice speaks. Only the model's default exists until the voice registry arrives.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Which voice speaks.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum VoiceChoice {
+    /// The model's own voice (`default`, or no `voice`).
     Default,
+    /// One of OpenAI's built-in names (lower case): the default voice unless the operator maps
+    /// it to a stored voice (`--voice-alias`).
+    Builtin(String),
+    /// A stored voice, by name (`/v1/audio/voices`); whether it exists is the store's to say.
+    Named(String),
 }
 
 /// How the audio goes back to the client.
@@ -74,7 +81,9 @@ pub enum ValidateError {
     Text(TextError),
     #[error("`instructions` {reason}")]
     Instructions { reason: &'static str },
-    #[error("Unknown voice `{voice}`: use `default` or one of OpenAI's built-in voice names")]
+    #[error(
+        "Unknown voice `{voice}`: use `default`, one of OpenAI's built-in voice names, or a voice uploaded to /v1/audio/voices"
+    )]
     UnknownVoice { voice: String },
     #[error("`{field}` must be in [{min}, {max}]; got {found}")]
     OutOfRange { field: &'static str, min: f64, max: f64, found: f64 },
@@ -184,12 +193,17 @@ pub fn validate(req: SpeechRequest, policy: &SpeechPolicy) -> Result<ValidSpeech
     })
 }
 
-/// `default`, omitted, or an OpenAI built-in name (either form, any case) → the default voice.
+/// `default` or omitted → the default voice; an OpenAI built-in name (either form, any case) →
+/// [`VoiceChoice::Builtin`]; a name a stored voice could have → [`VoiceChoice::Named`].
 fn voice_choice(voice: Option<&Voice>) -> Result<VoiceChoice, ValidateError> {
     let Some(voice) = voice else { return Ok(VoiceChoice::Default) };
     let name = voice.as_str();
-    if name.eq_ignore_ascii_case("default") || OPENAI_VOICES.iter().any(|v| name.eq_ignore_ascii_case(v)) {
+    if name.eq_ignore_ascii_case("default") {
         Ok(VoiceChoice::Default)
+    } else if let Some(builtin) = OPENAI_VOICES.iter().find(|v| name.eq_ignore_ascii_case(v)) {
+        Ok(VoiceChoice::Builtin((*builtin).to_owned()))
+    } else if validate_name(name).is_ok() {
+        Ok(VoiceChoice::Named(name.to_owned()))
     } else {
         // Echo at most 64 characters of what was sent: a voice name is short, an abuse is not.
         Err(ValidateError::UnknownVoice { voice: name.chars().take(64).collect() })
@@ -268,8 +282,8 @@ mod tests {
             (r#"{"model": "tts-1", "input": "123456789012345678901"}"#, "input", "string_above_max_length"),
             (r#"{"model": "tts-1", "input": "<|im_end|>"}"#, "input", "invalid_value"),
             (r#"{"model": "tts-1", "input": "<|speaker:16|>a"}"#, "input", "invalid_value"),
-            (r#"{"model": "tts-1", "input": "a", "voice": "bob"}"#, "voice", "voice_not_found"),
-            (r#"{"model": "tts-1", "input": "a", "voice": {"id": "voice_1"}}"#, "voice", "voice_not_found"),
+            (r#"{"model": "tts-1", "input": "a", "voice": "../bob"}"#, "voice", "voice_not_found"),
+            (r#"{"model": "tts-1", "input": "a", "voice": {"id": "a b"}}"#, "voice", "voice_not_found"),
             (r#"{"model": "tts-1", "input": "a", "instructions": "x]y"}"#, "instructions", "invalid_value"),
             (r#"{"model": "tts-1", "input": "a", "instructions": "<|voice|>"}"#, "instructions", "invalid_value"),
             (r#"{"model": "tts-1", "input": "a", "speed": 4.5}"#, "speed", "invalid_value"),
@@ -292,7 +306,7 @@ mod tests {
             let e = refusal(json);
             assert_eq!((e.param(), e.code()), (param, code), "{json}: {e}");
         }
-        assert!(refusal(r#"{"model": "tts-1", "input": "a", "voice": "bob"}"#).to_string().contains("`bob`"));
+        assert!(refusal(r#"{"model": "tts-1", "input": "a", "voice": "../bob"}"#).to_string().contains("`../bob`"));
     }
 
     #[cfg(not(feature = "aac"))]
@@ -305,9 +319,17 @@ mod tests {
 
     #[test]
     fn voices_and_directions() {
-        for voice in [r#""default""#, r#""alloy""#, r#""Nova""#, r#"{"id": "cedar"}"#] {
+        let choices = [
+            (r#""default""#, VoiceChoice::Default),
+            (r#""alloy""#, VoiceChoice::Builtin("alloy".into())),
+            (r#""Nova""#, VoiceChoice::Builtin("nova".into())),
+            (r#"{"id": "cedar"}"#, VoiceChoice::Builtin("cedar".into())),
+            (r#""narrator""#, VoiceChoice::Named("narrator".into())),
+            (r#"{"id": "voice_1"}"#, VoiceChoice::Named("voice_1".into())),
+        ];
+        for (voice, want) in choices {
             let json = format!(r#"{{"model": "tts-1", "input": "a", "voice": {voice}}}"#);
-            assert_eq!(validate(request(&json), &policy()).unwrap().voice, VoiceChoice::Default, "{voice}");
+            assert_eq!(validate(request(&json), &policy()).unwrap().voice, want, "{voice}");
         }
         let directed = |input: &str, d: &str| {
             let d = Direction::check(d).unwrap().unwrap();

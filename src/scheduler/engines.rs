@@ -5,12 +5,16 @@
 
 use std::path::PathBuf;
 
-use super::{Loader, MemoryUse, ModelHost, Prefilled, StreamId, SynthError, Synthesizer};
+use super::{Encoded, Loader, MemoryUse, ModelHost, Prefilled, StreamId, SynthError, Synthesizer};
 use crate::backend::Backend;
 use crate::backend::cpu::Cpu;
 use std::cell::RefCell;
 
-use crate::engine::generate::{Engine, GenerateError, GenerateOptions, Generation, ResidentModel, Stepped};
+use crate::engine::generate::{
+    Engine, GenerateError, GenerateOptions, Generation, LoadModelError, ResidentModel, Stepped,
+};
+use crate::model::codec::CodecError;
+use crate::model::codec::encode::CodecEncoder;
 use crate::model::frame::Rows;
 use crate::model::load::Checkpoint;
 use crate::model::memory::device_budget;
@@ -57,7 +61,9 @@ pub fn cpu_loader(model_dir: PathBuf, max_frames: usize, limits: BatchLimits) ->
             allocations_after_warm_up: 0,
         };
         let batch = BatchOptions { max_batch, prefill_chunk: limits.prefill_chunk, context: None };
-        let engine = EngineModel::new(&Cpu, &ckpt, &model, batch, Box::new(move || memory))?;
+        let encoder = CodecEncoder::load(&ckpt, &Cpu).map_err(LoadModelError::from)?;
+        let engine = EngineModel::new(&Cpu, &ckpt, &model, batch, Box::new(move || memory))?
+            .with_encoder(Box::new(move |samples: &[f32]| encoder.encode(&Cpu, samples)));
         tracing::info!(max_batch, prefill_chunk = limits.prefill_chunk, "engine: decode batch");
         host.serve(&engine);
         Ok(())
@@ -79,7 +85,12 @@ pub struct EngineModel<'w, B: Backend> {
     slots: RefCell<Vec<Option<Generation<'w, B>>>>,
     memory: Box<dyn Fn() -> MemoryUse + 'w>,
     health: Option<Box<dyn Fn() -> Result<(), String> + 'w>>,
+    /// The codec encoder (voice cloning): a clip → codes `[frames, codebooks]`.
+    encoder: Option<ReferenceEncoder<'w>>,
 }
+
+/// How an engine encodes a reference clip (on its own backend: the CPU's, or the GPU in f32).
+pub type ReferenceEncoder<'w> = Box<dyn Fn(&[f32]) -> Result<Vec<u32>, CodecError> + 'w>;
 
 impl<'w, B: Backend> EngineModel<'w, B> {
     pub fn new(
@@ -101,6 +112,7 @@ impl<'w, B: Backend> EngineModel<'w, B> {
             slots: RefCell::new((0..batch.max_batch).map(|_| None).collect()),
             memory,
             health: None,
+            encoder: None,
         })
     }
 
@@ -124,6 +136,12 @@ impl<'w, B: Backend> EngineModel<'w, B> {
     /// [`Synthesizer::health`]).
     pub fn with_health_check(mut self, check: Box<dyn Fn() -> Result<(), String> + 'w>) -> Self {
         self.health = Some(check);
+        self
+    }
+
+    /// Encodes reference clips with `encoder` (see [`Synthesizer::encode_reference`]).
+    pub fn with_encoder(mut self, encoder: ReferenceEncoder<'w>) -> Self {
+        self.encoder = Some(encoder);
         self
     }
 
@@ -293,5 +311,14 @@ impl<B: Backend> Synthesizer for EngineModel<'_, B> {
 
     fn close(&self, id: StreamId) -> usize {
         self.slots.borrow_mut().get_mut(id).and_then(Option::take).map_or(0, |g| g.frames())
+    }
+
+    fn encode_reference(&self, samples: &[f32]) -> Result<Encoded, SynthError> {
+        let encoder = self
+            .encoder
+            .as_ref()
+            .ok_or_else(|| SynthError::Encode(String::from("this engine has no codec encoder")))?;
+        let codes = encoder(samples).map_err(|e| SynthError::Encode(e.to_string()))?;
+        Ok(Encoded { codes, codebooks: self.codebooks })
     }
 }

@@ -15,11 +15,14 @@ mod with_cuda {
     use std::sync::Arc;
 
     use super::super::engines::{BatchLimits, BatchOptions, EngineModel, GpuOptions};
+    use crate::audio::CODEC_SAMPLE_RATE;
     use crate::backend::cuda::admission::{MAX_STREAMS_CAP, MemoryPlan, admit};
+    use crate::backend::cuda::codec_encode::CudaF32;
     use crate::backend::cuda::{Cuda, CudaOptions};
     use crate::engine::cuda_draws::CudaDraws;
     use crate::engine::cuda_frames::CudaFrames;
-    use crate::engine::generate::ResidentModel;
+    use crate::engine::generate::{LoadModelError, ResidentModel};
+    use crate::model::codec::encode::{CodecEncoder, MAX_REFERENCE_SECONDS};
     use crate::model::load::Checkpoint;
     use crate::scheduler::{Loader, MemoryUse, ModelHost, ModelLoadError};
 
@@ -90,6 +93,13 @@ mod with_cuda {
                 (None, Some(draws)) => engine.with_device_draws(draws),
                 (None, None) => engine,
             };
+            host.progress("loading the codec encoder");
+            let f32_backend = CudaF32::new(&cuda);
+            let encoder = CodecEncoder::load(&ckpt, &f32_backend).map_err(LoadModelError::from)?;
+            // The longest clip once, so the pool holds what any encode needs (the plan counts it).
+            let longest = vec![0.0f32; (MAX_REFERENCE_SECONDS * f64::from(CODEC_SAMPLE_RATE)) as usize];
+            encoder.encode(&f32_backend, &longest).map_err(|e| ModelLoadError::Gpu(format!("encoder warm-up: {e}")))?;
+            let engine = engine.with_encoder(Box::new(move |samples: &[f32]| encoder.encode(&f32_backend, samples)));
             host.progress(&format!("warming up {max_batch} streams"));
             let warm = engine.warm_up().map_err(|e| ModelLoadError::Gpu(format!("warm-up: {e}")))?;
             cuda.synchronize();

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::engine::generate::{FinishReason, GenerateOptions};
 use crate::model::frame::Rows;
@@ -85,6 +85,34 @@ pub(crate) struct Queued {
     pub job: Job,
     pub reply: Reply,
     pub admitted: Instant,
+}
+
+/// A reference clip to encode into codes (voice cloning): mono samples at the codec's 44.1 kHz.
+#[derive(Debug)]
+pub struct EncodeJob {
+    pub samples: Vec<f32>,
+    pub span: tracing::Span,
+}
+
+/// What an encode gives back: codes row-major `[frames, codebooks]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Encoded {
+    pub codes: Vec<u32>,
+    pub codebooks: usize,
+}
+
+/// An encode admitted to the queue, and where its result goes (`Err`: why it failed, safe to log).
+#[derive(Debug)]
+pub(crate) struct QueuedEncode {
+    pub job: EncodeJob,
+    pub reply: oneshot::Sender<Result<Encoded, String>>,
+}
+
+/// What the worker's queue carries: speech jobs and encodes, in arrival order.
+#[derive(Debug)]
+pub(crate) enum Command {
+    Speech(Queued),
+    Encode(QueuedEncode),
 }
 
 /// A connected (stream, reply) pair for one job.

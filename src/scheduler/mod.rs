@@ -18,7 +18,7 @@ use tokio::sync::{Notify, watch};
 
 pub use engines::{BatchLimits, BatchOptions, EngineModel, GpuOptions, cpu_loader};
 pub use gpu::{cuda_loader, gpu_present};
-pub use job::{Job, JobEvent, JobStream, REPLY_CAPACITY};
+pub use job::{EncodeJob, Encoded, Job, JobEvent, JobStream, REPLY_CAPACITY};
 
 use crate::engine::generate::{GenerateError, GenerateOptions, LoadModelError, Stepped};
 use crate::model::frame::Rows;
@@ -103,6 +103,8 @@ pub struct MemoryUse {
 pub enum SynthError {
     #[error("generation: {0}")]
     Generate(#[from] GenerateError),
+    #[error("encoding a reference: {0}")]
+    Encode(String),
 }
 
 /// Why the worker could not load a model.
@@ -151,6 +153,10 @@ pub trait Synthesizer {
     fn cancel(&self, id: StreamId) -> Result<Vec<f32>, SynthError>;
     /// Frees the stream's slot; returns its audio frames.
     fn close(&self, id: StreamId) -> usize;
+    /// Encodes a reference clip (mono, 44.1 kHz) with the codec encoder: codes row-major
+    /// `[frames, codebooks]` and the codebook count. A long clip holds up the batch for its
+    /// encode (about 7 ms per second of audio on an H200).
+    fn encode_reference(&self, samples: &[f32]) -> Result<job::Encoded, SynthError>;
 }
 
 /// What one [`Synthesizer::prefill`] call did.
@@ -181,7 +187,7 @@ pub struct Scheduler {
 }
 
 struct Handle {
-    commands: SyncSender<job::Queued>,
+    commands: SyncSender<job::Command>,
     shared: Arc<Shared>,
 }
 
@@ -261,7 +267,7 @@ impl Scheduler {
         let (stream, reply) = job::channel();
         shared.queued.fetch_add(1, Ordering::SeqCst);
         let queued = job::Queued { job, reply, admitted: std::time::Instant::now() };
-        match self.inner.commands.try_send(queued) {
+        match self.inner.commands.try_send(job::Command::Speech(queued)) {
             Ok(()) => {
                 shared.publish_gauges();
                 Ok(stream)
@@ -275,6 +281,41 @@ impl Scheduler {
                         max_queue: shared.max_queue,
                     },
                     // The worker thread is gone: its model failed to load.
+                    TrySendError::Disconnected(_) => SubmitError::Loading,
+                })
+            }
+        }
+    }
+
+    /// Queues a reference clip for the worker's codec encoder, or refuses it at once (as
+    /// [`Scheduler::submit`]: busy, loading, draining). The receiver gets the codes, or why not.
+    pub fn encode(
+        &self,
+        job: EncodeJob,
+    ) -> Result<tokio::sync::oneshot::Receiver<Result<Encoded, String>>, SubmitError> {
+        let shared = &self.inner.shared;
+        shared.in_flight.fetch_add(1, Ordering::SeqCst);
+        let refusal = if shared.draining.load(Ordering::SeqCst) {
+            Some(SubmitError::Draining)
+        } else if *shared.load.borrow() != LoadState::Ready {
+            Some(SubmitError::Loading)
+        } else {
+            None
+        };
+        if let Some(e) = refusal {
+            shared.job_left();
+            return Err(e);
+        }
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        match self.inner.commands.try_send(job::Command::Encode(job::QueuedEncode { job, reply })) {
+            Ok(()) => Ok(rx),
+            Err(e) => {
+                shared.job_left();
+                Err(match e {
+                    TrySendError::Full(_) => SubmitError::QueueFull {
+                        retry_after_secs: retry_after_secs(shared.mean_job_secs()),
+                        max_queue: shared.max_queue,
+                    },
                     TrySendError::Disconnected(_) => SubmitError::Loading,
                 })
             }

@@ -4,7 +4,7 @@
 //! Each turn of its loop:
 //! 1. **admits** queued jobs into free slots, first come first served: the prompt is built and a
 //!    stream opened (a job refused here fails alone);
-//! 2. runs **prompt chunks**, oldest stream first, up to one chunk's worth of rows per turn (the
+//! 2. runs the oldest waiting **reference encode** (voice cloning), if any, then **prompt chunks**, oldest stream first, up to one chunk's worth of rows per turn (the
 //!    bound on how long new prompts hold up the streams already speaking);
 //! 3. **steps** every stream that is generating and whose client is keeping up: one frame each;
 //! 4. **delivers** each stream's events to its client without ever waiting: a client that reads
@@ -17,6 +17,7 @@
 //! the context fails every job and turns readiness to failed, and `serve` exits for a restart.
 
 use std::any::Any;
+use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
@@ -27,7 +28,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc::error::TrySendError;
 use tracing::{debug, error, info, warn};
 
-use super::job::{JobEvent, Queued, Reply};
+use super::job::{Command, JobEvent, Queued, QueuedEncode, Reply};
 use super::{LoadState, Loader, ModelHost, ModelInfo, Shared, StreamId, SynthError, Synthesizer, WorkerConfig};
 use crate::engine::generate::FinishReason;
 use crate::telemetry;
@@ -43,12 +44,12 @@ const IDLE_POLL: Duration = Duration::from_millis(2);
 pub const PREFILL_TURN_CHUNKS: usize = 8;
 
 /// Starts the worker thread; returns the sending end of its job queue (`max_queue` deep).
-pub(super) fn spawn(config: WorkerConfig, loader: Loader, shared: Arc<Shared>) -> SyncSender<Queued> {
+pub(super) fn spawn(config: WorkerConfig, loader: Loader, shared: Arc<Shared>) -> SyncSender<Command> {
     let (tx, rx) = std::sync::mpsc::sync_channel(config.max_queue);
     std::thread::Builder::new()
         .name(String::from("limelight-worker"))
         .spawn(move || {
-            let mut host = Host { config, shared, jobs: rx };
+            let mut host = Host { config, shared, jobs: rx, encodes: RefCell::new(VecDeque::new()) };
             let outcome = catch_unwind(AssertUnwindSafe(|| loader(&mut host)));
             let failure = match outcome {
                 Ok(Ok(())) => None,
@@ -71,7 +72,9 @@ pub(super) fn spawn(config: WorkerConfig, loader: Loader, shared: Arc<Shared>) -
 struct Host {
     config: WorkerConfig,
     shared: Arc<Shared>,
-    jobs: Receiver<Queued>,
+    jobs: Receiver<Command>,
+    /// Reference clips waiting for the codec encoder, oldest first (one runs per turn).
+    encodes: RefCell<VecDeque<QueuedEncode>>,
 }
 
 /// One admitted job: its stream in the model (while it has one), its client, and the events the
@@ -178,7 +181,8 @@ impl ModelHost for Host {
             if !self.admit(model, &mut batch) {
                 return; // every Scheduler handle is gone
             }
-            let mut failed = self.prefill(model, &mut batch);
+            let mut failed = self.encode(model);
+            failed |= self.prefill(model, &mut batch);
             let stepped = self.step(model, &mut batch, &mut failed);
             let now = Instant::now();
             for job in &mut batch {
@@ -208,17 +212,25 @@ impl Host {
             if open >= model.max_batch() {
                 return true;
             }
-            let queued = if batch.is_empty() {
+            let idle = batch.is_empty() && self.encodes.borrow().is_empty();
+            let command = if idle {
                 match self.jobs.recv_timeout(Duration::from_secs(1)) {
-                    Ok(queued) => queued,
+                    Ok(command) => command,
                     Err(RecvTimeoutError::Timeout) => continue,
                     Err(RecvTimeoutError::Disconnected) => return false,
                 }
             } else {
                 match self.jobs.try_recv() {
-                    Ok(queued) => queued,
+                    Ok(command) => command,
                     Err(TryRecvError::Empty) => return true,
-                    Err(TryRecvError::Disconnected) => return !batch.is_empty(),
+                    Err(TryRecvError::Disconnected) => return !batch.is_empty() || !self.encodes.borrow().is_empty(),
+                }
+            };
+            let queued = match command {
+                Command::Speech(queued) => queued,
+                Command::Encode(encode) => {
+                    self.encodes.borrow_mut().push_back(encode);
+                    continue;
                 }
             };
             self.shared.queued.fetch_sub(1, Ordering::SeqCst);
@@ -276,6 +288,39 @@ impl Host {
         error!(error = %failure, "job failed");
         let _ = reply.tx.try_send(JobEvent::Failed { message: failure });
         None
+    }
+
+    /// Runs the oldest waiting reference encode, if any (one per turn: an encode holds up the
+    /// running streams for its duration, as a prompt chunk does). Returns whether it failed.
+    fn encode(&self, model: &dyn Synthesizer) -> bool {
+        let Some(QueuedEncode { job, reply }) = self.encodes.borrow_mut().pop_front() else { return false };
+        let _enter = job.span.enter();
+        let failed = if reply.is_closed() {
+            debug!("client left before its reference was encoded");
+            false
+        } else {
+            let started = Instant::now();
+            let result = match catch_unwind(AssertUnwindSafe(|| model.encode_reference(&job.samples))) {
+                Ok(Ok(encoded)) => Ok(encoded),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(panic) => Err(format!("the engine panicked: {}", panic_message(&*panic))),
+            };
+            let seconds = job.samples.len() as f64 / f64::from(model.sample_rate());
+            match &result {
+                Ok(e) => info!(
+                    audio_secs = seconds,
+                    frames = e.codes.len() / e.codebooks.max(1),
+                    ms = started.elapsed().as_millis() as u64,
+                    "reference encoded"
+                ),
+                Err(message) => error!(error = %message, "reference encode failed"),
+            }
+            let failed = result.is_err();
+            let _ = reply.send(result);
+            failed
+        };
+        self.shared.job_left();
+        failed
     }
 
     /// Runs the next prompt chunk of the streams still on their prompts, oldest first, all in one
@@ -438,9 +483,20 @@ impl Host {
         for _ in batch.drain(..) {
             self.shared.job_left();
         }
-        while let Ok(queued) = self.jobs.try_recv() {
-            self.shared.queued.fetch_sub(1, Ordering::SeqCst);
-            let _ = queued.reply.tx.try_send(JobEvent::Failed { message: message.clone() });
+        for encode in self.encodes.borrow_mut().drain(..) {
+            let _ = encode.reply.send(Err(message.clone()));
+            self.shared.job_left();
+        }
+        while let Ok(command) = self.jobs.try_recv() {
+            match command {
+                Command::Speech(queued) => {
+                    self.shared.queued.fetch_sub(1, Ordering::SeqCst);
+                    let _ = queued.reply.tx.try_send(JobEvent::Failed { message: message.clone() });
+                }
+                Command::Encode(encode) => {
+                    let _ = encode.reply.send(Err(message.clone()));
+                }
+            }
             self.shared.job_left();
         }
         self.shared.publish_gauges();

@@ -19,6 +19,7 @@ use symphonia::core::meta::MetadataOptions;
 use symphonia::core::probe::Hint;
 
 use super::{mono, resample::resample};
+use crate::model::codec::encode::MAX_REFERENCE_SECONDS;
 
 /// The codec encoder's rate.
 pub const ENCODER_RATE: u32 = 44_100;
@@ -44,7 +45,13 @@ pub struct ClipLimits {
 
 impl Default for ClipLimits {
     fn default() -> Self {
-        ClipLimits { max_bytes: 32 << 20, max_seconds: 60.0, min_seconds: 0.5, rates: 8_000..=192_000, max_channels: 8 }
+        ClipLimits {
+            max_bytes: 32 << 20,
+            max_seconds: MAX_REFERENCE_SECONDS,
+            min_seconds: 0.5,
+            rates: 8_000..=192_000,
+            max_channels: 8,
+        }
     }
 }
 

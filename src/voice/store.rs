@@ -38,6 +38,11 @@ pub struct Voice {
     pub name: String,
     /// Seconds since the Unix epoch.
     pub created_at: u64,
+    /// The uploader's consent statement (OpenAI's custom-voice upload asks for one).
+    pub consent: String,
+    /// The uploaded file's size in bytes and media type.
+    pub file_size: usize,
+    pub mime_type: String,
     /// The reference's transcript.
     pub ref_text: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -48,9 +53,9 @@ pub struct Voice {
     pub codes: Vec<u32>,
     /// Seconds of reference audio the codes were encoded from.
     pub audio_seconds: f64,
-    /// Whether the uploaded audio is stored beside the voice (its media type, if so).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub audio_media_type: Option<String>,
+    /// Whether the uploaded audio is stored beside the voice.
+    #[serde(default)]
+    pub audio_stored: bool,
 }
 
 impl Voice {
@@ -265,12 +270,15 @@ mod tests {
         Voice {
             name: name.into(),
             created_at: 1_700_000_000,
+            consent: "yes".into(),
+            file_size: 8,
+            mime_type: "audio/wav".into(),
             ref_text: "Hello there.".into(),
             speaker_description: None,
             codebooks: 2,
             codes: vec![1, 2, 3, 4, 5, 6],
             audio_seconds: 0.3,
-            audio_media_type: None,
+            audio_stored: false,
         }
     }
 

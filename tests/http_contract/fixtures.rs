@@ -22,8 +22,8 @@ use limelight::model::frame::Rows;
 use limelight::model::vocabulary::Vocabulary;
 use limelight::request::validate::SpeechPolicy;
 use limelight::scheduler::{
-    BatchLimits, Loader, MemoryUse, ModelHost, Prefilled, Scheduler, StreamId, SynthError, Synthesizer, WorkerConfig,
-    cpu_loader,
+    BatchLimits, Encoded, Loader, MemoryUse, ModelHost, Prefilled, Scheduler, StreamId, SynthError, Synthesizer,
+    WorkerConfig, cpu_loader,
 };
 
 pub const MODEL: &str = "drama-3";
@@ -64,8 +64,13 @@ pub fn app_with_keys(scheduler: Scheduler, api_keys: Vec<&str>) -> Router {
         max_input_chars: 200,
         max_frames: MAX_FRAMES,
     };
-    let config =
-        HttpConfig { policy, api_keys: api_keys.into_iter().map(str::to_owned).collect(), max_body_bytes: MAX_BODY };
+    let config = HttpConfig {
+        policy,
+        api_keys: api_keys.into_iter().map(str::to_owned).collect(),
+        max_body_bytes: MAX_BODY,
+        voice_aliases: Default::default(),
+        max_voice_upload_bytes: limelight::http::DEFAULT_MAX_VOICE_UPLOAD_BYTES,
+    };
     router(AppState::new(scheduler, config))
 }
 
@@ -211,6 +216,9 @@ impl Synthesizer for Wrapped<'_> {
             out.push(Ok(stepped));
         }
         out
+    }
+    fn encode_reference(&self, samples: &[f32]) -> Result<Encoded, SynthError> {
+        self.model.encode_reference(samples)
     }
     fn cancel(&self, id: StreamId) -> Result<Vec<f32>, SynthError> {
         self.model.cancel(self.streams.borrow()[&id].inner)

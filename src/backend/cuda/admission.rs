@@ -7,9 +7,10 @@ use std::fmt;
 
 use super::memory::{ALIGN, WeightArena};
 use super::resident_dtype;
+use crate::model::codec::encode::MAX_REFERENCE_SECONDS;
 use crate::model::config::{Dims, LayerType};
 use crate::model::load::Checkpoint;
-use crate::model::memory::{device_budget, recurrent_state_bytes};
+use crate::model::memory::{device_budget, encoder_weight_bytes, recurrent_state_bytes};
 use crate::model::weights::{SpecRecorder, model_weights};
 
 /// What the engine will hold on the device, in bytes.
@@ -27,6 +28,9 @@ pub struct MemoryPlan {
     pub activations: u64,
     /// The codec: its FP16 decode-path weights and its streaming scratch (0 for the backbone alone).
     pub codec: u64,
+    /// The codec encoder (voice cloning): its f32 weights in whole arena chunks and the scratch
+    /// of the longest reference clip (0 for the backbone alone).
+    pub encoder: u64,
     /// cuBLASLt workspace and small fixed tables.
     pub workspace: u64,
     pub context: usize,
@@ -43,6 +47,7 @@ impl MemoryPlan {
             + self.recurrent_state
             + self.activations
             + self.codec
+            + self.encoder
             + self.workspace
     }
 
@@ -62,6 +67,7 @@ impl MemoryPlan {
             recurrent_state: n * recurrent_state_bytes(dims) as u64,
             activations: activation_bytes(dims, prefill_rows.max(streams)),
             codec: 0,
+            encoder: 0,
             workspace: WORKSPACE_BYTES,
             context,
             prefill_rows,
@@ -77,8 +83,10 @@ impl MemoryPlan {
     /// [`MemoryPlan::for_engine`] for a decode batch of `streams` slots.
     pub fn for_engine_streams(ckpt: &Checkpoint, context: usize, prefill_rows: usize, streams: usize) -> MemoryPlan {
         let codec_weights = device_budget(ckpt, context).codec_weights as u64;
+        let encoder_weights = (encoder_weight_bytes(ckpt) as u64).next_multiple_of(WeightArena::CHUNK as u64);
         MemoryPlan {
             codec: codec_weights + CODEC_SCRATCH_BYTES + streams as u64 * CODEC_STREAM_BYTES,
+            encoder: encoder_weights + encoder_scratch_bytes(MAX_REFERENCE_SECONDS),
             ..MemoryPlan::for_streams(&ckpt.dims, context, prefill_rows, streams)
         }
     }
@@ -106,6 +114,15 @@ const CODEC_STREAM_BYTES: u64 = 16 << 20;
 /// The codec's streaming state and the activations of its largest frame group (a generous
 /// round figure: at full size a group of 8 frames peaks near 40 MiB of FP16 activations).
 const CODEC_SCRATCH_BYTES: u64 = 256 << 20;
+
+/// The GPU encoder's activations per second of reference audio: measured 60 MiB/s for a 10 s
+/// clip and 76 MiB/s for 60 s (`docs/perf/2026-12-04-codec-encoder.md`), planned at 80.
+const ENCODER_SCRATCH_PER_SECOND: u64 = 80 << 20;
+
+/// The activations the GPU encoder needs for a clip of `seconds`.
+pub fn encoder_scratch_bytes(seconds: f64) -> u64 {
+    (seconds.ceil() as u64) * ENCODER_SCRATCH_PER_SECOND
+}
 
 /// cuBLASLt's workspace (32 MiB on sm_90+) plus expert pointer tables and head ids.
 const WORKSPACE_BYTES: u64 = 48 << 20;
@@ -189,7 +206,7 @@ impl fmt::Display for MemoryPlan {
         write!(
             f,
             "weights {} + KV cache {} ({} streams × {} positions) + tower KV cache {} + GDN state {} + \
-             activations {} ({}-row prefill) + codec {} + workspace {}",
+             activations {} ({}-row prefill) + codec {} + encoder {} + workspace {}",
             gib(self.weights),
             gib(self.kv_cache),
             self.streams,
@@ -199,6 +216,7 @@ impl fmt::Display for MemoryPlan {
             gib(self.activations),
             self.prefill_rows,
             gib(self.codec),
+            gib(self.encoder),
             gib(self.workspace)
         )
     }
@@ -267,11 +285,13 @@ mod tests {
         assert!(codec_weights > 0);
         // One slot: the codec's weights, its shared scratch and one stream's state.
         assert_eq!(engine.codec, codec_weights + CODEC_SCRATCH_BYTES + CODEC_STREAM_BYTES);
-        assert_eq!(engine.total(), model.total() + engine.codec);
+        assert_eq!(engine.total(), model.total() + engine.codec + engine.encoder);
+        // The encoder: its f32 weights in whole arena chunks and a 60 s clip's scratch.
+        assert_eq!(engine.encoder, WeightArena::CHUNK as u64 + encoder_scratch_bytes(MAX_REFERENCE_SECONDS));
         // Each further slot adds its own codec state on top of its model states.
         let four = MemoryPlan::for_engine_streams(&ckpt, 4096, 256, 4);
         assert_eq!(four.codec, engine.codec + 3 * CODEC_STREAM_BYTES);
-        assert_eq!(four.total(), MemoryPlan::for_streams(&ckpt.dims, 4096, 256, 4).total() + four.codec);
+        assert_eq!(four.total(), MemoryPlan::for_streams(&ckpt.dims, 4096, 256, 4).total() + four.codec + four.encoder);
         // 13 tower layers (4 shared + 9 residual) hold K and V for every position.
         let d = &ckpt.dims;
         assert_eq!(model.tower_kv_cache, (d.tower_layers() * 2 * 4096 * d.kv_heads * d.head_dim * 2) as u64);

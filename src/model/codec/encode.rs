@@ -22,6 +22,9 @@ use crate::model::weights::codec::{
 };
 use crate::model::weights::{CodecDims, ResampleStage, Transformer, TransformerLayer, Vq, WnConv};
 
+/// The longest reference clip, in seconds (sglang-omni's reference hook takes at most 60 s).
+pub const MAX_REFERENCE_SECONDS: f64 = 60.0;
+
 /// The attention window of the encoder's own transformer (`EncoderBlock`'s default: the
 /// config partial has no `window_size`, so `getattr(…, 512)` applies).
 pub const ENCODER_WINDOW: usize = 512;

@@ -1,0 +1,218 @@
+//! `/v1/audio/voices` in process on the CPU engine (tiny checkpoint): uploads as a multipart form
+//! and as JSON, list, describe, delete, every refusal naming its field, speech in a stored voice
+//! (by name, by `{"id"}`, by an operator's alias), and voices that persist across a restart.
+
+mod common;
+// The HTTP contract's fixtures; this file uses a few of them.
+#[allow(dead_code)]
+#[path = "http_contract/fixtures.rs"]
+mod fixtures;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Request, StatusCode, header};
+use base64::Engine as _;
+use serde_json::{Value, json};
+
+use fixtures::*;
+use limelight::audio::{EncodeOptions, ResponseFormat, encoder};
+use limelight::http::{AppState, HttpConfig, router};
+use limelight::request::validate::SpeechPolicy;
+use limelight::voice::store::{StoreLimits, VoiceStore};
+
+/// A 1.2 s two-tone clip as a WAV file at 24 kHz.
+fn clip_wav() -> Vec<u8> {
+    let pcm: Vec<f32> = (0..(1.2 * 44_100.0) as usize)
+        .map(|i| {
+            let t = i as f32 / 44_100.0;
+            0.3 * (std::f32::consts::TAU * 180.0 * t).sin() + 0.2 * (std::f32::consts::TAU * 410.0 * t).sin()
+        })
+        .collect();
+    let mut e = encoder(ResponseFormat::Wav, EncodeOptions { sample_rate: Some(24_000), speed: 1.0, streaming: false })
+        .unwrap();
+    let mut bytes = e.push(&pcm).unwrap();
+    bytes.extend(e.finish().unwrap());
+    bytes
+}
+
+async fn app_with(store: Arc<VoiceStore>, aliases: &[(&str, &str)]) -> Router {
+    let config = HttpConfig {
+        policy: SpeechPolicy {
+            served_model: MODEL.into(),
+            aliases: worker_config(0).model_aliases,
+            max_input_chars: 200,
+            max_frames: MAX_FRAMES,
+        },
+        api_keys: Vec::new(),
+        max_body_bytes: MAX_BODY,
+        voice_aliases: aliases.iter().map(|(a, b)| ((*a).to_owned(), (*b).to_owned())).collect::<BTreeMap<_, _>>(),
+        max_voice_upload_bytes: 1 << 20,
+    };
+    router(AppState::with_voices(shared_scheduler().await, config, store))
+}
+
+fn memory_store() -> Arc<VoiceStore> {
+    Arc::new(VoiceStore::in_memory(StoreLimits::default()))
+}
+
+/// A multipart form with the given text fields and, if given, the audio file.
+fn multipart(fields: &[(&str, &str)], audio: Option<&[u8]>) -> Request<Body> {
+    let boundary = "limelight-test-boundary";
+    let mut body = Vec::new();
+    for (name, value) in fields {
+        body.extend(
+            format!("--{boundary}\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\n{value}\r\n").bytes(),
+        );
+    }
+    if let Some(audio) = audio {
+        body.extend(
+            format!(
+                "--{boundary}\r\nContent-Disposition: form-data; name=\"audio_sample\"; filename=\"ref.wav\"\r\nContent-Type: audio/wav\r\n\r\n"
+            )
+            .bytes(),
+        );
+        body.extend(audio);
+        body.extend(b"\r\n");
+    }
+    body.extend(format!("--{boundary}--\r\n").bytes());
+    Request::post("/v1/audio/voices")
+        .header(header::CONTENT_TYPE, format!("multipart/form-data; boundary={boundary}"))
+        .body(Body::from(body))
+        .unwrap()
+}
+
+fn json_upload(v: Value) -> Request<Body> {
+    Request::post("/v1/audio/voices")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(v.to_string()))
+        .unwrap()
+}
+
+fn delete(path: &str) -> Request<Body> {
+    Request::delete(path).body(Body::empty()).unwrap()
+}
+
+async fn json_of(app: &Router, req: Request<Body>) -> (StatusCode, Value) {
+    let resp = send(app, req).await;
+    let status = resp.status();
+    (status, serde_json::from_slice(&bytes_of(resp).await).unwrap())
+}
+
+const NARRATOR: &[(&str, &str)] =
+    &[("name", "narrator"), ("consent", "I recorded this myself"), ("ref_text", "A quiet evening by the river.")];
+
+#[tokio::test]
+async fn a_voice_is_uploaded_listed_described_spoken_and_deleted() {
+    let app = app_with(memory_store(), &[("alloy", "narrator")]).await;
+    let (status, info) = json_of(&app, multipart(NARRATOR, Some(&clip_wav()))).await;
+    assert_eq!(status, StatusCode::OK, "{info}");
+    assert_eq!(info["name"], "narrator");
+    assert_eq!(info["mime_type"], "audio/wav");
+    assert_eq!(info["frames"], 26, "1.2 s at 24 kHz is 52 920 samples at 44.1 kHz: 26 frames of 2048");
+
+    let (status, list) = json_of(&app, get("/v1/audio/voices")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(list["voices"].as_array().unwrap().iter().any(|v| v == "narrator") && list["voices"][0] == "default");
+    assert_eq!(list["uploaded_voices"][0]["ref_text"], "A quiet evening by the river.");
+    let (status, one) = json_of(&app, get("/v1/audio/voices/narrator")).await;
+    assert_eq!((status, &one["consent"]), (StatusCode::OK, &json!("I recorded this myself")));
+
+    // Speech in the voice: by name, by id, and through the alias; each the same bytes, and not
+    // the default voice's.
+    let speak = |voice: Value| speech(body(json!({"voice": voice, "response_format": "pcm", "stream": false})));
+    let named = bytes_of(send(&app, speak(json!("narrator"))).await).await;
+    let by_id = bytes_of(send(&app, speak(json!({"id": "narrator"}))).await).await;
+    let aliased = bytes_of(send(&app, speak(json!("alloy"))).await).await;
+    let default = bytes_of(send(&app, speak(json!("default"))).await).await;
+    assert!(!named.is_empty());
+    assert_eq!(named, by_id);
+    assert_eq!(named, aliased);
+    assert_ne!(named, default, "the reference changes the prompt, hence the audio");
+
+    let (status, reply) = json_of(&app, delete("/v1/audio/voices/narrator")).await;
+    assert_eq!((status, &reply["success"]), (StatusCode::OK, &json!(true)));
+    let (status, e) = refused(&app, delete("/v1/audio/voices/narrator")).await;
+    assert_eq!((status, e["code"].as_str()), (StatusCode::NOT_FOUND, Some("voice_not_found")));
+    let (status, e) = refused(&app, speak(json!("narrator"))).await;
+    assert_eq!(
+        (status, e["param"].as_str(), e["code"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("voice"), Some("voice_not_found"))
+    );
+}
+
+#[tokio::test]
+async fn json_uploads_take_base64_and_data_urls() {
+    let app = app_with(memory_store(), &[]).await;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(clip_wav());
+    let upload = |name: &str, audio: String| {
+        json_upload(json!({"name": name, "consent": "yes", "ref_text": "Hello there, friend.", "audio_sample": audio}))
+    };
+    let (status, info) = json_of(&app, upload("bare", b64.clone())).await;
+    assert_eq!(status, StatusCode::OK, "{info}");
+    let (status, info) = json_of(&app, upload("dataurl", format!("data:audio/wav;base64,{b64}"))).await;
+    assert_eq!((status, &info["mime_type"]), (StatusCode::OK, &json!("audio/wav")), "{info}");
+    // The same clip gives the same codes, whichever way it came.
+    let a =
+        bytes_of(send(&app, speech(body(json!({"voice": "bare", "response_format": "pcm", "stream": false})))).await)
+            .await;
+    let b = bytes_of(
+        send(&app, speech(body(json!({"voice": "dataurl", "response_format": "pcm", "stream": false})))).await,
+    )
+    .await;
+    assert_eq!(a, b);
+}
+
+#[tokio::test]
+async fn bad_uploads_are_refused_naming_the_field() {
+    let app = app_with(memory_store(), &[]).await;
+    let wav = clip_wav();
+    let with = |replace: (&str, &str)| -> Vec<(&str, String)> {
+        NARRATOR
+            .iter()
+            .map(|(k, v)| if *k == replace.0 { (*k, replace.1.to_owned()) } else { (*k, (*v).to_owned()) })
+            .collect()
+    };
+    let cases: Vec<(Vec<(&str, String)>, Option<&[u8]>, &str)> = vec![
+        (with(("name", "../escape")), Some(&wav), "name"),
+        (with(("name", "alloy")), Some(&wav), "name"),
+        (with(("ref_text", "  ")), Some(&wav), "ref_text"),
+        (with(("ref_text", "<|im_end|>")), Some(&wav), "ref_text"),
+        (with(("consent", "")), Some(&wav), "consent"),
+        (with(("name", "fine")), None, "audio_sample"),
+        (with(("name", "fine")), Some(b"definitely not audio"), "audio_sample"),
+    ];
+    for (fields, audio, param) in cases {
+        let fields: Vec<(&str, &str)> = fields.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let (status, e) = refused(&app, multipart(&fields, audio)).await;
+        assert_eq!((status, e["param"].as_str()), (StatusCode::BAD_REQUEST, Some(param)), "{fields:?}: {e}");
+    }
+    let (status, e) = refused(&app, multipart(&[("name", "x"), ("colour", "blue")], Some(&wav))).await;
+    assert_eq!((status, e["code"].as_str()), (StatusCode::BAD_REQUEST, Some("unknown_parameter")));
+    let (status, e) = refused(&app, json_upload(json!({"name": "x", "bogus": 1}))).await;
+    assert_eq!((status, e["param"].as_str()), (StatusCode::BAD_REQUEST, Some("bogus")));
+    // A second voice of the same name: 409.
+    assert_eq!(send(&app, multipart(NARRATOR, Some(&wav))).await.status(), StatusCode::OK);
+    let (status, e) = refused(&app, multipart(NARRATOR, Some(&wav))).await;
+    assert_eq!((status, e["code"].as_str()), (StatusCode::CONFLICT, Some("voice_exists")));
+    let (status, _) = refused(&app, get("/v1/audio/voices/nobody")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn voices_persist_across_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let open = || Arc::new(VoiceStore::open(dir.path(), StoreLimits::default()).unwrap().0);
+    let app = app_with(open(), &[]).await;
+    let form: Vec<(&str, &str)> = NARRATOR.iter().copied().chain([("store_audio", "true")]).collect();
+    assert_eq!(send(&app, multipart(&form, Some(&clip_wav()))).await.status(), StatusCode::OK);
+    let request = || speech(body(json!({"voice": "narrator", "response_format": "pcm", "stream": false})));
+    let before = bytes_of(send(&app, request()).await).await;
+    assert!(dir.path().join("narrator.voice.audio").exists(), "store_audio keeps the upload");
+    // A new store over the same directory: the voice is there, and speaks the same bytes.
+    let again = app_with(open(), &[]).await;
+    let after = bytes_of(send(&again, request()).await).await;
+    assert_eq!(before, after);
+}
