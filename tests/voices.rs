@@ -165,6 +165,9 @@ async fn json_uploads_take_base64_and_data_urls() {
     assert_eq!(a, b);
 }
 
+/// A refused upload: its form fields, its audio, and the field the refusal must name.
+type Case<'a> = (Vec<(&'a str, String)>, Option<&'a [u8]>, &'a str);
+
 #[tokio::test]
 async fn bad_uploads_are_refused_naming_the_field() {
     let app = app_with(memory_store(), &[]).await;
@@ -175,7 +178,7 @@ async fn bad_uploads_are_refused_naming_the_field() {
             .map(|(k, v)| if *k == replace.0 { (*k, replace.1.to_owned()) } else { (*k, (*v).to_owned()) })
             .collect()
     };
-    let cases: Vec<(Vec<(&str, String)>, Option<&[u8]>, &str)> = vec![
+    let cases: Vec<Case<'_>> = vec![
         (with(("name", "../escape")), Some(&wav), "name"),
         (with(("name", "alloy")), Some(&wav), "name"),
         (with(("ref_text", "  ")), Some(&wav), "ref_text"),
