@@ -360,6 +360,18 @@ pub struct SayArgs {
     /// Frames to generate at most (2048 samples each); reaching it ends with reason `length`.
     #[arg(long, default_value_t = 2048)]
     pub max_frames: usize,
+    /// Speak in this stored voice (from `--voices-dir`, as `serve` keeps them).
+    #[arg(long, requires = "voices_dir", conflicts_with = "reference_audio")]
+    pub voice: Option<String>,
+    /// Where `--voice` is stored.
+    #[arg(long)]
+    pub voices_dir: Option<PathBuf>,
+    /// Speak in the voice of this reference clip (WAV, FLAC, MP3, Ogg Vorbis/Opus, M4A; ≤ 60 s).
+    #[arg(long, requires = "reference_text")]
+    pub reference_audio: Option<PathBuf>,
+    /// The reference clip's transcript.
+    #[arg(long, requires = "reference_audio")]
+    pub reference_text: Option<String>,
 }
 
 #[derive(Debug, Args)]

@@ -113,6 +113,43 @@ fn eos_stops_with_reason_stop() {
     assert_eq!((finished.frames, audio), (0, 0));
 }
 
+/// `say --reference-audio` speaks in a reference clip's voice: deterministic, and not the
+/// default voice's audio.
+#[test]
+fn say_speaks_in_a_reference_clips_voice() {
+    let dir = common::tiny_checkpoint();
+    let bin = env!("CARGO_BIN_EXE_limelight");
+    let out = tempfile::tempdir().unwrap();
+    let clip = out.path().join("ref.wav");
+    let tone: Vec<f32> = (0..30_000).map(|i| 0.4 * (i as f32 * 0.031).sin()).collect();
+    limelight::audio::wav::write_wav(&clip, &tone, 44_100).unwrap();
+    let say = |name: &str, reference: bool| {
+        let path = out.path().join(name);
+        let mut cmd = Command::new(bin);
+        cmd.args(["say", "--model"]).arg(dir.path()).args(["--text", "Hi there.", "--max-frames", "4", "--seed", "5"]);
+        if reference {
+            cmd.arg("--reference-audio").arg(&clip).args(["--reference-text", "A calm voice."]);
+        }
+        let o = cmd.arg("--out").arg(&path).output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        std::fs::read(path).unwrap()
+    };
+    let (a, b, plain) = (say("a.wav", true), say("b.wav", true), say("plain.wav", false));
+    assert!(a == b, "same reference and seed, different bytes");
+    assert!(a != plain, "the reference changed nothing");
+    let o = Command::new(bin)
+        .args(["say", "--model"])
+        .arg(dir.path())
+        .args(["--text", "Hi.", "--reference-text", "x", "--reference-audio"])
+        .arg(out.path().join("missing.wav"))
+        .arg("--out")
+        .arg(out.path().join("x.wav"))
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("missing.wav"), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
 #[test]
 fn say_writes_a_deterministic_wav_and_trace_dumps_every_stage() {
     let dir = common::tiny_checkpoint();

@@ -27,17 +27,22 @@ use crate::cli::{
 };
 use crate::engine::generate::{Engine, Finished, GenerateOptions, ResidentModel};
 use crate::engine::trace::trace;
+use crate::model::codec::encode::CodecEncoder;
 use crate::model::frame::Rows;
 use crate::model::load::Checkpoint;
 use crate::model::sampling::SamplingParams;
-use crate::request::prompt::PromptBuilder;
+use crate::request::prompt::{PromptBuilder, Reference};
+use crate::voice::clip::{self, ClipLimits};
+use crate::voice::store::{StoreLimits, VoiceStore};
 
 /// `limelight say`: text → WAV on the CPU backend.
 pub fn say(args: &SayArgs) -> anyhow::Result<Finished> {
     let ckpt = Checkpoint::open(&args.model).context("checkpoint refused")?;
     let model = ResidentModel::load(&ckpt, &Cpu)?;
     let engine = Engine::new(&Cpu, &ckpt, &model)?;
-    let rows = PromptBuilder::for_checkpoint(&ckpt).build(&args.text, &[]).context("`--text`")?;
+    let references = say_references(args, &ckpt)?;
+    let rows =
+        PromptBuilder::for_checkpoint(&ckpt).build(&args.text, &references).context("`--text` or the reference")?;
     let params = SamplingParams { temperature: args.temperature, top_p: args.top_p, top_k: args.top_k };
     params.validate().context("sampling parameters")?;
     let opts = GenerateOptions { params, seed: args.seed, max_frames: args.max_frames };
@@ -48,6 +53,28 @@ pub fn say(args: &SayArgs) -> anyhow::Result<Finished> {
     })?;
     write_wav(&args.out, &pcm, CODEC_SAMPLE_RATE).with_context(|| format!("writing {}", args.out.display()))?;
     Ok(finished)
+}
+
+/// The voice `say` speaks in: a stored voice, a reference clip encoded here, or none.
+fn say_references(args: &SayArgs, ckpt: &Checkpoint) -> anyhow::Result<Vec<Reference>> {
+    if let (Some(name), Some(dir)) = (&args.voice, &args.voices_dir) {
+        let (store, refused) = VoiceStore::open(dir, StoreLimits::default())?;
+        for r in refused {
+            eprintln!("warning: voice file {} refused: {}", r.path.display(), r.reason);
+        }
+        let voice = store.get(name).with_context(|| format!("`--voice {name}`: no such voice in {}", dir.display()))?;
+        return Ok(vec![Reference { transcript: voice.ref_text.clone(), codes: voice.codes_by_codebook() }]);
+    }
+    let (Some(path), Some(text)) = (&args.reference_audio, &args.reference_text) else { return Ok(Vec::new()) };
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let hint = path.extension().and_then(|e| e.to_str());
+    let clip = clip::decode(&bytes, hint, &ClipLimits { max_bytes: usize::MAX, ..ClipLimits::default() })
+        .with_context(|| format!("`--reference-audio {}`", path.display()))?;
+    let encoder = CodecEncoder::load(ckpt, &Cpu)?;
+    let codes = encoder.encode(&Cpu, &clip.samples)?;
+    let books = encoder.codes_per_frame();
+    let codes = (0..books).map(|b| codes.iter().skip(b).step_by(books).copied().collect()).collect();
+    Ok(vec![Reference { transcript: text.clone(), codes }])
 }
 
 /// `limelight trace`: every stage's tensors for given prompt rows, as safetensors.
