@@ -93,6 +93,12 @@ mod with_cuda {
                 (None, Some(draws)) => engine.with_device_draws(draws),
                 (None, None) => engine,
             };
+            host.progress(&format!("warming up {max_batch} streams"));
+            let warm = engine.warm_up().map_err(|e| ModelLoadError::Gpu(format!("warm-up: {e}")))?;
+            cuda.synchronize();
+            // The encoder after the batch: an encode runs between steps (on this thread), so it
+            // reuses the step's activation buffers the pool holds free, and the plan's encoder
+            // term only has to cover what they do not.
             host.progress("loading the codec encoder");
             let f32_backend = CudaF32::new(&cuda);
             let encoder = CodecEncoder::load(&ckpt, &f32_backend).map_err(LoadModelError::from)?;
@@ -100,8 +106,6 @@ mod with_cuda {
             let longest = vec![0.0f32; (MAX_REFERENCE_SECONDS * f64::from(CODEC_SAMPLE_RATE)) as usize];
             encoder.encode(&f32_backend, &longest).map_err(|e| ModelLoadError::Gpu(format!("encoder warm-up: {e}")))?;
             let engine = engine.with_encoder(Box::new(move |samples: &[f32]| encoder.encode(&f32_backend, samples)));
-            host.progress(&format!("warming up {max_batch} streams"));
-            let warm = engine.warm_up().map_err(|e| ModelLoadError::Gpu(format!("warm-up: {e}")))?;
             cuda.synchronize();
             // From here on every driver allocation is one serving made (the metric's count).
             cuda.pool().seal();
