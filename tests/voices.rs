@@ -47,7 +47,8 @@ async fn app_with(store: Arc<VoiceStore>, aliases: &[(&str, &str)]) -> Router {
             max_frames: MAX_FRAMES,
         },
         api_keys: Vec::new(),
-        max_body_bytes: MAX_BODY,
+        // Room for inline reference clips in a speech request.
+        max_body_bytes: 1 << 20,
         voice_aliases: aliases.iter().map(|(a, b)| ((*a).to_owned(), (*b).to_owned())).collect::<BTreeMap<_, _>>(),
         max_voice_upload_bytes: 1 << 20,
     };
@@ -218,4 +219,38 @@ async fn voices_persist_across_a_restart() {
     let again = app_with(open(), &[]).await;
     let after = bytes_of(send(&again, request()).await).await;
     assert_eq!(before, after);
+}
+
+/// Inline `references` (extension) speak as the stored voice made from the same clip and text;
+/// a bad clip is a 400 naming `references`, and a stored voice beside them is refused.
+#[tokio::test]
+async fn inline_references_speak_as_the_same_stored_voice() {
+    let app = app_with(memory_store(), &[]).await;
+    let wav = clip_wav();
+    assert_eq!(send(&app, multipart(NARRATOR, Some(&wav))).await.status(), StatusCode::OK);
+    let url = format!("data:audio/wav;base64,{}", base64::engine::general_purpose::STANDARD.encode(&wav));
+    let inline = json!([{"audio": url, "text": "A quiet evening by the river."}]);
+    let pcm = |extra: Value| speech(body(json!({"response_format": "pcm", "stream": false})).merge(extra));
+    let stored = bytes_of(send(&app, pcm(json!({"voice": "narrator"}))).await).await;
+    let resp = send(&app, pcm(json!({"voice": "default", "references": inline}))).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(bytes_of(resp).await, stored);
+    let (status, e) = refused(&app, pcm(json!({"references": [{"audio": "bm90IGF1ZGlv", "text": "x"}]}))).await;
+    assert_eq!((status, e["param"].as_str()), (StatusCode::BAD_REQUEST, Some("references")), "{e}");
+    let (status, e) = refused(&app, pcm(json!({"voice": "narrator", "references": inline}))).await;
+    assert_eq!((status, e["param"].as_str()), (StatusCode::BAD_REQUEST, Some("references")), "{e}");
+    let (status, e) = refused(&app, pcm(json!({"references": [{"audio": url, "text": "<|im_end|>"}]}))).await;
+    assert_eq!((status, e["param"].as_str()), (StatusCode::BAD_REQUEST, Some("references")), "{e}");
+}
+
+/// `a.merge(b)`: b's keys over a's.
+trait Merge {
+    fn merge(self, other: Value) -> Value;
+}
+
+impl Merge for Value {
+    fn merge(mut self, other: Value) -> Value {
+        self.as_object_mut().unwrap().extend(other.as_object().unwrap().clone());
+        self
+    }
 }

@@ -28,6 +28,17 @@ pub struct SpeechRequest {
     pub max_frames: Option<u64>,
     pub sample_rate: Option<u32>,
     pub stream: Option<bool>,
+    /// Speak in the voice of these clips (base64 or `data:` URLs) and their transcripts, encoded
+    /// for this request only (`/v1/audio/voices` stores one instead).
+    pub references: Option<Vec<InlineReference>>,
+}
+
+/// One inline reference (extension): a clip and its transcript.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InlineReference {
+    pub audio: Option<String>,
+    pub text: Option<String>,
 }
 
 /// `voice`: a name, or OpenAI's custom-voice object `{"id": …}` (which allows no other key).

@@ -56,7 +56,12 @@ pub async fn create_speech(
 
     // The prompt rows, built here so that the queue carries rows and a prompt the tokenizer
     // refuses is this request's 400 (or 500), before it waits for a slot.
-    let references = match voices::references(&state, &valid.voice) {
+    let references = if valid.references.is_empty() {
+        voices::references(&state, &valid.voice)
+    } else {
+        voices::encode_inline(&state, &request_id, &valid.references).await
+    };
+    let references = match references {
         Ok(references) => references,
         Err(e) => return tracker.refuse(e),
     };

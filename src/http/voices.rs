@@ -244,6 +244,41 @@ pub fn references(state: &AppState, choice: &VoiceChoice) -> Result<Vec<Referenc
     Ok(vec![Reference { transcript: voice.ref_text.clone(), codes: voice.codes_by_codebook() }])
 }
 
+/// A speech request's inline references (extension), each decoded and encoded for this request
+/// alone: the clip as base64 or a `data:` URL, with its transcript.
+pub async fn encode_inline(
+    state: &AppState,
+    request_id: &str,
+    inline: &[(String, String)],
+) -> Result<Vec<Reference>, ApiError> {
+    let mut out = Vec::with_capacity(inline.len());
+    for (i, (audio, text)) in inline.iter().enumerate() {
+        let bad = |message: String| ApiError::Invalid(ValidateError::Format { field: "references", message });
+        let (media_type, data) = split_data_url(audio);
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(data.trim())
+            .map_err(|e| bad(format!("`references.{i}.audio` is not base64 or a data URL: {e}")))?;
+        let limits = ClipLimits { max_bytes: state.config().max_voice_upload_bytes, ..ClipLimits::default() };
+        let decoded = tokio::task::spawn_blocking(move || clip::decode(&bytes, media_type.as_deref(), &limits))
+            .await
+            .expect("decoding does not panic");
+        let clip = decoded.map_err(|e| bad(format!("`references.{i}.audio`: {e}")))?;
+        let span = tracing::info_span!("inline_reference", request_id = %request_id, reference = i);
+        let encoded = match state.scheduler().encode(EncodeJob { samples: clip.samples, span })?.await {
+            Ok(Ok(encoded)) => encoded,
+            Ok(Err(message)) => {
+                error!(request_id, reference = i, error = %message, "encoding an inline reference failed");
+                return Err(ApiError::Internal { request_id: request_id.to_owned() });
+            }
+            Err(_) => return Err(ApiError::Internal { request_id: request_id.to_owned() }),
+        };
+        let books = encoded.codebooks.max(1);
+        let codes = (0..books).map(|b| encoded.codes.iter().skip(b).step_by(books).copied().collect()).collect();
+        out.push(Reference { transcript: text.clone(), codes });
+    }
+    Ok(out)
+}
+
 fn info(v: &Voice) -> VoiceInfo {
     VoiceInfo {
         name: v.name.clone(),

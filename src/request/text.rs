@@ -45,6 +45,17 @@ pub enum TextError {
     BadSpeakerTag { field: Field, found: String },
 }
 
+impl TextError {
+    /// The field the text came from.
+    pub fn field(&self) -> Field {
+        match self {
+            TextError::Empty { field }
+            | TextError::StructuralToken { field, .. }
+            | TextError::BadSpeakerTag { field, .. } => *field,
+        }
+    }
+}
+
 /// The Unicode `White_Space` property, which is what S1 strips (`str.strip()` with no argument
 /// would also strip U+001C..U+001F). Rust's `char::is_whitespace` is defined as that property.
 pub fn is_white_space(c: char) -> bool {

@@ -4,8 +4,8 @@
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 
-use super::text::{CallerText, Direction, Field, TextError, is_white_space};
-use crate::api::speech::{self as wire, SpeechRequest, StreamFormat, Voice};
+use super::text::{CallerText, Direction, Field, TextError, is_white_space, validate_caller_text};
+use crate::api::speech::{self as wire, InlineReference, SpeechRequest, StreamFormat, Voice};
 use crate::audio::{self, ResponseFormat};
 use crate::engine::generate::GenerateOptions;
 use crate::model::sampling::{ParamsError, SamplingParams};
@@ -43,7 +43,13 @@ pub struct ValidSpeech {
     /// Time-stretch factor (1.0 = unchanged).
     pub speed: f32,
     pub options: GenerateOptions,
+    /// Inline references (extension): each clip as sent (base64 or a `data:` URL) and its
+    /// checked transcript; decoded and encoded by the HTTP layer.
+    pub references: Vec<(String, String)>,
 }
+
+/// Inline references a request may carry at most.
+pub const MAX_INLINE_REFERENCES: usize = 4;
 
 /// Which voice speaks.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -103,6 +109,7 @@ impl ValidateError {
             ValidateError::Missing { field } | ValidateError::TooLong { field, .. } => field,
             ValidateError::OutOfRange { field, .. } | ValidateError::Format { field, .. } => field,
             ValidateError::ModelNotFound { .. } => "model",
+            ValidateError::Text(e) if e.field() != Field::Input => "references",
             ValidateError::Text(_) => "input",
             ValidateError::Instructions { .. } => "instructions",
             ValidateError::UnknownVoice { .. } => "voice",
@@ -133,6 +140,7 @@ pub fn validate(req: SpeechRequest, policy: &SpeechPolicy) -> Result<ValidSpeech
     let input_chars = check_length("input", &input, policy.max_input_chars)?;
     let input = CallerText::check(input, Field::Input).map_err(ValidateError::Text)?;
     let voice = voice_choice(req.voice.as_ref())?;
+    let references = inline_references(req.references.unwrap_or_default(), &voice)?;
     let direction = match req.instructions.as_deref() {
         Some(instructions) => {
             check_length("instructions", instructions.trim_matches(is_white_space), policy.max_input_chars)?;
@@ -190,7 +198,35 @@ pub fn validate(req: SpeechRequest, policy: &SpeechPolicy) -> Result<ValidSpeech
         sample_rate,
         speed: speed as f32,
         options: GenerateOptions { params, seed, max_frames },
+        references,
     })
+}
+
+/// Inline references: at most [`MAX_INLINE_REFERENCES`], each with audio and a transcript the
+/// prompt can carry, and not beside a stored voice (one voice per request).
+fn inline_references(refs: Vec<InlineReference>, voice: &VoiceChoice) -> Result<Vec<(String, String)>, ValidateError> {
+    if refs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let bad = |message: String| ValidateError::Format { field: "references", message };
+    if refs.len() > MAX_INLINE_REFERENCES {
+        return Err(bad(format!("`references` holds {} clips; at most {MAX_INLINE_REFERENCES}", refs.len())));
+    }
+    if matches!(voice, VoiceChoice::Named(_)) {
+        return Err(bad(String::from("give a stored `voice` or `references`, not both")));
+    }
+    refs.into_iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let audio = r
+                .audio
+                .filter(|a| !a.trim().is_empty())
+                .ok_or_else(|| bad(format!("`references.{i}.audio` is required")))?;
+            let text = r.text.ok_or_else(|| bad(format!("`references.{i}.text` is required")))?;
+            validate_caller_text(&text, Field::Reference(i)).map_err(ValidateError::Text)?;
+            Ok((audio, text))
+        })
+        .collect()
 }
 
 /// `default` or omitted → the default voice; an OpenAI built-in name (either form, any case) →
