@@ -96,6 +96,12 @@ mod with_cuda {
             host.progress(&format!("warming up {max_batch} streams"));
             let warm = engine.warm_up().map_err(|e| ModelLoadError::Gpu(format!("warm-up: {e}")))?;
             cuda.synchronize();
+            tracing::info!(
+                used_bytes = cuda.budget().used(),
+                pool_bytes = cuda.pool().stats().bytes,
+                plan_bytes = plan.total(),
+                "engine: decode batch warmed up"
+            );
             // The encoder after the batch: an encode runs between steps (on this thread), so it
             // reuses the step's activation buffers the pool holds free, and the plan's encoder
             // term only has to cover what they do not.
