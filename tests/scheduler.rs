@@ -136,6 +136,9 @@ impl Synthesizer for Faulty<'_> {
     fn encode_reference(&self, samples: &[f32]) -> Result<Encoded, SynthError> {
         self.inner.encode_reference(samples)
     }
+    fn encodes_references(&self) -> bool {
+        self.inner.encodes_references()
+    }
     fn cancel(&self, id: StreamId) -> Result<Vec<f32>, SynthError> {
         self.inner.cancel(id)
     }

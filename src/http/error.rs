@@ -59,6 +59,8 @@ pub enum ApiError {
     VoiceExists { name: String },
     #[error("This server already holds {max} voices; delete one first")]
     VoicesFull { max: usize },
+    #[error("Voice cloning is unavailable on this server: its engine has no codec encoder (see its start-up log)")]
+    NoEncoder,
     /// Something failed inside this request only; the detail went to the log under the id.
     #[error("The server failed on this request; quote request id {request_id} when reporting it")]
     Internal { request_id: String },
@@ -110,6 +112,9 @@ impl ApiError {
                 (StatusCode::CONFLICT, INVALID, Some(String::from("name")), Some("voice_exists"), None)
             }
             ApiError::VoicesFull { .. } => (StatusCode::CONFLICT, INVALID, None, Some("voice_limit_reached"), None),
+            ApiError::NoEncoder => {
+                (StatusCode::SERVICE_UNAVAILABLE, SERVER, None, Some("voice_cloning_unavailable"), None)
+            }
             ApiError::Internal { .. } => {
                 (StatusCode::INTERNAL_SERVER_ERROR, SERVER, None, Some("internal_error"), None)
             }

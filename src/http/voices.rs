@@ -80,6 +80,7 @@ struct Upload {
 }
 
 async fn create(state: &AppState, request_id: &str, req: Request) -> Result<VoiceInfo, ApiError> {
+    can_encode(state)?;
     let limits = ClipLimits { max_bytes: state.config().max_voice_upload_bytes, ..ClipLimits::default() };
     let is_multipart = req
         .headers()
@@ -251,6 +252,7 @@ pub async fn encode_inline(
     request_id: &str,
     inline: &[(String, String)],
 ) -> Result<Vec<Reference>, ApiError> {
+    can_encode(state)?;
     let mut out = Vec::with_capacity(inline.len());
     for (i, (audio, text)) in inline.iter().enumerate() {
         let bad = |message: String| ApiError::Invalid(ValidateError::Format { field: "references", message });
@@ -277,6 +279,15 @@ pub async fn encode_inline(
         out.push(Reference { transcript: text.clone(), codes });
     }
     Ok(out)
+}
+
+/// Refuses at once when the loaded engine has no codec encoder (503), or is not loaded yet.
+fn can_encode(state: &AppState) -> Result<(), ApiError> {
+    match state.scheduler().model_info() {
+        Some(info) if info.encodes_references => Ok(()),
+        Some(_) => Err(ApiError::NoEncoder),
+        None => Err(ApiError::Submit(crate::scheduler::SubmitError::Loading)),
+    }
 }
 
 fn info(v: &Voice) -> VoiceInfo {

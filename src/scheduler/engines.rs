@@ -313,6 +313,10 @@ impl<B: Backend> Synthesizer for EngineModel<'_, B> {
         self.slots.borrow_mut().get_mut(id).and_then(Option::take).map_or(0, |g| g.frames())
     }
 
+    fn encodes_references(&self) -> bool {
+        self.encoder.is_some()
+    }
+
     fn encode_reference(&self, samples: &[f32]) -> Result<Encoded, SynthError> {
         let encoder = self
             .encoder

@@ -16,14 +16,16 @@ mod with_cuda {
 
     use super::super::engines::{BatchLimits, BatchOptions, EngineModel, GpuOptions};
     use crate::audio::CODEC_SAMPLE_RATE;
-    use crate::backend::cuda::admission::{MAX_STREAMS_CAP, MemoryPlan, admit};
+    use crate::backend::cuda::admission::{MAX_STREAMS_CAP, MemoryPlan, admit, encoder_scratch_bytes};
     use crate::backend::cuda::codec_encode::CudaF32;
+    use crate::backend::cuda::memory::WeightArena;
     use crate::backend::cuda::{Cuda, CudaOptions};
     use crate::engine::cuda_draws::CudaDraws;
     use crate::engine::cuda_frames::CudaFrames;
     use crate::engine::generate::{LoadModelError, ResidentModel};
     use crate::model::codec::encode::{CodecEncoder, MAX_REFERENCE_SECONDS};
     use crate::model::load::Checkpoint;
+    use crate::model::memory::encoder_weight_bytes;
     use crate::scheduler::{Loader, MemoryUse, ModelHost, ModelLoadError};
 
     /// The CUDA engine: opens the GPU on the worker thread (which then owns its context and
@@ -105,13 +107,30 @@ mod with_cuda {
             // The encoder after the batch: an encode runs between steps (on this thread), so it
             // reuses the step's activation buffers the pool holds free, and the plan's encoder
             // term only has to cover what they do not.
-            host.progress("loading the codec encoder");
-            let f32_backend = CudaF32::new(&cuda);
-            let encoder = CodecEncoder::load(&ckpt, &f32_backend).map_err(LoadModelError::from)?;
-            // The longest clip once, so the pool holds what any encode needs (the plan counts it).
-            let longest = vec![0.0f32; (MAX_REFERENCE_SECONDS * f64::from(CODEC_SAMPLE_RATE)) as usize];
-            encoder.encode(&f32_backend, &longest).map_err(|e| ModelLoadError::Gpu(format!("encoder warm-up: {e}")))?;
-            let engine = engine.with_encoder(Box::new(move |samples: &[f32]| encoder.encode(&f32_backend, samples)));
+            // The encoder only where it fits what the batch left: without it the server still
+            // speaks, and voice uploads are refused with 503 (the log says how to make room).
+            let need = (encoder_weight_bytes(&ckpt) as u64).next_multiple_of(WeightArena::CHUNK as u64)
+                + encoder_scratch_bytes(MAX_REFERENCE_SECONDS);
+            let left = cuda.budget().cap() - cuda.budget().used();
+            let engine = if left >= need {
+                host.progress("loading the codec encoder");
+                let f32_backend = CudaF32::new(&cuda);
+                let encoder = CodecEncoder::load(&ckpt, &f32_backend).map_err(LoadModelError::from)?;
+                // The longest clip once, so the pool holds what any encode needs.
+                let longest = vec![0.0f32; (MAX_REFERENCE_SECONDS * f64::from(CODEC_SAMPLE_RATE)) as usize];
+                encoder
+                    .encode(&f32_backend, &longest)
+                    .map_err(|e| ModelLoadError::Gpu(format!("encoder warm-up: {e}")))?;
+                engine.with_encoder(Box::new(move |samples: &[f32]| encoder.encode(&f32_backend, samples)))
+            } else {
+                tracing::error!(
+                    left_bytes = left,
+                    needed_bytes = need,
+                    "voice cloning is off: the codec encoder does not fit the GPU memory the decode batch left; \
+                     lower --max-batch (or raise --gpu-memory-budget)"
+                );
+                engine
+            };
             cuda.synchronize();
             // From here on every driver allocation is one serving made (the metric's count).
             cuda.pool().seal();

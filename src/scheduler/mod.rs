@@ -86,6 +86,8 @@ pub struct ModelInfo {
     /// PCM samples per generated frame (2048).
     pub samples_per_frame: usize,
     pub model_dir: PathBuf,
+    /// Whether the engine has a codec encoder (voice uploads and inline references).
+    pub encodes_references: bool,
 }
 
 /// Device memory, in bytes: what the model holds now and what serving is budgeted to need.
@@ -157,6 +159,11 @@ pub trait Synthesizer {
     /// `[frames, codebooks]` and the codebook count. A long clip holds up the batch for its
     /// encode (about 7 ms per second of audio on an H200).
     fn encode_reference(&self, samples: &[f32]) -> Result<job::Encoded, SynthError>;
+    /// Whether [`Synthesizer::encode_reference`] can work (the GPU loader leaves the encoder out
+    /// when it does not fit the memory the decode batch left).
+    fn encodes_references(&self) -> bool {
+        true
+    }
 }
 
 /// What one [`Synthesizer::prefill`] call did.

@@ -170,6 +170,7 @@ impl ModelHost for Host {
             sample_rate: model.sample_rate(),
             samples_per_frame: model.samples_per_frame(),
             model_dir: self.config.model_dir.clone(),
+            encodes_references: model.encodes_references(),
         };
         let _ = self.shared.info.set(info);
         let _ = self.shared.vocabulary.set(model.vocabulary());

@@ -220,6 +220,9 @@ impl Synthesizer for Wrapped<'_> {
     fn encode_reference(&self, samples: &[f32]) -> Result<Encoded, SynthError> {
         self.model.encode_reference(samples)
     }
+    fn encodes_references(&self) -> bool {
+        self.model.encodes_references()
+    }
     fn cancel(&self, id: StreamId) -> Result<Vec<f32>, SynthError> {
         self.model.cancel(self.streams.borrow()[&id].inner)
     }
