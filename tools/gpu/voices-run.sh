@@ -9,9 +9,8 @@
 # it twice with one seed (the bytes must match) and in the default voice, then restarts the
 # server over the same voices directory and speaks in the voice again (the bytes must match the
 # first server's). REPORT_DIR gets serve*.log, upload.json, voices.json, requests.tsv (status,
-# bytes, time to first byte), same-bytes.txt, metrics.txt, load-time.txt. MAX_BATCH (default 96)
-# leaves the encoder room: at the default batch size the decode batch's warm-up takes about
-# 4.8 GB more than its memory plan says (voices runs 2-3), and the encoder would not fit.
+# bytes, time to first byte), same-bytes.txt, metrics.txt, load-time.txt. MAX_BATCH sets
+# --max-batch (default: what the memory budget holds).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 tools/gpu/unpack.sh
@@ -38,7 +37,7 @@ PY
 start_server() {  # log
     start=$(date +%s%N)
     .gpu/bin/limelight serve --model "$ckpt" --device cuda --port "$port" --log-format json \
-        --voices-dir "$voices" --voice-alias alloy=narrator --max-batch "${MAX_BATCH:-96}" >"$report_dir/$1" 2>&1 &
+        --voices-dir "$voices" --voice-alias alloy=narrator ${MAX_BATCH:+--max-batch "$MAX_BATCH"} >"$report_dir/$1" 2>&1 &
     server=$!
     until curl -sf "http://127.0.0.1:$port/ready" >/dev/null; do
         if ! kill -0 $server 2>/dev/null; then echo "the server exited while loading:"; tail -20 "$report_dir/$1"; exit 1; fi

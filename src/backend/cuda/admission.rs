@@ -65,7 +65,7 @@ impl MemoryPlan {
             kv_cache: n * kv_cache_bytes(dims, context),
             tower_kv_cache: n * tower_kv_cache_bytes(dims, context),
             recurrent_state: n * recurrent_state_bytes(dims) as u64,
-            activations: activation_bytes(dims, prefill_rows.max(streams)),
+            activations: activation_bytes(dims, prefill_rows.max(streams)) + n * PREFILL_STREAM_SCRATCH_BYTES,
             codec: 0,
             encoder: 0,
             workspace: WORKSPACE_BYTES,
@@ -125,6 +125,12 @@ const ENCODER_SCRATCH_PER_SECOND: u64 = 100 << 20;
 pub fn encoder_scratch_bytes(seconds: f64) -> u64 {
     (seconds.ceil() as u64) * ENCODER_SCRATCH_PER_SECOND
 }
+
+/// Activations per slot beyond [`activation_bytes`]: prompts prefilled together keep per-prompt
+/// buffers (GDN chunk states, attention and tower segments) for the whole call. Measured: the
+/// warm-up of 116 slots at full size left the pool 4.8 GB above a plan without this term
+/// (`docs/perf/2026-12-04-codec-encoder.md`, voices run 3); 48 MiB a slot covers it.
+const PREFILL_STREAM_SCRATCH_BYTES: u64 = 48 << 20;
 
 /// cuBLASLt's workspace (32 MiB on sm_90+) plus expert pointer tables and head ids.
 const WORKSPACE_BYTES: u64 = 48 << 20;
