@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Time to first audio with and without a voice, ON THE GPU MACHINE from the repository root
+# (after tools/gpu/build.sh here; the .gpu pack travelled):
+#
+#   tools/gpu/voices-ttfa.sh [REPORT_DIR]
+#
+# One server on the full random checkpoint; a 10 s reference uploaded as a voice; then, one at a
+# time, 5 requests each (seed 7, 64 frames, streamed pcm): the default voice, the stored voice
+# (its reference rows prefilled every time: no cached voice prompts yet), and the same clip as an
+# inline reference (decoded and encoded per request). Prints, per request, curl's time to the
+# first byte; writes ttfa.tsv (one file: a device run returns few).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+tools/gpu/unpack.sh
+report_dir=${1:-${OUT:-.gpu/report}}
+mkdir -p "$report_dir"
+port=${LIMELIGHT_PORT:-18080}
+work=$(mktemp -d)
+ckpt=$(tools/gpu/full-ckpt.sh "$work")
+python3 - "$work/reference.wav" <<'PY'
+import math, struct, sys, wave
+rate, seconds = 24000, 10.0
+with wave.open(sys.argv[1], "wb") as w:
+    w.setnchannels(1); w.setsampwidth(2); w.setframerate(rate)
+    w.writeframes(b"".join(struct.pack("<h", int(0.4 * 32767 * math.sin(2 * math.pi * 170 * i / rate) * (0.6 + 0.4 * math.sin(2 * math.pi * 2.1 * i / rate)))) for i in range(int(rate * seconds))))
+PY
+.gpu/bin/limelight serve --model "$ckpt" --device cuda --port "$port" --log-format json \
+    --max-body-bytes 4194304 >"$work/serve.log" 2>&1 &
+server=$!
+trap 'kill $server 2>/dev/null || true' EXIT
+until curl -sf "http://127.0.0.1:$port/ready" >/dev/null; do
+    kill -0 $server 2>/dev/null || { tail -20 "$work/serve.log"; exit 1; }
+    sleep 0.2
+done
+base="http://127.0.0.1:$port"
+curl -sS -o /dev/null -w "upload %{http_code} %{time_total}s\n" -F name=narrator -F consent=yes \
+    -F "ref_text=A quiet evening by the river." -F "audio_sample=@$work/reference.wav;type=audio/wav" "$base/v1/audio/voices"
+b64=$(base64 -w0 "$work/reference.wav")
+printf '{"model":"drama-3","input":"Hello from limelight.","voice":"default","response_format":"pcm","seed":7,"max_frames":64,"references":[{"audio":"data:audio/wav;base64,%s","text":"A quiet evening by the river."}]}' "$b64" >"$work/inline.json"
+printf 'case\trun\tstatus\tfirst_byte_s\ttotal_s\n' | tee "$report_dir/ttfa.tsv"
+for run in 1 2 3 4 5; do
+    for voice in default narrator; do
+        curl -sS -o /dev/null -w "$voice\t$run\t%{http_code}\t%{time_starttransfer}\t%{time_total}\n" -H 'Content-Type: application/json' \
+            -d "{\"model\":\"drama-3\",\"input\":\"Hello from limelight.\",\"voice\":\"$voice\",\"response_format\":\"pcm\",\"seed\":7,\"max_frames\":64}" \
+            "$base/v1/audio/speech" | tee -a "$report_dir/ttfa.tsv"
+    done
+    curl -sS -o /dev/null -w "inline\t$run\t%{http_code}\t%{time_starttransfer}\t%{time_total}\n" -H 'Content-Type: application/json' \
+        --data-binary "@$work/inline.json" "$base/v1/audio/speech" | tee -a "$report_dir/ttfa.tsv"
+done
+grep -h '"reference encoded"' "$work/serve.log" | head -3 | cut -c1-200
