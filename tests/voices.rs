@@ -39,6 +39,10 @@ fn clip_wav() -> Vec<u8> {
 }
 
 async fn app_with(store: Arc<VoiceStore>, aliases: &[(&str, &str)]) -> Router {
+    app_on(shared_scheduler().await, store, aliases)
+}
+
+fn app_on(scheduler: limelight::scheduler::Scheduler, store: Arc<VoiceStore>, aliases: &[(&str, &str)]) -> Router {
     let config = HttpConfig {
         policy: SpeechPolicy {
             served_model: MODEL.into(),
@@ -52,7 +56,7 @@ async fn app_with(store: Arc<VoiceStore>, aliases: &[(&str, &str)]) -> Router {
         voice_aliases: aliases.iter().map(|(a, b)| ((*a).to_owned(), (*b).to_owned())).collect::<BTreeMap<_, _>>(),
         max_voice_upload_bytes: 1 << 20,
     };
-    router(AppState::with_voices(shared_scheduler().await, config, store))
+    router(AppState::with_voices(scheduler, config, store))
 }
 
 fn memory_store() -> Arc<VoiceStore> {
@@ -253,4 +257,21 @@ impl Merge for Value {
         self.as_object_mut().unwrap().extend(other.as_object().unwrap().clone());
         self
     }
+}
+
+/// An engine without a codec encoder (a GPU whose encoder did not fit) refuses uploads and
+/// inline references with 503 `voice_cloning_unavailable`, and still speaks.
+#[tokio::test]
+async fn without_an_encoder_voice_cloning_is_a_503() {
+    let scheduler = wrapped(Mode::NoEncoder, 8, Control::default(), None);
+    scheduler.loaded().await.unwrap();
+    let app = app_on(scheduler, memory_store(), &[]);
+    let (status, e) = refused(&app, multipart(NARRATOR, Some(&clip_wav()))).await;
+    assert_eq!((status, e["code"].as_str()), (StatusCode::SERVICE_UNAVAILABLE, Some("voice_cloning_unavailable")));
+    let url = format!("data:audio/wav;base64,{}", base64::engine::general_purpose::STANDARD.encode(clip_wav()));
+    let inline = json!({"response_format": "pcm", "stream": false, "references": [{"audio": url, "text": "Hi."}]});
+    let (status, e) = refused(&app, speech(body(inline))).await;
+    assert_eq!((status, e["code"].as_str()), (StatusCode::SERVICE_UNAVAILABLE, Some("voice_cloning_unavailable")));
+    let resp = send(&app, speech(body(json!({"response_format": "pcm", "stream": false})))).await;
+    assert_eq!(resp.status(), StatusCode::OK);
 }

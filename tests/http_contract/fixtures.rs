@@ -107,6 +107,8 @@ pub enum Mode {
     FailAfterFirstAudio,
     /// Never ends by itself: generation restarts until the client is gone, which sets the flag.
     Endless,
+    /// Speaks, but has no codec encoder (as a GPU engine whose encoder did not fit).
+    NoEncoder,
 }
 
 /// The test's hold on a wrapped engine: a latch it opens, and a flag the engine sets once a
@@ -221,7 +223,7 @@ impl Synthesizer for Wrapped<'_> {
         self.model.encode_reference(samples)
     }
     fn encodes_references(&self) -> bool {
-        self.model.encodes_references()
+        self.mode != Mode::NoEncoder && self.model.encodes_references()
     }
     fn cancel(&self, id: StreamId) -> Result<Vec<f32>, SynthError> {
         self.model.cancel(self.streams.borrow()[&id].inner)
