@@ -63,7 +63,7 @@ fn say_references(args: &SayArgs, ckpt: &Checkpoint) -> anyhow::Result<Vec<Refer
             eprintln!("warning: voice file {} refused: {}", r.path.display(), r.reason);
         }
         let voice = store.get(name).with_context(|| format!("`--voice {name}`: no such voice in {}", dir.display()))?;
-        return Ok(vec![Reference { transcript: voice.ref_text.clone(), codes: voice.codes_by_codebook() }]);
+        return Ok(vec![Reference::from_frames(voice.ref_text.clone(), &voice.codes, voice.codebooks)]);
     }
     let (Some(path), Some(text)) = (&args.reference_audio, &args.reference_text) else { return Ok(Vec::new()) };
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
@@ -72,9 +72,7 @@ fn say_references(args: &SayArgs, ckpt: &Checkpoint) -> anyhow::Result<Vec<Refer
         .with_context(|| format!("`--reference-audio {}`", path.display()))?;
     let encoder = CodecEncoder::load(ckpt, &Cpu)?;
     let codes = encoder.encode(&Cpu, &clip.samples)?;
-    let books = encoder.codes_per_frame();
-    let codes = (0..books).map(|b| codes.iter().skip(b).step_by(books).copied().collect()).collect();
-    Ok(vec![Reference { transcript: text.clone(), codes }])
+    Ok(vec![Reference::from_frames(text.clone(), &codes, encoder.codes_per_frame())])
 }
 
 /// `limelight trace`: every stage's tensors for given prompt rows, as safetensors.

@@ -42,7 +42,11 @@ pub async fn describe(State(state): State<AppState>, Path(name): Path<String>) -
 }
 
 /// `DELETE /v1/audio/voices/{name}`.
-pub async fn delete(State(state): State<AppState>, Path(name): Path<String>) -> Result<Json<VoiceDeleted>, ApiError> {
+pub async fn delete(
+    State(state): State<AppState>,
+    RequestId(request_id): RequestId,
+    Path(name): Path<String>,
+) -> Result<Json<VoiceDeleted>, ApiError> {
     let store = state.voices_arc();
     let target = name.clone();
     let removed = tokio::task::spawn_blocking(move || store.remove(&target)).await.expect("the store does not panic");
@@ -53,8 +57,8 @@ pub async fn delete(State(state): State<AppState>, Path(name): Path<String>) -> 
         }
         Err(StoreError::NotFound(_)) => Err(not_found(&name)),
         Err(e) => {
-            error!(voice = %name, error = %e, "deleting a voice failed");
-            Err(ApiError::Internal { request_id: String::from("-") })
+            error!(request_id, voice = %name, error = %e, "deleting a voice failed");
+            Err(ApiError::Internal { request_id })
         }
     }
 }
@@ -242,7 +246,7 @@ pub fn references(state: &AppState, choice: &VoiceChoice) -> Result<Vec<Referenc
         VoiceChoice::Named(name) => name.clone(),
     };
     let voice = state.voices().get(&name).ok_or(ApiError::Invalid(ValidateError::UnknownVoice { voice: name }))?;
-    Ok(vec![Reference { transcript: voice.ref_text.clone(), codes: voice.codes_by_codebook() }])
+    Ok(vec![Reference::from_frames(voice.ref_text.clone(), &voice.codes, voice.codebooks)])
 }
 
 /// A speech request's inline references (extension), each decoded and encoded for this request
@@ -274,9 +278,7 @@ pub async fn encode_inline(
             }
             Err(_) => return Err(ApiError::Internal { request_id: request_id.to_owned() }),
         };
-        let books = encoded.codebooks.max(1);
-        let codes = (0..books).map(|b| encoded.codes.iter().skip(b).step_by(books).copied().collect()).collect();
-        out.push(Reference { transcript: text.clone(), codes });
+        out.push(Reference::from_frames(text.clone(), &encoded.codes, encoded.codebooks));
     }
     Ok(out)
 }

@@ -32,6 +32,15 @@ pub struct Reference {
     pub codes: Vec<Vec<u32>>,
 }
 
+impl Reference {
+    /// A reference from codes row-major `[frames, codebooks]` (as the codec encoder gives them).
+    pub fn from_frames(transcript: String, codes: &[u32], codebooks: usize) -> Reference {
+        let books = codebooks.max(1);
+        let codes = (0..books).map(|b| codes.iter().skip(b).step_by(books).copied().collect()).collect();
+        Reference { transcript, codes }
+    }
+}
+
 /// Why a prompt could not be built. Every variant but `Tokenizer` is the caller's fault (HTTP 400)
 /// and names the field it is about.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -182,5 +191,16 @@ impl PromptBuilder {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn from_frames_transposes_row_major_codes() {
+        let r = Reference::from_frames("t".into(), &[1, 2, 3, 4, 5, 6], 2);
+        assert_eq!(r.codes, vec![vec![1, 3, 5], vec![2, 4, 6]]);
     }
 }

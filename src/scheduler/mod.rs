@@ -257,20 +257,7 @@ impl Scheduler {
     /// Admits `job` or refuses it at once; never waits.
     pub fn submit(&self, job: Job) -> Result<JobStream, SubmitError> {
         let shared = &self.inner.shared;
-        // Count the job before looking at `draining`, so `drained()` (which looks the other way
-        // round) can never miss a job admitted while the drain began.
-        shared.in_flight.fetch_add(1, Ordering::SeqCst);
-        let refusal = if shared.draining.load(Ordering::SeqCst) {
-            Some(SubmitError::Draining)
-        } else if *shared.load.borrow() != LoadState::Ready {
-            Some(SubmitError::Loading)
-        } else {
-            None
-        };
-        if let Some(e) = refusal {
-            shared.job_left();
-            return Err(e);
-        }
+        self.admission()?;
         let (stream, reply) = job::channel();
         shared.queued.fetch_add(1, Ordering::SeqCst);
         let queued = job::Queued { job, reply, admitted: std::time::Instant::now() };
@@ -281,15 +268,7 @@ impl Scheduler {
             }
             Err(e) => {
                 shared.queued.fetch_sub(1, Ordering::SeqCst);
-                shared.job_left();
-                Err(match e {
-                    TrySendError::Full(_) => SubmitError::QueueFull {
-                        retry_after_secs: retry_after_secs(shared.mean_job_secs()),
-                        max_queue: shared.max_queue,
-                    },
-                    // The worker thread is gone: its model failed to load.
-                    TrySendError::Disconnected(_) => SubmitError::Loading,
-                })
+                Err(self.not_queued(e))
             }
         }
     }
@@ -300,7 +279,19 @@ impl Scheduler {
         &self,
         job: EncodeJob,
     ) -> Result<tokio::sync::oneshot::Receiver<Result<Encoded, String>>, SubmitError> {
+        self.admission()?;
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        match self.inner.commands.try_send(job::Command::Encode(job::QueuedEncode { job, reply })) {
+            Ok(()) => Ok(rx),
+            Err(e) => Err(self.not_queued(e)),
+        }
+    }
+
+    /// Counts a command as in flight, unless the server is draining or not loaded.
+    fn admission(&self) -> Result<(), SubmitError> {
         let shared = &self.inner.shared;
+        // Count the job before looking at `draining`, so `drained()` (which looks the other way
+        // round) can never miss a job admitted while the drain began.
         shared.in_flight.fetch_add(1, Ordering::SeqCst);
         let refusal = if shared.draining.load(Ordering::SeqCst) {
             Some(SubmitError::Draining)
@@ -309,23 +300,26 @@ impl Scheduler {
         } else {
             None
         };
-        if let Some(e) = refusal {
-            shared.job_left();
-            return Err(e);
-        }
-        let (reply, rx) = tokio::sync::oneshot::channel();
-        match self.inner.commands.try_send(job::Command::Encode(job::QueuedEncode { job, reply })) {
-            Ok(()) => Ok(rx),
-            Err(e) => {
+        match refusal {
+            Some(e) => {
                 shared.job_left();
-                Err(match e {
-                    TrySendError::Full(_) => SubmitError::QueueFull {
-                        retry_after_secs: retry_after_secs(shared.mean_job_secs()),
-                        max_queue: shared.max_queue,
-                    },
-                    TrySendError::Disconnected(_) => SubmitError::Loading,
-                })
+                Err(e)
             }
+            None => Ok(()),
+        }
+    }
+
+    /// A counted command the queue refused: uncounted, and why.
+    fn not_queued<T>(&self, e: TrySendError<T>) -> SubmitError {
+        let shared = &self.inner.shared;
+        shared.job_left();
+        match e {
+            TrySendError::Full(_) => SubmitError::QueueFull {
+                retry_after_secs: retry_after_secs(shared.mean_job_secs()),
+                max_queue: shared.max_queue,
+            },
+            // The worker thread is gone: its model failed to load.
+            TrySendError::Disconnected(_) => SubmitError::Loading,
         }
     }
 

@@ -62,11 +62,6 @@ impl Voice {
     pub fn frames(&self) -> usize {
         self.codes.len() / self.codebooks.max(1)
     }
-
-    /// The codes as `codes[codebook][frame]` (the prompt builder's layout).
-    pub fn codes_by_codebook(&self) -> Vec<Vec<u32>> {
-        (0..self.codebooks).map(|b| self.codes.iter().skip(b).step_by(self.codebooks).copied().collect()).collect()
-    }
 }
 
 /// The on-disk form: the voice plus its format tag.
@@ -349,6 +344,5 @@ mod tests {
         let store = VoiceStore::in_memory(StoreLimits { max_voices: 1 });
         store.insert(voice("one"), None).unwrap();
         assert!(matches!(store.insert(voice("two"), None), Err(StoreError::Full { max: 1 })));
-        assert_eq!(voice("one").codes_by_codebook(), vec![vec![1, 3, 5], vec![2, 4, 6]]);
     }
 }

@@ -13,16 +13,16 @@
 //! stay under 1 % of the codes.
 
 use limelight::backend::BackendTypes;
-use limelight::backend::codec::{CausalConv, CodecAttentionShape, CodecLayerOps, ConvNext, ResidualUnitParams};
+use limelight::backend::codec::{CausalConv, CodecAttentionShape, CodecLayerOps, ResidualUnitParams};
 use limelight::backend::codec_encode::{CodecEncodeOps, DownsampleStage, StridedConv, VqEncoder};
 use limelight::backend::cpu::{Cpu, CpuWeight, Matrix};
 use limelight::backend::cuda::codec_encode::CudaF32;
 use limelight::backend::cuda::tensor::GpuWeight;
 use limelight::model::codec::encode::{CodecEncoder, samples_per_code_frame};
 use limelight::model::codec::rope::{inverse_frequencies, rope_rows};
-use limelight::model::weights::TransformerLayer;
 use limelight::synth::rng::Rng;
 
+use crate::codec::{Dims, Maker, REAL, TINY, both_f32, conv, convnext, layer};
 use crate::harness::{Ctx, rel_l2};
 
 const OP_BOUND: f64 = 1e-5;
@@ -30,106 +30,50 @@ const STAGE_BOUND: f64 = 1e-4;
 const NEAR_TIE: f64 = 1e-4;
 
 pub fn run(ctx: &mut Ctx) {
-    for (name, latent, intermediate, sizes) in [("tiny", 128, 384, (256, 64)), ("real", 1024, 3072, (4096, 1024))] {
-        let w = Widths { name, latent, intermediate, sizes };
-        strided_conv(ctx, &w);
-        causal_convs(ctx, &w);
-        transformer_layer(ctx, &w);
-        downsample_stage(ctx, &w);
-        quantize(ctx, &w);
+    for w in [&TINY, &REAL] {
+        strided_conv(ctx, w);
+        causal_convs(ctx, w);
+        transformer_layer(ctx, w);
+        downsample_stage(ctx, w);
+        quantize(ctx, w);
     }
     whole_encode(ctx);
-}
-
-struct Widths {
-    name: &'static str,
-    latent: usize,
-    intermediate: usize,
-    /// Semantic and residual codebook sizes.
-    sizes: (usize, usize),
-}
-
-/// Random f32 weights, drawn once per backend from one seed so both get the same values.
-struct Maker<'a, W> {
-    rng: Rng,
-    place: &'a dyn Fn(&[usize], Vec<f32>) -> W,
-}
-
-impl<W> Maker<'_, W> {
-    fn w(&mut self, shape: &[usize], center: f32, spread: f32) -> W {
-        let n = shape.iter().product();
-        let data: Vec<f32> = (0..n).map(|_| center + self.rng.uniform(-spread, spread)).collect();
-        (self.place)(shape, data)
-    }
-
-    fn fan_in(&mut self, shape: &[usize], fan_in: usize) -> W {
-        self.w(shape, 0.0, (3.0 / fan_in as f32).sqrt())
-    }
-}
-
-fn both<C, G>(
-    ctx: &mut Ctx,
-    cpu: impl FnOnce(&mut Maker<'_, CpuWeight>) -> C,
-    gpu: impl FnOnce(&mut Maker<'_, GpuWeight>) -> G,
-) -> (C, G) {
-    let seed = ctx.rng.next_u64();
-    let cuda = ctx.cuda;
-    let place_cpu = |shape: &[usize], data: Vec<f32>| CpuWeight { shape: shape.to_vec(), data };
-    let place_gpu = |shape: &[usize], data: Vec<f32>| cuda.upload_f32(shape, data);
-    (
-        cpu(&mut Maker { rng: Rng::new(seed), place: &place_cpu }),
-        gpu(&mut Maker { rng: Rng::new(seed), place: &place_gpu }),
-    )
 }
 
 fn gpu<'a>(ctx: &'a Ctx<'_>) -> CudaF32<'a> {
     CudaF32::new(ctx.cuda)
 }
 
-fn conv<W>(m: &mut Maker<'_, W>, out: usize, kernel: usize, inp: usize, dilation: usize) -> CausalConv<W> {
-    CausalConv { weight: m.fan_in(&[out, kernel, inp], kernel * inp), bias: m.w(&[out], 0.0, 0.1), kernel, dilation }
-}
-
 fn strided<W>(m: &mut Maker<'_, W>, out: usize, kernel: usize, inp: usize, stride: usize) -> StridedConv<W> {
     StridedConv { weight: m.fan_in(&[out, kernel, inp], kernel * inp), bias: m.w(&[out], 0.0, 0.1), kernel, stride }
 }
 
-fn layer<W>(m: &mut Maker<'_, W>, l: usize, i: usize) -> TransformerLayer<W> {
-    TransformerLayer {
-        attention_norm: m.w(&[l], 1.0, 0.5),
-        wqkv: m.fan_in(&[3 * l, l], l),
-        wo: m.fan_in(&[l, l], l),
-        attention_layer_scale: m.w(&[l], 0.0, 0.5),
-        ffn_norm: m.w(&[l], 1.0, 0.5),
-        w1: m.fan_in(&[i, l], l),
-        w3: m.fan_in(&[i, l], l),
-        w2: m.fan_in(&[l, i], i),
-        ffn_layer_scale: m.w(&[l], 0.0, 0.5),
-    }
+/// A Snake α, a dilated k7 conv and a residual unit (d = 9), all `c` wide.
+fn convs<W>(m: &mut Maker<'_, W>, c: usize) -> (CausalConv<W>, W, ResidualUnitParams<W>) {
+    let unit = ResidualUnitParams {
+        snake1: m.w(&[c], 0.5, 0.4),
+        conv1: conv(m, c, 7, c, 9),
+        snake2: m.w(&[c], 0.5, 0.4),
+        conv2: conv(m, c, 1, c, 1),
+    };
+    (conv(m, c, 7, c, 3), m.w(&[c], 0.5, 0.4), unit)
 }
 
-fn convnext<W>(m: &mut Maker<'_, W>, c: usize) -> ConvNext<W> {
-    ConvNext {
-        dw_weight: m.fan_in(&[7, c], 7),
-        dw_bias: m.w(&[c], 0.0, 0.1),
-        norm_weight: m.w(&[c], 1.0, 0.5),
-        norm_bias: m.w(&[c], 0.0, 0.1),
-        pw1_weight: m.fan_in(&[4 * c, c], c),
-        pw1_bias: m.w(&[4 * c], 0.0, 0.1),
-        pw2_weight: m.fan_in(&[c, 4 * c], 4 * c),
-        pw2_bias: m.w(&[c], 0.0, 0.1),
-        gamma: m.w(&[c], 0.0, 0.5),
-    }
+fn downsample<W>(m: &mut Maker<'_, W>, l: usize) -> DownsampleStage<W> {
+    let conv = StridedConv { weight: m.fan_in(&[l, 2, l], 2 * l), bias: m.w(&[l], 0.0, 0.1), kernel: 2, stride: 2 };
+    DownsampleStage { conv, convnext: convnext(m, l) }
 }
 
-fn vq<W>(m: &mut Maker<'_, W>, latent: usize, size: usize) -> VqEncoder<W> {
-    VqEncoder {
-        in_proj: m.fan_in(&[8, latent], latent),
-        in_bias: m.w(&[8], 0.0, 0.1),
-        codebook: m.w(&[size, 8], 0.0, 1.0),
-        out_proj: m.fan_in(&[latent, 8], 8),
-        out_bias: m.w(&[latent], 0.0, 0.1),
-    }
+fn quantizers<W>(m: &mut Maker<'_, W>, d: &Dims) -> Vec<VqEncoder<W>> {
+    (0..10)
+        .map(|i| VqEncoder {
+            in_proj: m.fan_in(&[8, d.latent], d.latent),
+            in_bias: m.w(&[8], 0.0, 0.1),
+            codebook: m.w(&[if i == 0 { d.semantic_size } else { d.residual_size }, 8], 0.0, 1.0),
+            out_proj: m.fan_in(&[d.latent, 8], 8),
+            out_bias: m.w(&[d.latent], 0.0, 0.1),
+        })
+        .collect()
 }
 
 fn rows(m: &Matrix, a: usize, b: usize) -> Matrix {
@@ -137,9 +81,9 @@ fn rows(m: &Matrix, a: usize, b: usize) -> Matrix {
 }
 
 /// The last encoder block's downsampling (k = 16, s = 8) with its Snake, and a k = 4, s = 2 one.
-fn strided_conv(ctx: &mut Ctx, w: &Widths) {
+fn strided_conv(ctx: &mut Ctx, w: &Dims) {
     for (stride, cin) in [(8, w.latent / 2), (2, 8)] {
-        let ((c, alpha), (g, galpha)) = both(
+        let ((c, alpha), (g, galpha)) = both_f32(
             ctx,
             |m| (strided(m, 2 * cin, 2 * stride, cin, stride), m.w(&[cin], 0.5, 0.4)),
             |m| (strided(m, 2 * cin, 2 * stride, cin, stride), m.w(&[cin], 0.5, 0.4)),
@@ -158,29 +102,9 @@ fn strided_conv(ctx: &mut Ctx, w: &Widths) {
 }
 
 /// A dilated causal conv and a residual unit, each over three chunks carrying its history.
-fn causal_convs(ctx: &mut Ctx, w: &Widths) {
+fn causal_convs(ctx: &mut Ctx, w: &Dims) {
     let c = if w.name == "real" { 512 } else { 16 };
-    let ((cc, alpha, unit), (gc, galpha, gunit)) = both(
-        ctx,
-        |m| {
-            let unit = ResidualUnitParams {
-                snake1: m.w(&[c], 0.5, 0.4),
-                conv1: conv(m, c, 7, c, 9),
-                snake2: m.w(&[c], 0.5, 0.4),
-                conv2: conv(m, c, 1, c, 1),
-            };
-            (conv(m, c, 7, c, 3), m.w(&[c], 0.5, 0.4), unit)
-        },
-        |m| {
-            let unit = ResidualUnitParams {
-                snake1: m.w(&[c], 0.5, 0.4),
-                conv1: conv(m, c, 7, c, 9),
-                snake2: m.w(&[c], 0.5, 0.4),
-                conv2: conv(m, c, 1, c, 1),
-            };
-            (conv(m, c, 7, c, 3), m.w(&[c], 0.5, 0.4), unit)
-        },
-    );
+    let ((cc, alpha, unit), (gc, galpha, gunit)) = both_f32(ctx, |m| convs(m, c), |m| convs(m, c));
     let x = ctx.random(200, c, 1.0);
     let g = gpu(ctx);
     let (mut ch, mut gh) = (Cpu.new_conv_history(cc.history(), c), g.new_conv_history(gc.history(), c));
@@ -211,10 +135,10 @@ fn causal_convs(ctx: &mut Ctx, w: &Widths) {
 }
 
 /// A transformer layer over more rows than its window, in two chunks carrying the window.
-fn transformer_layer(ctx: &mut Ctx, w: &Widths) {
+fn transformer_layer(ctx: &mut Ctx, w: &Dims) {
     let (window, total, cut) = if w.name == "real" { (512, 540, 300) } else { (16, 45, 20) };
     let shape = CodecAttentionShape { heads: w.latent / 64, head_dim: 64, window, norm_eps: 1e-5 };
-    let (cl, gl) = both(ctx, |m| layer(m, w.latent, w.intermediate), |m| layer(m, w.latent, w.intermediate));
+    let (cl, gl) = both_f32(ctx, |m| layer(m, w), |m| layer(m, w));
     let x = ctx.random(total, w.latent, 1.0);
     let g = gpu(ctx);
     let (mut ckv, mut gkv) = (Cpu.new_kv_window(&shape), g.new_kv_window(&shape));
@@ -235,19 +159,9 @@ fn transformer_layer(ctx: &mut Ctx, w: &Widths) {
     ctx.rel_l2(format!("encode {}: transformer window keys", w.name), &keys.data[..n], &ckv.keys.data[..n], OP_BOUND);
 }
 
-fn downsample_stage(ctx: &mut Ctx, w: &Widths) {
+fn downsample_stage(ctx: &mut Ctx, w: &Dims) {
     let l = w.latent;
-    let (c, g) = both(
-        ctx,
-        |m| DownsampleStage {
-            conv: StridedConv { weight: m.fan_in(&[l, 2, l], 2 * l), bias: m.w(&[l], 0.0, 0.1), kernel: 2, stride: 2 },
-            convnext: convnext(m, l),
-        },
-        |m| DownsampleStage {
-            conv: StridedConv { weight: m.fan_in(&[l, 2, l], 2 * l), bias: m.w(&[l], 0.0, 0.1), kernel: 2, stride: 2 },
-            convnext: convnext(m, l),
-        },
-    );
+    let (c, g) = both_f32(ctx, |m| downsample(m, l), |m| downsample(m, l));
     let x = ctx.random(96, l, 1.0);
     let want = Cpu.codec_downsample_stage(&c, &x);
     let got = ctx.cuda.to_host(&gpu(ctx).codec_downsample_stage(&g, &gpu(ctx).upload(&x)));
@@ -255,14 +169,9 @@ fn downsample_stage(ctx: &mut Ctx, w: &Widths) {
 }
 
 /// The quantizers over random rows: codes against the CPU's, near-ties excused.
-fn quantize(ctx: &mut Ctx, w: &Widths) {
+fn quantize(ctx: &mut Ctx, w: &Dims) {
     let l = w.latent;
-    let size = |i: usize| if i == 0 { w.sizes.0 } else { w.sizes.1 };
-    let (c, g) = both(
-        ctx,
-        |m| (0..10).map(|i| vq(m, l, size(i))).collect::<Vec<_>>(),
-        |m| (0..10).map(|i| vq(m, l, size(i))).collect::<Vec<_>>(),
-    );
+    let (c, g) = both_f32(ctx, |m| quantizers(m, w), |m| quantizers(m, w));
     let z = ctx.random(300, l, 1.0);
     let cq: Vec<&VqEncoder<CpuWeight>> = c.iter().collect();
     let gq: Vec<&VqEncoder<GpuWeight>> = g.iter().collect();

@@ -77,12 +77,30 @@ pub fn both<C, G>(
     cpu: impl FnOnce(&mut Maker<'_, CpuWeight>) -> C,
     gpu: impl FnOnce(&mut Maker<'_, GpuWeight>) -> G,
 ) -> (C, G) {
-    let seed = ctx.rng.next_u64();
     let cuda = ctx.cuda;
+    both_placed(ctx, &|shape: &[usize], data: Vec<f32>| cuda.codec_weight(shape, data), cpu, gpu)
+}
+
+/// [`both`] with the GPU's weights kept in f32, as the codec encoder (`CudaF32`) holds them.
+pub fn both_f32<C, G>(
+    ctx: &mut Ctx,
+    cpu: impl FnOnce(&mut Maker<'_, CpuWeight>) -> C,
+    gpu: impl FnOnce(&mut Maker<'_, GpuWeight>) -> G,
+) -> (C, G) {
+    let cuda = ctx.cuda;
+    both_placed(ctx, &|shape: &[usize], data: Vec<f32>| cuda.upload_f32(shape, data), cpu, gpu)
+}
+
+fn both_placed<C, G>(
+    ctx: &mut Ctx,
+    place_gpu: &dyn Fn(&[usize], Vec<f32>) -> GpuWeight,
+    cpu: impl FnOnce(&mut Maker<'_, CpuWeight>) -> C,
+    gpu: impl FnOnce(&mut Maker<'_, GpuWeight>) -> G,
+) -> (C, G) {
+    let seed = ctx.rng.next_u64();
     let place_cpu = |shape: &[usize], data: Vec<f32>| CpuWeight { shape: shape.to_vec(), data };
-    let place_gpu = |shape: &[usize], data: Vec<f32>| cuda.codec_weight(shape, data);
     let c = cpu(&mut Maker { rng: Rng::new(seed), place: &place_cpu });
-    let g = gpu(&mut Maker { rng: Rng::new(seed), place: &place_gpu });
+    let g = gpu(&mut Maker { rng: Rng::new(seed), place: place_gpu });
     (c, g)
 }
 
@@ -121,20 +139,20 @@ pub fn layer<W>(m: &mut Maker<'_, W>, d: &Dims) -> TransformerLayer<W> {
 }
 
 pub fn upsample_stage<W>(m: &mut Maker<'_, W>, c: usize) -> UpsampleStage<W> {
-    UpsampleStage {
-        conv_weight: m.fan_in(&[2, c, c], c),
-        conv_bias: m.w(&[c], 0.0, 0.1),
-        convnext: ConvNext {
-            dw_weight: m.fan_in(&[7, c], 7),
-            dw_bias: m.w(&[c], 0.0, 0.1),
-            norm_weight: m.w(&[c], 1.0, 0.5),
-            norm_bias: m.w(&[c], 0.0, 0.1),
-            pw1_weight: m.fan_in(&[4 * c, c], c),
-            pw1_bias: m.w(&[4 * c], 0.0, 0.1),
-            pw2_weight: m.fan_in(&[c, 4 * c], 4 * c),
-            pw2_bias: m.w(&[c], 0.0, 0.1),
-            gamma: m.w(&[c], 0.0, 0.5),
-        },
+    UpsampleStage { conv_weight: m.fan_in(&[2, c, c], c), conv_bias: m.w(&[c], 0.0, 0.1), convnext: convnext(m, c) }
+}
+
+pub fn convnext<W>(m: &mut Maker<'_, W>, c: usize) -> ConvNext<W> {
+    ConvNext {
+        dw_weight: m.fan_in(&[7, c], 7),
+        dw_bias: m.w(&[c], 0.0, 0.1),
+        norm_weight: m.w(&[c], 1.0, 0.5),
+        norm_bias: m.w(&[c], 0.0, 0.1),
+        pw1_weight: m.fan_in(&[4 * c, c], c),
+        pw1_bias: m.w(&[4 * c], 0.0, 0.1),
+        pw2_weight: m.fan_in(&[c, 4 * c], 4 * c),
+        pw2_bias: m.w(&[c], 0.0, 0.1),
+        gamma: m.w(&[c], 0.0, 0.5),
     }
 }
 
