@@ -111,16 +111,18 @@ async fn create(state: &AppState, request_id: &str, req: Request) -> Result<Voic
     }
     let audio = required_bytes(upload.audio, "audio_sample")?;
     let hint = upload.media_type.clone();
+    // A decoder that panics on a crafted file fails this upload alone, as undecodable.
     let (bytes, decoded) = tokio::task::spawn_blocking(move || {
         let decoded = clip::decode(&audio, hint.as_deref(), &limits);
         (audio, decoded)
     })
     .await
-    .expect("decoding does not panic");
+    .map_err(|_| field("audio_sample", String::from("`audio_sample` could not be decoded")))?;
     let clip = decoded.map_err(|e| field("audio_sample", format!("`audio_sample`: {e}")))?;
+    let audio_seconds = clip.seconds();
 
     let span = tracing::info_span!("voice_upload", request_id = %request_id, voice = %name);
-    let pending = state.scheduler().encode(EncodeJob { samples: clip.samples.clone(), span })?;
+    let pending = state.scheduler().encode(EncodeJob { samples: clip.samples, span })?;
     let encoded = match pending.await {
         Ok(Ok(encoded)) => encoded,
         Ok(Err(message)) => {
@@ -139,7 +141,7 @@ async fn create(state: &AppState, request_id: &str, req: Request) -> Result<Voic
         speaker_description: upload.speaker_description,
         codebooks: encoded.codebooks,
         codes: encoded.codes,
-        audio_seconds: clip.seconds(),
+        audio_seconds,
         audio_stored: upload.store_audio,
     };
     let store = state.voices_arc();
@@ -267,7 +269,7 @@ pub async fn encode_inline(
         let limits = ClipLimits { max_bytes: state.config().max_voice_upload_bytes, ..ClipLimits::default() };
         let decoded = tokio::task::spawn_blocking(move || clip::decode(&bytes, media_type.as_deref(), &limits))
             .await
-            .expect("decoding does not panic");
+            .map_err(|_| bad(format!("`references.{i}.audio` could not be decoded")))?;
         let clip = decoded.map_err(|e| bad(format!("`references.{i}.audio`: {e}")))?;
         let span = tracing::info_span!("inline_reference", request_id = %request_id, reference = i);
         let encoded = match state.scheduler().encode(EncodeJob { samples: clip.samples, span })?.await {
