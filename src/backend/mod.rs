@@ -6,7 +6,9 @@
 //! a tower layer, a codec stage), one sub-trait per model part, so each part's arithmetic reads
 //! like its section of `shared/spec`. A backend may fuse inside an operation but never changes
 //! its contract. The decode batch's operations (`*_rows`) add one: each output row depends only
-//! on its own input row and state, bit for bit, whatever other rows share the call.
+//! on its own input row and state, bit for bit, whatever other rows share the call. The codec
+//! encoder (voice cloning) is not part of [`Backend`]: `codec_encode::CodecEncodeOps` is
+//! implemented by the CPU and, in f32, by `cuda::codec_encode::CudaF32`.
 
 pub mod backbone;
 pub mod codec;

@@ -1,7 +1,8 @@
 //! Admission and the synthesis thread: [`Scheduler`] is the handle requests use to submit jobs
 //! (bounded queue: 429 when full, 503 while loading or draining); one worker thread owns the
 //! model and runs the admitted jobs together as the decode batch (`worker.rs`), in the slots a
-//! [`Synthesizer`] offers.
+//! [`Synthesizer`] offers. Reference clips for voice cloning take the same queue
+//! ([`Scheduler::encode`]) and are encoded one per turn between steps.
 
 mod engines;
 mod gpu;
