@@ -189,7 +189,7 @@ pub trait CodecOps: CodecLayerOps {
     // rows equal what the single-stream operation gives it, bit for bit, whatever else shares
     // the call. The defaults run each stream alone; a backend overrides them to share launches.
 
-    /// [`CodecOps::codec_transformer_layer`] over streams; `ropes[s]` holds stream `s`'s rows.
+    /// [`CodecLayerOps::codec_transformer_layer`] over streams; `ropes[s]` holds stream `s`'s rows.
     fn codec_transformer_layer_rows(
         &self,
         shape: &CodecAttentionShape,
@@ -219,7 +219,7 @@ pub trait CodecOps: CodecLayerOps {
         each_stream(self, x, rows, |xs| self.codec_upsample_stage(w, xs, histories.next().expect("one per stream")))
     }
 
-    /// [`CodecOps::codec_causal_conv`] over streams.
+    /// [`CodecLayerOps::codec_causal_conv`] over streams.
     fn codec_causal_conv_rows(
         &self,
         conv: &CausalConv<Self::Weight>,
@@ -248,7 +248,7 @@ pub trait CodecOps: CodecLayerOps {
         })
     }
 
-    /// [`CodecOps::codec_residual_unit`] over streams.
+    /// [`CodecLayerOps::codec_residual_unit`] over streams.
     fn codec_residual_unit_rows(
         &self,
         w: &ResidualUnitParams<Self::Weight>,
