@@ -296,35 +296,10 @@ fn prep(
         p.rows,
         cache.capacity
     );
-    let (h, hkv, hd) = (s.heads, s.kv_heads, s.head_dim);
-    let q = cuda.scratch(p.rows * h * hd * 4);
-    // Scores come out in log2 units: the softmax uses exp2.
-    let q_scale = (std::f64::consts::LOG2_E / (hd as f64).sqrt()) as f32;
     let (counter, start) = cache.position_args(cache.len);
-    let args = [
-        p.qg.into(),
-        p.k.into(),
-        p.v.into(),
-        w.q_norm.ptr.into(),
-        w.k_norm.ptr.into(),
-        cache.inv_freq.ptr().into(),
-        q.ptr().into(),
-        cache.keys.ptr().into(),
-        cache.values.ptr().into(),
-        h.into(),
-        hkv.into(),
-        s.rotary_dim.into(),
-        start.into(),
-        counter.into(),
-        (s.norm_eps as f32).into(),
-        q_scale.into(),
-        0u64.into(),
-        0u64.into(),
-        0u64.into(),
-    ];
-    let dims = Dims::grid(((h + hkv) as u32, p.rows as u32, 1), hd as u32);
-    cuda.kernels.attention.prep.launch(cuda.stream(), dims, &args);
-    cache.len += p.rows;
+    let rows = p.rows;
+    let q = launch_prep(cuda, s, w, p, cache, start, counter, ONE_SEQUENCE);
+    cache.len += rows;
     q
 }
 
@@ -338,25 +313,43 @@ fn prep_rows(
     rows: &RowCaches,
     first: &GpuKvCache,
 ) -> PoolBuf {
+    launch_prep(cuda, s, w, p, first, 0, 0, rows.args())
+}
+
+/// One launch of the prep kernel: RoPE from `table`'s inverse frequencies; K/V into `table`'s
+/// cache at `start` (or the position counter at `counter`), unless `rows` gives each row its own
+/// cache and position. Returns q, f32 `[rows, H, HD]`, scaled by `log2(e)/√HD`.
+#[allow(clippy::too_many_arguments)]
+fn launch_prep(
+    cuda: &Cuda,
+    s: &AttentionShape,
+    w: &AttentionWeights<GpuWeight>,
+    p: Projected,
+    table: &GpuKvCache,
+    start: usize,
+    counter: u64,
+    rows: [Arg; 3],
+) -> PoolBuf {
     let (h, hkv, hd) = (s.heads, s.kv_heads, s.head_dim);
     let q = cuda.scratch(p.rows * h * hd * 4);
+    // Scores come out in log2 units: the softmax uses exp2.
     let q_scale = (std::f64::consts::LOG2_E / (hd as f64).sqrt()) as f32;
-    let [sk, sv, sp] = rows.args();
+    let [sk, sv, sp] = rows;
     let args = [
         p.qg.into(),
         p.k.into(),
         p.v.into(),
         w.q_norm.ptr.into(),
         w.k_norm.ptr.into(),
-        first.inv_freq.ptr().into(),
+        table.inv_freq.ptr().into(),
         q.ptr().into(),
-        first.keys.ptr().into(),
-        first.values.ptr().into(),
+        table.keys.ptr().into(),
+        table.values.ptr().into(),
         h.into(),
         hkv.into(),
         s.rotary_dim.into(),
-        0usize.into(),
-        0u64.into(),
+        start.into(),
+        counter.into(),
         (s.norm_eps as f32).into(),
         q_scale.into(),
         sk,
