@@ -41,16 +41,8 @@ fn frames(f: &SafetensorsFile, name: &str) -> Vec<u32> {
     (0..n).flat_map(|t| (0..books).map(move |b| (t, b))).map(|(t, b)| data[b * n + t]).collect()
 }
 
-fn rel_l2(ours: &[f32], golden: &[f32]) -> f64 {
-    assert_eq!(ours.len(), golden.len(), "tensor lengths");
-    assert!(ours.iter().all(|v| v.is_finite()), "non-finite output");
-    let num: f64 = ours.iter().zip(golden).map(|(a, b)| (f64::from(*a) - f64::from(*b)).powi(2)).sum();
-    let den: f64 = golden.iter().map(|b| f64::from(*b).powi(2)).sum();
-    (num / den).sqrt()
-}
-
 fn check(stage: &str, ours: &[f32], golden: &[f32]) {
-    let err = rel_l2(ours, golden);
+    let err = common::rel_l2(ours, golden);
     eprintln!("{stage:>20}: relative L2 {err:.3e} (bound {GOLDEN_BOUND:.0e})");
     assert!(
         err <= GOLDEN_BOUND,

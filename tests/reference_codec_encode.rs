@@ -54,14 +54,6 @@ fn clip(f: &SafetensorsFile) -> Vec<f32> {
     v.bytes.chunks_exact(2).map(|c| f32::from(i16::from_le_bytes([c[0], c[1]])) / 32768.0).collect()
 }
 
-fn rel_l2(ours: &[f32], golden: &[f32]) -> f64 {
-    assert_eq!(ours.len(), golden.len(), "tensor lengths");
-    assert!(ours.iter().all(|v| v.is_finite()), "non-finite output");
-    let num: f64 = ours.iter().zip(golden).map(|(a, b)| (f64::from(*a) - f64::from(*b)).powi(2)).sum();
-    let den: f64 = golden.iter().map(|b| f64::from(*b).powi(2)).sum();
-    (num / den).sqrt()
-}
-
 #[test]
 fn encode_matches_sglang_omni_codec_stage_by_stage_and_code_for_code() {
     let f = fixture();
@@ -76,7 +68,7 @@ fn encode_matches_sglang_omni_codec_stage_by_stage_and_code_for_code() {
     {
         let (shape, golden) = f32s(&f, &format!("f64.{stage}"));
         assert_eq!((m.rows, m.cols), (shape[0], shape[1]), "{stage} shape");
-        let err = rel_l2(&m.data, &golden);
+        let err = common::rel_l2(&m.data, &golden);
         eprintln!("{stage:>12}: relative L2 {err:.3e} against float64 (bound {STAGE_BOUND:.0e})");
         assert!(err <= STAGE_BOUND, "{stage}: relative L2 {err:.3e} > {STAGE_BOUND:.0e}");
     }
@@ -133,7 +125,7 @@ fn resample_matches_torchaudio() {
         let channels: Vec<Vec<f32>> = input.chunks_exact(shape[1]).map(<[f32]>::to_vec).collect();
         let (_, golden) = f32s(&f, &format!("resample.{rate}.out"));
         let ours = resample(&mono(&channels), rate, 44_100);
-        let err = rel_l2(&ours, &golden);
+        let err = common::rel_l2(&ours, &golden);
         eprintln!("resample {rate} → 44100 ({} channels): relative L2 {err:.3e}", shape[0]);
         assert!(err <= RESAMPLE_BOUND, "resample from {rate}: relative L2 {err:.3e} > {RESAMPLE_BOUND:.0e}");
     }

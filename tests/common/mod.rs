@@ -69,3 +69,13 @@ pub fn python_with(modules: &[&str]) -> bool {
     }
     ok
 }
+
+/// Relative L2 `‖ours − golden‖ / ‖golden‖` in f64, for golden-fixture checks; lengths must match
+/// and every value of `ours` be finite.
+pub fn rel_l2(ours: &[f32], golden: &[f32]) -> f64 {
+    assert_eq!(ours.len(), golden.len(), "tensor lengths");
+    assert!(ours.iter().all(|v| v.is_finite()), "non-finite output");
+    let num: f64 = ours.iter().zip(golden).map(|(a, b)| (f64::from(*a) - f64::from(*b)).powi(2)).sum();
+    let den: f64 = golden.iter().map(|b| f64::from(*b).powi(2)).sum();
+    (num / den).sqrt()
+}
