@@ -61,11 +61,8 @@ impl PromptError {
     /// The request field at fault, or `None` for an internal (tokenizer) failure.
     pub fn field(&self) -> Option<Field> {
         match self {
-            PromptError::Text(TextError::Empty { field })
-            | PromptError::Text(TextError::StructuralToken { field, .. })
-            | PromptError::Text(TextError::BadSpeakerTag { field, .. })
-            | PromptError::CodesShape { field, .. }
-            | PromptError::CodeOutOfRange { field, .. } => Some(*field),
+            PromptError::Text(e) => Some(e.field()),
+            PromptError::CodesShape { field, .. } | PromptError::CodeOutOfRange { field, .. } => Some(*field),
             PromptError::Tokenizer { .. } => None,
         }
     }
