@@ -287,6 +287,11 @@ pub struct ServeArgs {
     /// most 60 s).
     #[arg(long, env = "LIMELIGHT_MAX_VOICE_UPLOAD_BYTES", default_value_t = crate::http::DEFAULT_MAX_VOICE_UPLOAD_BYTES)]
     pub max_voice_upload_bytes: usize,
+    /// Memory for saved voices' prompt state, in MiB: a request in a stored voice whose state
+    /// is kept skips its reference rows (least recently used voices make room first; 0 keeps
+    /// none). On the GPU it is reserved at start-up, out of the memory the decode batch could use.
+    #[arg(long, env = "LIMELIGHT_VOICE_CACHE_MIB", default_value_t = crate::scheduler::DEFAULT_VOICE_CACHE_BYTES >> 20)]
+    pub voice_cache_mib: usize,
     /// Seconds to let running requests finish after SIGTERM or SIGINT before exiting.
     #[arg(long, env = "LIMELIGHT_DRAIN_TIMEOUT", default_value_t = 30)]
     pub drain_timeout: u64,

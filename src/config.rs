@@ -87,6 +87,8 @@ pub struct ServeConfig {
     pub voice_aliases: BTreeMap<String, String>,
     pub max_voices: usize,
     pub max_voice_upload_bytes: usize,
+    /// Bytes for saved voices' prompt state (`--voice-cache-mib`).
+    pub voice_cache_bytes: usize,
 }
 
 /// A flag the server cannot start with; says which and why.
@@ -102,6 +104,8 @@ pub enum ConfigError {
     ContextTooShort { context: usize, max_frames: usize },
     #[error("`--{flag}` must be at least {min}; got {value}")]
     TooSmall { flag: &'static str, min: usize, value: usize },
+    #[error("`--{flag}` {value} is too large")]
+    TooLarge { flag: &'static str, value: usize },
     #[error("`--served-model-name` must not be empty")]
     EmptyModelName,
     #[error("`--host {host}`/`--port {port}`: {message}")]
@@ -177,6 +181,10 @@ impl ServeConfig {
             voice_aliases: voice_aliases(&args.voice_aliases)?,
             max_voices: args.max_voices,
             max_voice_upload_bytes: args.max_voice_upload_bytes,
+            voice_cache_bytes: args
+                .voice_cache_mib
+                .checked_mul(1 << 20)
+                .ok_or(ConfigError::TooLarge { flag: "voice-cache-mib", value: args.voice_cache_mib })?,
         })
     }
 
@@ -230,6 +238,7 @@ impl fmt::Debug for ServeConfig {
             .field("voice_aliases", &self.voice_aliases)
             .field("max_voices", &self.max_voices)
             .field("max_voice_upload_bytes", &self.max_voice_upload_bytes)
+            .field("voice_cache_bytes", &self.voice_cache_bytes)
             .finish()
     }
 }

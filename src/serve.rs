@@ -150,7 +150,11 @@ pub async fn serve(
 /// The engine the worker loads: `--device` decided (`auto` takes a supported GPU if present).
 fn loader(config: &ServeConfig) -> Result<Loader, ConfigError> {
     let dir = config.model.dir().clone();
-    let limits = BatchLimits { max_batch: config.max_batch, prefill_chunk: config.prefill_chunk };
+    let limits = BatchLimits {
+        max_batch: config.max_batch,
+        prefill_chunk: config.prefill_chunk,
+        voice_cache_bytes: config.voice_cache_bytes,
+    };
     match config.engine()? {
         EngineChoice::Cpu => {
             info!(device = "cpu", "engine: the CPU reference engine");

@@ -34,6 +34,17 @@ pub const MEMORY_IN_USE_BYTES: &str = "limelight_memory_in_use_bytes";
 pub const MEMORY_BUDGET_BYTES: &str = "limelight_memory_budget_bytes";
 /// Device allocations the engine made after its warm-up (serving's contract: none).
 pub const ALLOCATIONS_AFTER_WARM_UP: &str = "limelight_device_allocations_after_warm_up";
+/// Requests in a saved voice that started from its kept prompt prefix.
+pub const VOICE_CACHE_HITS: &str = "limelight_voice_cache_hits_total";
+/// Requests in a saved voice that ran its prompt prefix (and kept it).
+pub const VOICE_CACHE_MISSES: &str = "limelight_voice_cache_misses_total";
+/// Kept voice prefixes dropped to make room (least recently used first).
+pub const VOICE_CACHE_EVICTIONS: &str = "limelight_voice_cache_evictions_total";
+/// Voice prefixes kept now.
+pub const VOICE_CACHE_ENTRIES: &str = "limelight_voice_cache_entries";
+/// Bytes the kept voice prefixes take, and the budget they are kept within (`--voice-cache-mib`).
+pub const VOICE_CACHE_BYTES: &str = "limelight_voice_cache_bytes";
+pub const VOICE_CACHE_BUDGET_BYTES: &str = "limelight_voice_cache_budget_bytes";
 
 /// Histogram buckets for time to first audio, in seconds.
 const TTFA_BUCKETS: &[f64] = &[0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0];

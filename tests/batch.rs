@@ -10,6 +10,7 @@ mod batch_driver;
 use batch_driver::{Planned, alone, batched};
 use limelight::backend::cpu::Cpu;
 use limelight::engine::generate::{Engine, GenerateOptions, PREFILL_CHUNK, ResidentModel};
+use limelight::engine::prefix::SharedPrefix;
 use limelight::model::load::Checkpoint;
 use limelight::model::sampling::SamplingParams;
 use limelight::request::prompt::PromptBuilder;
@@ -24,20 +25,35 @@ fn requests(ckpt: &Checkpoint) -> Vec<Planned> {
     let long = "A chapter long enough to need more than one prefill chunk. ".repeat(10);
     vec![
         Planned {
+            prefix: SharedPrefix::NONE,
             rows: rows("Hello there, how are you today?"),
             opts: opts(3, 14, SamplingParams::default()),
             joins_at: 0,
             cancel_after: None,
         },
-        Planned { rows: rows("[whispering] A second voice."), opts: opts(5, 9, hot), joins_at: 0, cancel_after: None },
-        Planned { rows: rows(&long), opts: opts(7, 11, cold), joins_at: 2, cancel_after: None },
         Planned {
+            prefix: SharedPrefix::NONE,
+            rows: rows("[whispering] A second voice."),
+            opts: opts(5, 9, hot),
+            joins_at: 0,
+            cancel_after: None,
+        },
+        Planned {
+            prefix: SharedPrefix::NONE,
+            rows: rows(&long),
+            opts: opts(7, 11, cold),
+            joins_at: 2,
+            cancel_after: None,
+        },
+        Planned {
+            prefix: SharedPrefix::NONE,
             rows: rows("Cancelled part way."),
             opts: opts(11, 30, SamplingParams::default()),
             joins_at: 3,
             cancel_after: Some(6),
         },
         Planned {
+            prefix: SharedPrefix::NONE,
             rows: rows("Hello there, how are you today?"),
             opts: opts(13, 7, hot),
             joins_at: 9,

@@ -10,6 +10,7 @@ use std::process::Command;
 use limelight::backend::cpu::Cpu;
 use limelight::checkpoint::safetensors::SafetensorsFile;
 use limelight::engine::generate::{Engine, FinishReason, GenerateOptions, ResidentModel};
+use limelight::engine::prefix::SharedPrefix;
 use limelight::model::load::Checkpoint;
 use limelight::model::sampling::SamplingParams;
 use limelight::request::prompt::PromptBuilder;
@@ -242,7 +243,7 @@ fn a_fixed_context_caps_frames_and_refuses_a_prompt_that_fills_it() {
     let room = 5;
     let batch = |context| BatchOptions { max_batch: 2, prefill_chunk: 64, context: Some(context) };
     let capped = EngineModel::new(&Cpu, &ckpt, &model, batch(rows.len() + room), Box::new(memory)).unwrap();
-    let id = capped.open(&rows, &options(3, 12)).unwrap();
+    let id = capped.open(&rows, SharedPrefix::NONE, &options(3, 12)).unwrap().id;
     while !capped.prefill(&[id]).remove(0).unwrap().done {}
     let mut finished = None;
     while finished.is_none() {
@@ -251,7 +252,7 @@ fn a_fixed_context_caps_frames_and_refuses_a_prompt_that_fills_it() {
     assert_eq!((finished, capped.close(id)), (Some(FinishReason::Length), room));
 
     let full = EngineModel::new(&Cpu, &ckpt, &model, batch(rows.len()), Box::new(memory)).unwrap();
-    let refused = full.open(&rows, &options(3, 12)).unwrap_err().to_string();
+    let refused = full.open(&rows, SharedPrefix::NONE, &options(3, 12)).unwrap_err().to_string();
     let expected = format!("the prompt has {} rows; the engine's context holds {}", rows.len(), rows.len());
     assert!(refused.contains(&expected), "{refused}");
 }
@@ -269,7 +270,7 @@ fn the_warm_up_steps_every_slot_and_leaves_nothing_behind() {
     let batch = BatchOptions { max_batch: 3, prefill_chunk: 24, context: Some(96) };
     let rows = PromptBuilder::for_checkpoint(&ckpt).build("Hello there, how are you today?", &[]).unwrap();
     let speak = |engine: &EngineModel<'_, Cpu>| {
-        let id = engine.open(&rows, &options(5, 10)).unwrap();
+        let id = engine.open(&rows, SharedPrefix::NONE, &options(5, 10)).unwrap().id;
         while !engine.prefill(&[id]).remove(0).unwrap().done {}
         let mut pcm = Vec::new();
         loop {
@@ -291,7 +292,7 @@ fn the_warm_up_steps_every_slot_and_leaves_nothing_behind() {
     assert_eq!(largest, 15, "groups of 1, 2, 4 and 8 frames");
     assert!(warm.frames > 0 && warm.frames <= 3 * largest, "{warm:?}");
     // Every slot is free again: a full batch opens.
-    let ids: Vec<_> = (0..3).map(|_| warmed.open(&rows, &options(1, 2)).unwrap()).collect();
+    let ids: Vec<_> = (0..3).map(|_| warmed.open(&rows, SharedPrefix::NONE, &options(1, 2)).unwrap().id).collect();
     ids.into_iter().for_each(|id| assert_eq!(warmed.close(id), 0));
     assert_eq!(speak(&warmed), alone, "the warm-up changed a later request's bytes");
 }
@@ -317,6 +318,7 @@ impl limelight::engine::generate::DeviceFrames for Scripted {
     fn start<'a>(
         &'a self,
         _rows: &limelight::model::frame::Rows,
+        _prefix: limelight::engine::prefix::SharedPrefix,
         _opts: &GenerateOptions,
     ) -> Result<Box<dyn limelight::engine::generate::FrameSource + 'a>, limelight::engine::generate::GenerateError>
     {

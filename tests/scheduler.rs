@@ -12,12 +12,13 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 
 use limelight::engine::generate::{FinishReason, GenerateError, GenerateOptions, PREFILL_CHUNK, Stepped};
+use limelight::engine::prefix::SharedPrefix;
 use limelight::model::frame::Rows;
 use limelight::model::sampling::SamplingParams;
 use limelight::model::vocabulary::Vocabulary;
 use limelight::scheduler::{
-    BatchLimits, Encoded, Job, JobEvent, JobStream, Loader, MemoryUse, ModelHost, Prefilled, Readiness, Scheduler,
-    StreamId, SubmitError, SynthError, Synthesizer, WorkerConfig, cpu_loader,
+    BatchLimits, Encoded, Job, JobEvent, JobStream, Loader, MemoryUse, ModelHost, Opened, Prefilled, Readiness,
+    Scheduler, StreamId, SubmitError, SynthError, Synthesizer, WorkerConfig, cpu_loader,
 };
 
 const TEXT: &str = "Hello there, how are you today?";
@@ -39,6 +40,7 @@ fn job(text: &str, max_frames: usize) -> Job {
     Job {
         request_id: String::from("req-test"),
         rows: common::tiny_rows(text),
+        prefix: SharedPrefix::NONE,
         // Seed 3 gives no EOS on this checkpoint, so every job runs to `max_frames`.
         options: GenerateOptions { params: SamplingParams::default(), seed: 3, max_frames },
         span: tracing::Span::none(),
@@ -98,11 +100,11 @@ impl Synthesizer for Faulty<'_> {
     fn max_batch(&self) -> usize {
         self.inner.max_batch()
     }
-    fn open(&self, rows: &Rows, options: &GenerateOptions) -> Result<StreamId, SynthError> {
+    fn open(&self, rows: &Rows, prefix: SharedPrefix, options: &GenerateOptions) -> Result<Opened, SynthError> {
         assert!(options.seed != PANIC_SEED, "injected panic");
-        let id = self.inner.open(rows, options)?;
-        self.open.borrow_mut().insert(id, (options.seed, None));
-        Ok(id)
+        let opened = self.inner.open(rows, prefix, options)?;
+        self.open.borrow_mut().insert(opened.id, (options.seed, None));
+        Ok(opened)
     }
     fn prefill_chunk(&self) -> usize {
         self.inner.prefill_chunk()
@@ -172,7 +174,8 @@ impl ModelHost for Wrap<'_> {
 
 /// The CPU engine with `max_batch` slots.
 fn loader(dir: PathBuf, max_batch: usize) -> Loader {
-    cpu_loader(dir, 2048, BatchLimits { max_batch: Some(max_batch), prefill_chunk: PREFILL_CHUNK })
+    let limits = BatchLimits { max_batch: Some(max_batch), prefill_chunk: PREFILL_CHUNK, voice_cache_bytes: 1 << 30 };
+    cpu_loader(dir, 2048, limits)
 }
 
 fn faulty_loader(dir: PathBuf, max_batch: usize, ends: Arc<Mutex<Vec<(FinishReason, usize)>>>) -> Loader {

@@ -16,6 +16,7 @@ pub mod codec_encode;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod saved;
 pub mod tower;
 
 use crate::checkpoint::TensorView;
@@ -44,7 +45,8 @@ pub trait BackendTypes {
     fn stack_rows(&self, parts: &[Self::Act]) -> Self::Act;
 }
 
-/// Everything the engine needs from a backend: one sub-trait per model part.
-pub trait Backend: backbone::BackboneOps + tower::TowerOps + codec::CodecOps {}
+/// Everything the engine needs from a backend: one sub-trait per model part, and saved request
+/// state (a voice's prompt prefix kept across requests).
+pub trait Backend: backbone::BackboneOps + tower::TowerOps + codec::CodecOps + saved::SavedStateOps {}
 
-impl<B: backbone::BackboneOps + tower::TowerOps + codec::CodecOps> Backend for B {}
+impl<B: backbone::BackboneOps + tower::TowerOps + codec::CodecOps + saved::SavedStateOps> Backend for B {}

@@ -32,6 +32,7 @@ use crate::model::frame::Rows;
 use crate::model::load::Checkpoint;
 use crate::model::sampling::SamplingParams;
 use crate::request::prompt::{PromptBuilder, Reference};
+use crate::request::text::{CallerText, Field};
 use crate::voice::clip::{self, ClipLimits};
 use crate::voice::store::{StoreLimits, VoiceStore};
 
@@ -41,16 +42,19 @@ pub fn say(args: &SayArgs) -> anyhow::Result<Finished> {
     let model = ResidentModel::load(&ckpt, &Cpu)?;
     let engine = Engine::new(&Cpu, &ckpt, &model)?;
     let references = say_references(args, &ckpt)?;
-    let rows =
-        PromptBuilder::for_checkpoint(&ckpt).build(&args.text, &references).context("`--text` or the reference")?;
+    let text = CallerText::check(args.text.clone(), Field::Input).context("`--text`")?;
+    let prompt =
+        PromptBuilder::for_checkpoint(&ckpt).build_prompt(&text, &references).context("`--text` or the reference")?;
     let params = SamplingParams { temperature: args.temperature, top_p: args.top_p, top_k: args.top_k };
     params.validate().context("sampling parameters")?;
     let opts = GenerateOptions { params, seed: args.seed, max_frames: args.max_frames };
     let mut pcm = Vec::new();
-    let finished = engine.generate(&rows, &opts, &mut |chunk: &[f32]| {
-        pcm.extend_from_slice(chunk);
-        ControlFlow::Continue(())
-    })?;
+    // The served engine's chunks (restarting after the voice's rows), so the bytes are the same.
+    let finished =
+        engine.generate_prompt(&prompt.rows, prompt.voice_prefix(false), &opts, &mut |chunk: &[f32]| {
+            pcm.extend_from_slice(chunk);
+            ControlFlow::Continue(())
+        })?;
     write_wav(&args.out, &pcm, CODEC_SAMPLE_RATE).with_context(|| format!("writing {}", args.out.display()))?;
     Ok(finished)
 }

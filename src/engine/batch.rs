@@ -21,6 +21,7 @@
 //! state does too.
 
 use super::generate::{Engine, GenerateError, GenerateOptions};
+use super::prefix::SharedPrefix;
 use rayon::prelude::*;
 
 use crate::backend::Backend;
@@ -35,7 +36,11 @@ pub struct Stream<B: Backend> {
     pub(super) backbone: BackboneState<B>,
     pub(super) tower: TowerState<B>,
     prompt: Rows,
-    /// Prompt rows already run through the backbone (and, but for the last, the tower).
+    /// The prompt's rows other prompts share: chunks restart at their end, where the state may
+    /// be kept (`engine::prefix`).
+    prefix: SharedPrefix,
+    /// Prompt rows already run through the backbone (and, but for the last, the tower), or
+    /// restored from a kept prefix.
     prefilled: usize,
     /// The backbone's final-norm row for `input_row`; `None` until the prompt is done.
     pub(super) hidden: Option<B::Act>,
@@ -45,6 +50,8 @@ pub struct Stream<B: Backend> {
     pub(super) frame: usize,
     /// `max_frames` frames were produced.
     pub(super) ended: bool,
+    /// Prompt rows restored from a kept prefix when the stream was opened.
+    restored: usize,
 }
 
 /// A backend's own decode step over the batch, making [`Engine::next_frames`]'s decisions with
@@ -69,9 +76,14 @@ impl<B: Backend> Stream<B> {
         self.prompt.len()
     }
 
-    /// Prompt rows run so far.
+    /// Prompt rows run (or restored) so far.
     pub fn prefilled_rows(&self) -> usize {
         self.prefilled
+    }
+
+    /// Prompt rows restored from a kept prefix rather than run (0: none).
+    pub fn restored_rows(&self) -> usize {
+        self.restored
     }
 
     /// Whether the prompt is done, so the stream can take frames.
@@ -88,20 +100,38 @@ impl<B: Backend> Stream<B> {
 impl<'w, B: Backend> Engine<'w, B> {
     /// A new stream for prompt `rows`; nothing runs until [`Engine::prefill`].
     pub fn stream(&self, rows: &Rows, opts: &GenerateOptions) -> Result<Stream<B>, GenerateError> {
+        self.prompt_stream(rows, SharedPrefix::NONE, opts)
+    }
+
+    /// A new stream for prompt `rows` whose first rows other prompts share: it starts from the
+    /// kept state of that prefix if the engine has it (`engine::prefix`); otherwise its chunks
+    /// restart at the prefix's end, where the state is kept. Nothing runs until
+    /// [`Engine::prefill`].
+    pub fn prompt_stream(
+        &self,
+        rows: &Rows,
+        prefix: SharedPrefix,
+        opts: &GenerateOptions,
+    ) -> Result<Stream<B>, GenerateError> {
         if rows.is_empty() {
             return Err(GenerateError::EmptyPrompt);
         }
+        let mut backbone = self.backbone.new_state();
+        let mut tower = self.tower.new_state();
+        let restored = self.prefix_cache().map_or(0, |cache| cache.restore(rows, prefix, &mut backbone, &mut tower));
         Ok(Stream {
             opts: opts.clone(),
-            backbone: self.backbone.new_state(),
-            tower: self.tower.new_state(),
+            backbone,
+            tower,
             prompt: rows.clone(),
-            prefilled: 0,
+            prefix,
+            prefilled: restored,
             hidden: None,
             input_row: rows.row(rows.len() - 1).to_vec(),
             window: RasWindow::from_prompt(rows),
             frame: 0,
             ended: false,
+            restored,
         })
     }
 
@@ -120,14 +150,16 @@ impl<'w, B: Backend> Engine<'w, B> {
     /// through the tower, all streams together (`Tower::prefill_many`: each stream's cache is
     /// what it is alone), which writes the rows before the chunk's last, labelled by their
     /// successors (the last prompt row is written by the first frame). A stream's chunks depend
-    /// on its prompt and `chunk` alone, never on the load, so its state does too.
+    /// on its prompt and `chunk` alone, never on the load, so its state does too. Chunks stop at
+    /// the end of the prompt's shared prefix, where its state is kept if asked
+    /// (`engine::prefix`).
     ///
     /// # Panics
     /// If `chunk` is 0.
     pub fn prefill_streams(&self, streams: &mut [&mut Stream<B>], chunk: usize) -> Result<Vec<bool>, GenerateError> {
         assert!(chunk > 0, "prefill chunks of no rows");
         let spans: Vec<(usize, usize)> =
-            streams.iter().map(|s| (s.prefilled, (s.prefilled + chunk).min(s.prompt.len()))).collect();
+            streams.iter().map(|s| (s.prefilled, s.prefix.chunk_end(s.prefilled, s.prompt.len(), chunk))).collect();
         let running: Vec<usize> = (0..streams.len()).filter(|&i| spans[i].0 < spans[i].1).collect();
         if !running.is_empty() {
             let chunks: Vec<Rows> = running.iter().map(|&i| streams[i].prompt.slice(spans[i].0..spans[i].1)).collect();
@@ -151,6 +183,11 @@ impl<'w, B: Backend> Engine<'w, B> {
             self.tower.prefill_many(&mut towers, &own_refs, &labels)?;
             for ((s, rows), hidden) in states.into_iter().zip(&chunks).zip(&own) {
                 s.prefilled += rows.len();
+                if s.prefilled == s.prefix.rows
+                    && let Some(cache) = self.prefix_cache()
+                {
+                    cache.keep(&s.prompt, s.prefix, &s.backbone, &s.tower);
+                }
                 if s.prefilled == s.prompt.len() {
                     s.hidden = Some(self.backend.act_rows(hidden, rows.len() - 1, 1));
                 }

@@ -18,6 +18,7 @@
 use std::cell::{RefCell, RefMut};
 
 use super::generate::{DeviceFrames, FrameSource, GenerateError, GenerateOptions};
+use super::prefix::{PrefixCache, SharedPrefix};
 use crate::backend::cuda::attention::DevicePosition;
 use crate::backend::cuda::graph::CapturedGraph;
 use crate::backend::cuda::memory::{DeviceBuffer, MemoryError};
@@ -71,6 +72,8 @@ pub struct CudaFrames<'w> {
     /// leaves the state it leaves on the batch, and graph and batch agree bit for bit.
     prefill_chunk: usize,
     state: RefCell<StepState>,
+    /// Kept prompt prefixes (voices): the decode batch's cache, shared.
+    prefixes: Option<&'w PrefixCache<'w, Cuda>>,
 }
 
 /// Everything the captured graph addresses, kept for the engine's life.
@@ -120,8 +123,15 @@ impl<'w> CudaFrames<'w> {
         cuda.copy_to_device(hidden.ptr(), &vec![half::bf16::ZERO; c.hidden]);
         let state =
             StepState { backbone: backbone.new_state(), tower: tower.new_state(), sampler, hidden, words, graph: None };
-        let frames =
-            CudaFrames { cuda, backbone, tower, embedding, prefill_chunk: PREFILL_CHUNK, state: RefCell::new(state) };
+        let frames = CudaFrames {
+            cuda,
+            backbone,
+            tower,
+            embedding,
+            prefill_chunk: PREFILL_CHUNK,
+            state: RefCell::new(state),
+            prefixes: None,
+        };
         {
             let mut st = frames.state.borrow_mut();
             frames.follow_device_position(&mut st, true);
@@ -232,11 +242,25 @@ impl<'w> CudaFrames<'w> {
         self
     }
 
-    /// Restarts the state and runs the prompt: backbone and tower prefill on the host-driven
-    /// path, in the decode batch's chunks and calls (`Backbone::prefill_rows` of one request, as
-    /// `Engine::prefill_streams` runs it), then the step's inputs (the last prompt row, its hidden row and position, the
-    /// sampler's request state).
-    fn begin(&self, st: &mut StepState, rows: &Rows, opts: &GenerateOptions) -> Result<(), GenerateError> {
+    /// Keeps and restores prompt prefixes in `cache` (the decode batch's, so both paths share
+    /// what they kept).
+    pub fn with_prefix_cache(mut self, cache: &'w PrefixCache<'w, Cuda>) -> Self {
+        self.prefixes = Some(cache);
+        self
+    }
+
+    /// Restarts the state and runs the prompt: a kept prefix restored, then backbone and tower
+    /// prefill on the host-driven path, in the decode batch's chunks and calls
+    /// (`Backbone::prefill_rows` of one request, as `Engine::prefill_streams` runs it, chunks
+    /// restarting at the prefix's end, where the state is kept), then the step's inputs (the last
+    /// prompt row, its hidden row and position, the sampler's request state).
+    fn begin(
+        &self,
+        st: &mut StepState,
+        rows: &Rows,
+        prefix: SharedPrefix,
+        opts: &GenerateOptions,
+    ) -> Result<(), GenerateError> {
         let cuda = self.cuda;
         let context = cuda.context();
         if rows.len() + opts.max_frames > context {
@@ -249,15 +273,22 @@ impl<'w> CudaFrames<'w> {
         })?;
         st.tower.restart(&mut |kv| kv.cache.len = 0);
         let total = rows.len();
-        for start in (0..total).step_by(self.prefill_chunk) {
-            let end = (start + self.prefill_chunk).min(total);
+        let mut start = self.prefixes.map_or(0, |cache| cache.restore(rows, prefix, &mut st.backbone, &mut st.tower));
+        while start < total {
+            let end = prefix.chunk_end(start, total, self.prefill_chunk);
             let hidden = self.backbone.prefill_rows(&mut [&mut st.backbone], &[rows.slice(start..end)])?;
             // As the batch: rows start..end−1 labelled by their successors; the last prompt row
             // is written by the first frame.
             self.tower.prefill(&mut st.tower, &hidden, &rows.slice(start..(end + 1).min(total)))?;
+            if end == prefix.rows
+                && let Some(cache) = self.prefixes
+            {
+                cache.keep(rows, prefix, &st.backbone, &st.tower);
+            }
             if end == total {
                 cuda.copy_device_to_device(st.hidden.ptr(), hidden.row_ptr(end - start - 1), st.hidden.cols * 2);
             }
+            start = end;
         }
         let last = total - 1;
         let mut input = [0u32; words::RECIPE];
@@ -272,9 +303,14 @@ impl<'w> CudaFrames<'w> {
 }
 
 impl DeviceFrames for CudaFrames<'_> {
-    fn start(&self, rows: &Rows, opts: &GenerateOptions) -> Result<Box<dyn FrameSource + '_>, GenerateError> {
+    fn start(
+        &self,
+        rows: &Rows,
+        prefix: SharedPrefix,
+        opts: &GenerateOptions,
+    ) -> Result<Box<dyn FrameSource + '_>, GenerateError> {
         let mut st = self.state.borrow_mut();
-        self.begin(&mut st, rows, opts)?;
+        self.begin(&mut st, rows, prefix, opts)?;
         Ok(Box::new(GraphFrames { frames: self, st }))
     }
 }

@@ -8,6 +8,7 @@
 use std::ops::ControlFlow;
 
 use super::batch::{DeviceDraws, Stream};
+use super::prefix::{PrefixCache, SharedPrefix};
 use crate::backend::Backend;
 use crate::backend::tower::TowerError;
 use crate::model::backbone::{Backbone, BackboneConfig, BackboneError};
@@ -90,8 +91,14 @@ pub trait FrameSource {
 
 /// A backend's own way of producing frames (e.g. the whole per-frame step as one CUDA graph).
 pub trait DeviceFrames {
-    /// Runs the prompt and returns the request's frames.
-    fn start(&self, rows: &Rows, opts: &GenerateOptions) -> Result<Box<dyn FrameSource + '_>, GenerateError>;
+    /// Runs the prompt (its chunks restarting at the end of `prefix`, as the decode batch's do)
+    /// and returns the request's frames.
+    fn start(
+        &self,
+        rows: &Rows,
+        prefix: SharedPrefix,
+        opts: &GenerateOptions,
+    ) -> Result<Box<dyn FrameSource + '_>, GenerateError>;
 }
 
 /// Where generated audio goes, and whether to go on.
@@ -176,6 +183,8 @@ pub struct Engine<'w, B: Backend> {
     device: Option<&'w dyn DeviceFrames>,
     /// The backend's device-side draws for the decode batch, when it has them; else the host draws.
     draws: Option<&'w dyn DeviceDraws<B>>,
+    /// Kept prompt prefixes (voices), when the engine keeps them.
+    prefixes: Option<&'w PrefixCache<'w, B>>,
 }
 
 /// The backbone, the tower and the main-token candidates over resident weights: what every
@@ -211,6 +220,7 @@ impl<'w, B: Backend> Engine<'w, B> {
             eos: ckpt.special_tokens.eos(),
             device: None,
             draws: None,
+            prefixes: None,
         })
     }
 
@@ -238,6 +248,18 @@ impl<'w, B: Backend> Engine<'w, B> {
         self.draws = Some(draws);
     }
 
+    /// Keeps the state after prompts' shared prefixes in `cache` and starts later prompts with an
+    /// equal prefix from it (`engine::prefix`). A device-side step keeps its own (it is given the
+    /// same cache when it is built).
+    pub fn set_prefix_cache(&mut self, cache: &'w PrefixCache<'w, B>) {
+        self.prefixes = Some(cache);
+    }
+
+    /// The kept prompt prefixes, if the engine keeps them.
+    pub fn prefix_cache(&self) -> Option<&'w PrefixCache<'w, B>> {
+        self.prefixes
+    }
+
     /// The decode batch's device-side draws, if set.
     pub fn device_draws(&self) -> Option<&'w dyn DeviceDraws<B>> {
         self.draws
@@ -259,7 +281,7 @@ impl<'w, B: Backend> Engine<'w, B> {
             return Err(GenerateError::EmptyPrompt);
         }
         match &self.device {
-            Some(device) => device.start(rows, opts),
+            Some(device) => device.start(rows, SharedPrefix::NONE, opts),
             None => {
                 let mut stream = self.stream(rows, opts)?;
                 while !self.prefill(&mut stream, PREFILL_CHUNK)? {}
@@ -271,9 +293,20 @@ impl<'w, B: Backend> Engine<'w, B> {
     /// Starts one request's generation. With a device-side step the prompt runs here (that step
     /// serves one request at a time); otherwise [`Engine::prefill_generation`] runs it in chunks.
     pub fn start(&self, rows: &Rows, opts: &GenerateOptions) -> Result<Generation<'w, B>, GenerateError> {
+        self.start_prompt(rows, SharedPrefix::NONE, opts)
+    }
+
+    /// [`Engine::start`] for a prompt whose first rows other prompts share (`engine::prefix`): a
+    /// kept prefix is restored, or the prompt's chunks restart at its end (and it is kept).
+    pub fn start_prompt(
+        &self,
+        rows: &Rows,
+        prefix: SharedPrefix,
+        opts: &GenerateOptions,
+    ) -> Result<Generation<'w, B>, GenerateError> {
         let source = match &self.device {
-            Some(device) => Source::Device(device.start(rows, opts)?, opts.max_frames),
-            None => Source::Batch(Box::new(self.stream(rows, opts)?)),
+            Some(device) => Source::Device(device.start(rows, prefix, opts)?, opts.max_frames),
+            None => Source::Batch(Box::new(self.prompt_stream(rows, prefix, opts)?)),
         };
         Ok(Generation {
             source,
@@ -369,7 +402,19 @@ impl<'w, B: Backend> Engine<'w, B> {
         opts: &GenerateOptions,
         sink: &mut dyn AudioSink,
     ) -> Result<Finished, GenerateError> {
-        let mut generation = self.start(rows, opts)?;
+        self.generate_prompt(rows, SharedPrefix::NONE, opts, sink)
+    }
+
+    /// [`Engine::generate`] for a prompt whose first rows other prompts share (see
+    /// [`Engine::start_prompt`]).
+    pub fn generate_prompt(
+        &self,
+        rows: &Rows,
+        prefix: SharedPrefix,
+        opts: &GenerateOptions,
+        sink: &mut dyn AudioSink,
+    ) -> Result<Finished, GenerateError> {
+        let mut generation = self.start_prompt(rows, prefix, opts)?;
         if opts.max_frames == 0 {
             return Ok(generation.finish(FinishReason::Length));
         }

@@ -10,4 +10,5 @@ pub mod cuda_draws;
 #[cfg(feature = "cuda")]
 pub mod cuda_frames;
 pub mod generate;
+pub mod prefix;
 pub mod trace;

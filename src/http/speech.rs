@@ -56,7 +56,10 @@ pub async fn create_speech(
 
     // The prompt rows, built here so that the queue carries rows and a prompt the tokenizer
     // refuses is this request's 400 (or 500), before it waits for a slot.
-    let references = if valid.references.is_empty() {
+    // A stored voice's prompt prefix is kept across requests; inline references run whole each
+    // time (one-off clips would push saved voices out of the cache).
+    let stored_voice = valid.references.is_empty();
+    let references = if stored_voice {
         voices::references(&state, &valid.voice)
     } else {
         voices::encode_inline(&state, &request_id, &valid.references).await
@@ -65,9 +68,9 @@ pub async fn create_speech(
         Ok(references) => references,
         Err(e) => return tracker.refuse(e),
     };
-    let rows = match state.scheduler().vocabulary() {
-        Ok(vocabulary) => match PromptBuilder::new(vocabulary).build_checked(&valid.text, &references) {
-            Ok(rows) => rows,
+    let prompt = match state.scheduler().vocabulary() {
+        Ok(vocabulary) => match PromptBuilder::new(vocabulary).build_prompt(&valid.text, &references) {
+            Ok(prompt) => prompt,
             Err(e) if e.field().is_some() => return tracker.refuse(ApiError::Prompt(e)),
             Err(e) => {
                 tracker.failed(&e.to_string());
@@ -77,7 +80,8 @@ pub async fn create_speech(
         Err(e) => return tracker.refuse(ApiError::Submit(e)),
     };
     let span = tracing::info_span!("speech", request_id = %request_id);
-    let job = Job { request_id, rows, options: valid.options, span };
+    let prefix = prompt.voice_prefix(stored_voice);
+    let job = Job { request_id, rows: prompt.rows, prefix, options: valid.options, span };
     let stream = match state.scheduler().submit(job) {
         Ok(stream) => stream,
         Err(e) => return tracker.refuse(ApiError::Submit(e)),

@@ -64,6 +64,12 @@ impl<B: TowerOps> TowerState<B> {
         self.len += 1;
     }
 
+    /// Counts `len` positions written into every cache by a restore of saved state
+    /// (`engine::prefix`).
+    pub fn restored(&mut self, len: usize) {
+        self.len = len;
+    }
+
     /// Restarts for a new request without reallocating: no positions, each cache emptied by
     /// `clear` (for engines that keep one state's addresses for their whole life).
     pub fn restart(&mut self, clear: &mut dyn FnMut(&mut B::TowerKv)) {

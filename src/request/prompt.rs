@@ -11,6 +11,7 @@
 //! ```
 
 use super::text::{CallerText, Field, TextError, reference_transcript, validate_caller_text, with_speaker_tag};
+use crate::engine::prefix::SharedPrefix;
 use crate::model::frame::Rows;
 use crate::model::load::Checkpoint;
 use crate::model::vocabulary::Vocabulary;
@@ -38,6 +39,23 @@ impl Reference {
         let books = codebooks.max(1);
         let codes = (0..books).map(|b| codes.iter().skip(b).step_by(books).copied().collect()).collect();
         Reference { transcript, codes }
+    }
+}
+
+/// A built prompt: its rows, and how many of them are the system message when it holds voice
+/// references (the instruction and every reference), which every prompt in the same voice shares:
+/// the prefix the engine may keep (`engine::prefix`). The row after it (`<|im_start|>`) is the
+/// same in every prompt too. Without references it is 0: the default voice's prompt runs whole.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Prompt {
+    pub rows: Rows,
+    pub voice_rows: usize,
+}
+
+impl Prompt {
+    /// The prompt's voice rows as the engine's shared prefix, kept across requests if `keep`.
+    pub fn voice_prefix(&self, keep: bool) -> SharedPrefix {
+        SharedPrefix { rows: self.voice_rows, keep: keep && self.voice_rows > 0 }
     }
 }
 
@@ -97,11 +115,16 @@ impl PromptBuilder {
     pub fn build(&self, text: &str, references: &[Reference]) -> Result<Rows, PromptError> {
         self.check_references(references)?;
         let text = CallerText::check(text.to_owned(), Field::Input)?;
-        self.rows(&text, references)
+        Ok(self.rows(&text, references)?.rows)
     }
 
     /// [`PromptBuilder::build`] for text the request layer already checked.
     pub fn build_checked(&self, text: &CallerText, references: &[Reference]) -> Result<Rows, PromptError> {
+        Ok(self.build_prompt(text, references)?.rows)
+    }
+
+    /// [`PromptBuilder::build_checked`], also saying where the voice's rows end.
+    pub fn build_prompt(&self, text: &CallerText, references: &[Reference]) -> Result<Prompt, PromptError> {
         self.check_references(references)?;
         self.rows(text, references)
     }
@@ -116,7 +139,7 @@ impl PromptBuilder {
     }
 
     /// The rows of checked text and checked references.
-    fn rows(&self, text: &CallerText, references: &[Reference]) -> Result<Rows, PromptError> {
+    fn rows(&self, text: &CallerText, references: &[Reference]) -> Result<Prompt, PromptError> {
         let instruction = if references.is_empty() { TTS_INSTRUCTION } else { REFERENCE_INSTRUCTION };
         let mut segments = vec![Segment::Text(SYSTEM_START.into()), Segment::Text(instruction.into())];
         for (i, reference) in references.iter().enumerate() {
@@ -124,14 +147,20 @@ impl PromptBuilder {
             segments.push(Segment::Text(format!("\n\n[Reference {}]\nText: {transcript}\nSpeech: ", i + 1)));
             segments.push(Segment::Audio(&reference.codes));
         }
-        for s in [MESSAGE_END.to_owned(), USER_START.to_owned(), with_speaker_tag(text.as_str(), 0)] {
+        segments.push(Segment::Text(MESSAGE_END.into()));
+        let system_segments = segments.len();
+        for s in [USER_START.to_owned(), with_speaker_tag(text.as_str(), 0)] {
             segments.push(Segment::Text(s));
         }
         segments.push(Segment::Text(MESSAGE_END.into()));
         segments.push(Segment::Text(GENERATION_START.into()));
 
         let mut rows = Rows::new(self.vocabulary.codebooks);
-        for segment in &segments {
+        let mut voice_rows = 0;
+        for (index, segment) in segments.iter().enumerate() {
+            if index == system_segments && !references.is_empty() {
+                voice_rows = rows.len();
+            }
             match segment {
                 Segment::Text(s) => {
                     for id in self.encode(s)? {
@@ -149,7 +178,7 @@ impl PromptBuilder {
                 }
             }
         }
-        Ok(rows)
+        Ok(Prompt { rows, voice_rows })
     }
 
     /// Token ids of one segment. `add_special_tokens` is true, as Python's `encode` defaults to:

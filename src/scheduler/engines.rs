@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use super::{Encoded, Loader, MemoryUse, ModelHost, Prefilled, StreamId, SynthError, Synthesizer};
+use super::{Encoded, Loader, MemoryUse, ModelHost, Opened, Prefilled, StreamId, SynthError, Synthesizer};
 use crate::backend::Backend;
 use crate::backend::cpu::Cpu;
 use std::cell::RefCell;
@@ -13,6 +13,7 @@ use std::cell::RefCell;
 use crate::engine::generate::{
     Engine, GenerateError, GenerateOptions, Generation, LoadModelError, ResidentModel, Stepped,
 };
+use crate::engine::prefix::{PrefixCache, PrefixCacheStats, SharedPrefix};
 use crate::model::codec::CodecError;
 use crate::model::codec::encode::CodecEncoder;
 use crate::model::frame::Rows;
@@ -43,7 +44,14 @@ pub struct BatchLimits {
     pub max_batch: Option<usize>,
     /// Prompt rows per prefill call.
     pub prefill_chunk: usize,
+    /// Bytes for saved voices' prompt prefixes (`engine::prefix`; `serve --voice-cache-mib`);
+    /// 0 keeps none. On the GPU they are reserved at start-up, a term of the memory plan.
+    pub voice_cache_bytes: usize,
 }
+
+/// The voice cache's size unless `--voice-cache-mib` says otherwise: at full size a voice with a
+/// 10 s reference keeps about 75 MiB (the GDN states are 63 MiB of it), so 2 GiB holds about 27.
+pub const DEFAULT_VOICE_CACHE_BYTES: usize = 2 << 30;
 
 /// The CPU reference engine: checkpoint → resident weights → engine, then serve.
 pub fn cpu_loader(model_dir: PathBuf, max_frames: usize, limits: BatchLimits) -> Loader {
@@ -62,8 +70,10 @@ pub fn cpu_loader(model_dir: PathBuf, max_frames: usize, limits: BatchLimits) ->
         };
         let batch = BatchOptions { max_batch, prefill_chunk: limits.prefill_chunk, context: None };
         let encoder = CodecEncoder::load(&ckpt, &Cpu).map_err(LoadModelError::from)?;
+        let prefixes = PrefixCache::new(&Cpu, limits.voice_cache_bytes);
         let engine = EngineModel::new(&Cpu, &ckpt, &model, batch, Box::new(move || memory))?
-            .with_encoder(Box::new(move |samples: &[f32]| encoder.encode(&Cpu, samples)));
+            .with_encoder(Box::new(move |samples: &[f32]| encoder.encode(&Cpu, samples)))
+            .with_prefix_cache(&prefixes);
         tracing::info!(max_batch, prefill_chunk = limits.prefill_chunk, "engine: decode batch");
         host.serve(&engine);
         Ok(())
@@ -139,6 +149,13 @@ impl<'w, B: Backend> EngineModel<'w, B> {
         self
     }
 
+    /// Keeps voices' prompt prefixes in `cache` (`engine::prefix`); give a device-side step the
+    /// same cache.
+    pub fn with_prefix_cache(mut self, cache: &'w PrefixCache<'w, B>) -> Self {
+        self.engine.set_prefix_cache(cache);
+        self
+    }
+
     /// Encodes reference clips with `encoder` (see [`Synthesizer::encode_reference`]).
     pub fn with_encoder(mut self, encoder: ReferenceEncoder<'w>) -> Self {
         self.encoder = Some(encoder);
@@ -164,7 +181,7 @@ impl<'w, B: Backend> EngineModel<'w, B> {
         let mut ids = Vec::with_capacity(self.max_batch);
         let result = (|| {
             for i in 0..self.max_batch {
-                ids.push(self.open(if i == 0 { &long } else { &short }, &opts(i as u64))?);
+                ids.push(self.open(if i == 0 { &long } else { &short }, SharedPrefix::NONE, &opts(i as u64))?.id);
             }
             let mut prefilling = ids.clone();
             while !prefilling.is_empty() {
@@ -259,7 +276,7 @@ impl<B: Backend> Synthesizer for EngineModel<'_, B> {
         self.max_batch
     }
 
-    fn open(&self, rows: &Rows, options: &GenerateOptions) -> Result<StreamId, SynthError> {
+    fn open(&self, rows: &Rows, prefix: SharedPrefix, options: &GenerateOptions) -> Result<Opened, SynthError> {
         let mut options = options.clone();
         if let Some(context) = self.context {
             // As the reference: frames stop where the context ends ("length"), and a prompt
@@ -269,11 +286,17 @@ impl<B: Backend> Synthesizer for EngineModel<'_, B> {
             }
             options.max_frames = options.max_frames.min(context - rows.len());
         }
-        let generation = self.engine.start(rows, &options)?;
+        let hits = self.prefix_cache().map_or(0, |c| c.hits);
+        let generation = self.engine.start_prompt(rows, prefix, &options)?;
+        let restored_rows = if self.prefix_cache().is_some_and(|c| c.hits > hits) { prefix.rows } else { 0 };
         let mut slots = self.slots.borrow_mut();
         let id = slots.iter().position(Option::is_none).expect("the worker keeps at most max_batch streams open");
         slots[id] = Some(generation);
-        Ok(id)
+        Ok(Opened { id, restored_rows })
+    }
+
+    fn prefix_cache(&self) -> Option<PrefixCacheStats> {
+        self.engine.prefix_cache().map(PrefixCache::stats)
     }
 
     fn prefill_chunk(&self) -> usize {

@@ -19,10 +19,12 @@ mod with_cuda {
     use crate::backend::cuda::admission::{MAX_STREAMS_CAP, MemoryPlan, admit, encoder_scratch_bytes};
     use crate::backend::cuda::codec_encode::CudaF32;
     use crate::backend::cuda::memory::WeightArena;
+    use crate::backend::cuda::saved::SAVED_PAGE_BYTES;
     use crate::backend::cuda::{Cuda, CudaOptions};
     use crate::engine::cuda_draws::CudaDraws;
     use crate::engine::cuda_frames::CudaFrames;
     use crate::engine::generate::{LoadModelError, ResidentModel};
+    use crate::engine::prefix::PrefixCache;
     use crate::model::codec::encode::{CodecEncoder, MAX_REFERENCE_SECONDS};
     use crate::model::load::Checkpoint;
     use crate::model::memory::encoder_weight_bytes;
@@ -48,10 +50,14 @@ mod with_cuda {
             let prefill_rows =
                 if graph { max_prompt_rows } else { limits.prefill_chunk.min(max_prompt_rows) }.min(gpu.context);
             let free = cuda.budget().cap() - cuda.budget().used();
+            // Whole arena pages, as `reserve_saved_states` takes them.
+            let voice_cache = (limits.voice_cache_bytes / SAVED_PAGE_BYTES * SAVED_PAGE_BYTES) as u64;
             let max_batch = limits.max_batch.unwrap_or_else(|| {
-                MemoryPlan::max_streams(&ckpt, gpu.context, prefill_rows, free, MAX_STREAMS_CAP).max(1)
+                MemoryPlan::max_streams_with(&ckpt, gpu.context, prefill_rows, voice_cache, free, MAX_STREAMS_CAP)
+                    .max(1)
             });
-            let plan = MemoryPlan::for_engine_streams(&ckpt, gpu.context, prefill_rows, max_batch);
+            let plan = MemoryPlan::for_engine_streams(&ckpt, gpu.context, prefill_rows, max_batch)
+                .with_voice_cache(voice_cache);
             let source =
                 if gpu.memory_budget.is_some() { "--gpu-memory-budget" } else { "free memory minus the reserve" };
             admit(&plan, free, source).map_err(|e| ModelLoadError::Gpu(e.to_string()))?;
@@ -60,6 +66,10 @@ mod with_cuda {
             let model = ResidentModel::load(&ckpt, &cuda)?;
             cuda.synchronize();
             host.progress("building the engine");
+            if voice_cache > 0 {
+                cuda.reserve_saved_states(voice_cache as usize).map_err(|e| ModelLoadError::Gpu(e.to_string()))?;
+            }
+            let prefixes = PrefixCache::new(&cuda, voice_cache as usize);
             let budget = cuda.budget();
             let pool = Arc::clone(cuda.pool());
             let memory = Box::new(move || MemoryUse {
@@ -74,7 +84,8 @@ mod with_cuda {
                 Some(
                     CudaFrames::for_model(&cuda, &ckpt, &model)
                         .map_err(|e| ModelLoadError::Gpu(e.to_string()))?
-                        .with_prefill_chunk(limits.prefill_chunk),
+                        .with_prefill_chunk(limits.prefill_chunk)
+                        .with_prefix_cache(&prefixes),
                 )
             } else {
                 None
@@ -89,7 +100,9 @@ mod with_cuda {
                 None
             };
             let batch = BatchOptions { max_batch, prefill_chunk: limits.prefill_chunk, context: Some(gpu.context) };
-            let engine = EngineModel::new(&cuda, &ckpt, &model, batch, memory)?.with_health_check(health);
+            let engine = EngineModel::new(&cuda, &ckpt, &model, batch, memory)?
+                .with_health_check(health)
+                .with_prefix_cache(&prefixes);
             let engine = match (&frames, &draws) {
                 (Some(frames), _) => engine.with_device_frames(frames),
                 (None, Some(draws)) => engine.with_device_draws(draws),

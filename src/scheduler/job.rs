@@ -8,6 +8,7 @@ use std::time::Instant;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::engine::generate::{FinishReason, GenerateOptions};
+use crate::engine::prefix::SharedPrefix;
 use crate::model::frame::Rows;
 
 /// Events buffered per job before the worker waits for the client: at most this many PCM
@@ -20,6 +21,8 @@ pub struct Job {
     pub request_id: String,
     /// The prompt rows, built from the checked text before the job was submitted.
     pub rows: Rows,
+    /// The rows other prompts share (a voice's system message) and whether to keep their state.
+    pub prefix: SharedPrefix,
     pub options: GenerateOptions,
     /// The request's span: the worker logs inside it, so its lines carry the request id.
     pub span: tracing::Span,

@@ -17,11 +17,12 @@ use std::time::Duration;
 
 use tokio::sync::{Notify, watch};
 
-pub use engines::{BatchLimits, BatchOptions, EngineModel, GpuOptions, cpu_loader};
+pub use engines::{BatchLimits, BatchOptions, DEFAULT_VOICE_CACHE_BYTES, EngineModel, GpuOptions, cpu_loader};
 pub use gpu::{cuda_loader, gpu_present};
 pub use job::{EncodeJob, Encoded, Job, JobEvent, JobStream, REPLY_CAPACITY};
 
 use crate::engine::generate::{GenerateError, GenerateOptions, LoadModelError, Stepped};
+use crate::engine::prefix::{PrefixCacheStats, SharedPrefix};
 use crate::model::frame::Rows;
 use crate::model::load::LoadError;
 use crate::model::vocabulary::Vocabulary;
@@ -141,9 +142,15 @@ pub trait Synthesizer {
     }
     /// Streams it steps together at most (slots).
     fn max_batch(&self) -> usize;
-    /// Opens a stream for `rows` in a free slot (the caller keeps at most `max_batch` open).
-    /// Nothing runs yet; a request the engine cannot take is refused here.
-    fn open(&self, rows: &Rows, options: &GenerateOptions) -> Result<StreamId, SynthError>;
+    /// Opens a stream for `rows` in a free slot (the caller keeps at most `max_batch` open), its
+    /// first `prefix.rows` rows shared with other prompts (`engine::prefix`: a kept prefix is
+    /// restored here, else the prompt's chunks restart at its end). Nothing else runs yet; a
+    /// request the engine cannot take is refused here.
+    fn open(&self, rows: &Rows, prefix: SharedPrefix, options: &GenerateOptions) -> Result<Opened, SynthError>;
+    /// The counters of the engine's kept prompt prefixes, if it keeps them.
+    fn prefix_cache(&self) -> Option<PrefixCacheStats> {
+        None
+    }
     /// Prompt rows one [`Synthesizer::prefill`] runs at most: the budget of prompt rows the
     /// worker spends between two steps.
     fn prefill_chunk(&self) -> usize;
@@ -165,6 +172,14 @@ pub trait Synthesizer {
     fn encodes_references(&self) -> bool {
         true
     }
+}
+
+/// A stream [`Synthesizer::open`] opened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Opened {
+    pub id: StreamId,
+    /// Prompt rows restored from a kept prefix (0: the whole prompt runs).
+    pub restored_rows: usize,
 }
 
 /// What one [`Synthesizer::prefill`] call did.
@@ -230,7 +245,11 @@ enum LoadState {
 impl Scheduler {
     /// Starts the worker thread, which loads the CPU engine from `config.model_dir`.
     pub fn start(config: WorkerConfig) -> Scheduler {
-        let limits = BatchLimits { max_batch: None, prefill_chunk: crate::engine::generate::PREFILL_CHUNK };
+        let limits = BatchLimits {
+            max_batch: None,
+            prefill_chunk: crate::engine::generate::PREFILL_CHUNK,
+            voice_cache_bytes: DEFAULT_VOICE_CACHE_BYTES,
+        };
         let loader = cpu_loader(config.model_dir.clone(), config.default_max_frames, limits);
         Scheduler::start_with(config, loader)
     }

@@ -29,7 +29,7 @@ use tokio::sync::mpsc::error::TrySendError;
 use tracing::{debug, error, info, warn};
 
 use super::job::{Command, JobEvent, Queued, QueuedEncode, Reply};
-use super::{LoadState, Loader, ModelHost, ModelInfo, Shared, StreamId, SynthError, Synthesizer, WorkerConfig};
+use super::{LoadState, Loader, ModelHost, ModelInfo, Opened, Shared, StreamId, Synthesizer, WorkerConfig};
 use crate::engine::generate::FinishReason;
 use crate::telemetry;
 
@@ -261,12 +261,13 @@ impl Host {
             return None;
         }
         debug!(waited_ms = admitted.elapsed().as_millis() as u64, "job joins the batch");
-        let opened = catch_unwind(AssertUnwindSafe(|| -> Result<_, SynthError> {
-            let id = model.open(&job.rows, &job.options)?;
-            Ok((id, job.rows.len()))
-        }));
+        let opened = catch_unwind(AssertUnwindSafe(|| model.open(&job.rows, job.prefix, &job.options)));
         let failure = match opened {
-            Ok(Ok((id, prompt_rows))) => {
+            Ok(Ok(Opened { id, restored_rows })) => {
+                let prompt_rows = job.rows.len();
+                if job.prefix.keep {
+                    debug!(prefix_rows = job.prefix.rows, restored_rows, "voice prefix");
+                }
                 let mut outbox = VecDeque::new();
                 outbox.push_back(JobEvent::Started { prompt_rows });
                 return Some(Active {
@@ -277,7 +278,7 @@ impl Host {
                     outbox,
                     blocked_since: None,
                     prompt_rows,
-                    prompt_left: prompt_rows,
+                    prompt_left: prompt_rows - restored_rows,
                     joined: Instant::now(),
                     gone: false,
                     ended: false,
@@ -509,6 +510,14 @@ impl Host {
         metrics::gauge!(telemetry::MEMORY_IN_USE_BYTES).set(memory.in_use as f64);
         metrics::gauge!(telemetry::MEMORY_BUDGET_BYTES).set(memory.budget as f64);
         metrics::gauge!(telemetry::ALLOCATIONS_AFTER_WARM_UP).set(memory.allocations_after_warm_up as f64);
+        if let Some(cache) = model.prefix_cache() {
+            metrics::counter!(telemetry::VOICE_CACHE_HITS).absolute(cache.hits);
+            metrics::counter!(telemetry::VOICE_CACHE_MISSES).absolute(cache.misses);
+            metrics::counter!(telemetry::VOICE_CACHE_EVICTIONS).absolute(cache.evicted);
+            metrics::gauge!(telemetry::VOICE_CACHE_ENTRIES).set(cache.entries as f64);
+            metrics::gauge!(telemetry::VOICE_CACHE_BYTES).set(cache.bytes as f64);
+            metrics::gauge!(telemetry::VOICE_CACHE_BUDGET_BYTES).set(cache.budget as f64);
+        }
     }
 }
 

@@ -9,6 +9,7 @@ use std::ops::ControlFlow;
 
 use limelight::backend::Backend;
 use limelight::engine::generate::{Engine, FinishReason, Finished, GenerateOptions, Generation, PREFILL_CHUNK};
+use limelight::engine::prefix::SharedPrefix;
 use limelight::model::frame::Rows;
 
 /// One planned request: its prompt, knobs, the turn it joins at, and (maybe) the frame count
@@ -16,6 +17,8 @@ use limelight::model::frame::Rows;
 #[derive(Clone, Debug)]
 pub struct Planned {
     pub rows: Rows,
+    /// The prompt's shared rows (a voice's), as the request layer marks them.
+    pub prefix: SharedPrefix,
     pub opts: GenerateOptions,
     pub joins_at: usize,
     pub cancel_after: Option<usize>,
@@ -58,7 +61,7 @@ impl Outcome {
 pub fn alone<B: Backend>(engine: &Engine<'_, B>, r: &Planned) -> Outcome {
     let mut pcm = Vec::new();
     let finished = engine
-        .generate(&r.rows, &r.opts, &mut |chunk: &[f32]| {
+        .generate_prompt(&r.rows, r.prefix, &r.opts, &mut |chunk: &[f32]| {
             pcm.extend_from_slice(chunk);
             ControlFlow::Continue(())
         })
@@ -86,7 +89,7 @@ pub fn batched<B: Backend>(engine: &Engine<'_, B>, plan: &[Planned]) -> (Vec<Out
     let mut most = Together::default();
     for turn in 0.. {
         for (index, r) in plan.iter().enumerate().filter(|(_, r)| r.joins_at == turn) {
-            let generation = engine.start(&r.rows, &r.opts).expect("start");
+            let generation = engine.start_prompt(&r.rows, r.prefix, &r.opts).expect("start");
             live.push(Live { index, generation, pcm: Vec::new() });
         }
         // One prompt chunk of every stream still on its prompt, all in one call as the worker

@@ -8,6 +8,7 @@
 
 use limelight::engine::cuda_draws::CudaDraws;
 use limelight::engine::generate::{Engine, GenerateOptions, PREFILL_CHUNK, ResidentModel};
+use limelight::engine::prefix::SharedPrefix;
 use limelight::model::frame::Rows;
 use limelight::model::sampling::SamplingParams;
 use limelight::request::prompt::PromptBuilder;
@@ -44,6 +45,7 @@ pub fn run(ctx: &mut Ctx) {
     for size in SIZES {
         let plan: Vec<Planned> = (0..size)
             .map(|i| Planned {
+                prefix: SharedPrefix::NONE,
                 rows: prompts[i % prompts.len()].clone(),
                 opts: GenerateOptions {
                     params: knobs[i % knobs.len()],

@@ -17,13 +17,14 @@ use tower::ServiceExt;
 
 use crate::common;
 use limelight::engine::generate::{GenerateError, GenerateOptions, PREFILL_CHUNK, Stepped};
+use limelight::engine::prefix::SharedPrefix;
 use limelight::http::{AppState, HttpConfig, router};
 use limelight::model::frame::Rows;
 use limelight::model::vocabulary::Vocabulary;
 use limelight::request::validate::SpeechPolicy;
 use limelight::scheduler::{
-    BatchLimits, Encoded, Loader, MemoryUse, ModelHost, Prefilled, Scheduler, StreamId, SynthError, Synthesizer,
-    WorkerConfig, cpu_loader,
+    BatchLimits, DEFAULT_VOICE_CACHE_BYTES, Encoded, Loader, MemoryUse, ModelHost, Opened, Prefilled, Scheduler,
+    StreamId, SynthError, Synthesizer, WorkerConfig, cpu_loader,
 };
 
 pub const MODEL: &str = "drama-3";
@@ -76,7 +77,7 @@ pub fn app_with_keys(scheduler: Scheduler, api_keys: Vec<&str>) -> Router {
 
 /// The CPU engine's decode batch in these tests.
 fn limits() -> BatchLimits {
-    BatchLimits { max_batch: Some(4), prefill_chunk: PREFILL_CHUNK }
+    BatchLimits { max_batch: Some(4), prefill_chunk: PREFILL_CHUNK, voice_cache_bytes: DEFAULT_VOICE_CACHE_BYTES }
 }
 
 /// One scheduler on the plain CPU engine, shared by the tests that need nothing special.
@@ -139,9 +140,10 @@ impl Control {
 
 /// A wrapped stream: the inner stream (replaced when an endless one restarts), what it was
 /// opened with, and whether it produced audio yet.
-struct Opened {
+struct WrappedStream {
     inner: StreamId,
     rows: Rows,
+    prefix: SharedPrefix,
     options: GenerateOptions,
     audio: bool,
     finished: bool,
@@ -152,7 +154,7 @@ pub struct Wrapped<'m> {
     model: &'m dyn Synthesizer,
     mode: Mode,
     control: Control,
-    streams: RefCell<HashMap<StreamId, Opened>>,
+    streams: RefCell<HashMap<StreamId, WrappedStream>>,
     next_id: Cell<StreamId>,
 }
 
@@ -172,12 +174,19 @@ impl Synthesizer for Wrapped<'_> {
     fn max_batch(&self) -> usize {
         self.model.max_batch()
     }
-    fn open(&self, rows: &Rows, options: &GenerateOptions) -> Result<StreamId, SynthError> {
-        let inner = self.model.open(rows, options)?;
+    fn open(&self, rows: &Rows, prefix: SharedPrefix, options: &GenerateOptions) -> Result<Opened, SynthError> {
+        let inner = self.model.open(rows, prefix, options)?;
         let id = self.next_id.replace(self.next_id.get() + 1);
-        let opened = Opened { inner, rows: rows.clone(), options: options.clone(), audio: false, finished: false };
-        self.streams.borrow_mut().insert(id, opened);
-        Ok(id)
+        let stream = WrappedStream {
+            inner: inner.id,
+            rows: rows.clone(),
+            prefix,
+            options: options.clone(),
+            audio: false,
+            finished: false,
+        };
+        self.streams.borrow_mut().insert(id, stream);
+        Ok(Opened { id, ..inner })
     }
     fn prefill_chunk(&self) -> usize {
         self.model.prefill_chunk()
@@ -210,7 +219,7 @@ impl Synthesizer for Wrapped<'_> {
             if self.mode == Mode::Endless && stepped.finished.is_some() {
                 // Start over in a fresh stream: only the client leaving ends it.
                 self.model.close(s.inner);
-                s.inner = self.model.open(&s.rows, &s.options).expect("reopens");
+                s.inner = self.model.open(&s.rows, s.prefix, &s.options).expect("reopens").id;
                 while !self.model.prefill(&[s.inner]).remove(0).expect("prefills").done {}
                 stepped.finished = None;
             }

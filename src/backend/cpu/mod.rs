@@ -4,6 +4,7 @@
 
 pub mod backbone;
 pub mod codec;
+mod saved;
 mod scalar;
 mod tower;
 
@@ -11,6 +12,7 @@ use super::BackendTypes;
 use crate::checkpoint::TensorView;
 use crate::model::weights::TensorSpec;
 
+pub use saved::{CpuSaved, CpuSavedPart};
 pub use tower::CpuTowerKv;
 
 /// The CPU backend. Stateless: per-request state lives in the state types of each part.

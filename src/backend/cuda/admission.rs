@@ -33,6 +33,8 @@ pub struct MemoryPlan {
     pub encoder: u64,
     /// cuBLASLt workspace and small fixed tables.
     pub workspace: u64,
+    /// The arena of saved voices' prompt state (`--voice-cache-mib`; 0 unless asked for).
+    pub voice_cache: u64,
     pub context: usize,
     pub prefill_rows: usize,
     /// Streams whose states (KV caches, GDN states) are counted: the decode batch's slots.
@@ -49,6 +51,12 @@ impl MemoryPlan {
             + self.codec
             + self.encoder
             + self.workspace
+            + self.voice_cache
+    }
+
+    /// The plan with `bytes` reserved for saved voices' prompt state.
+    pub fn with_voice_cache(self, bytes: u64) -> MemoryPlan {
+        MemoryPlan { voice_cache: bytes, ..self }
     }
 
     /// Backbone and tower for one request at a time with `context` positions and prompts of up
@@ -69,6 +77,7 @@ impl MemoryPlan {
             codec: 0,
             encoder: 0,
             workspace: WORKSPACE_BYTES,
+            voice_cache: 0,
             context,
             prefill_rows,
             streams,
@@ -93,7 +102,22 @@ impl MemoryPlan {
 
     /// The most slots (up to `cap`) whose plan fits `budget` bytes; 0 if not even one does.
     pub fn max_streams(ckpt: &Checkpoint, context: usize, prefill_rows: usize, budget: u64, cap: usize) -> usize {
-        let fits = |n| MemoryPlan::for_engine_streams(ckpt, context, prefill_rows, n).total() <= budget;
+        MemoryPlan::max_streams_with(ckpt, context, prefill_rows, 0, budget, cap)
+    }
+
+    /// [`MemoryPlan::max_streams`] for plans with `voice_cache` bytes reserved.
+    pub fn max_streams_with(
+        ckpt: &Checkpoint,
+        context: usize,
+        prefill_rows: usize,
+        voice_cache: u64,
+        budget: u64,
+        cap: usize,
+    ) -> usize {
+        let fits = |n| {
+            let plan = MemoryPlan::for_engine_streams(ckpt, context, prefill_rows, n).with_voice_cache(voice_cache);
+            plan.total() <= budget
+        };
         let (mut lo, mut hi) = (0, cap);
         // The plan grows with n: the largest n that fits, by bisection.
         while lo < hi {
@@ -191,7 +215,7 @@ pub fn activation_bytes(d: &Dims, rows: usize) -> u64 {
 #[error("the model does not fit in the GPU memory budget: it needs {plan} = {} in total, the budget is {} ({})",
     gib(plan.total()), gib(*budget), budget_source)]
 pub struct NotAdmitted {
-    pub plan: MemoryPlan,
+    pub plan: Box<MemoryPlan>,
     pub budget: u64,
     pub budget_source: String,
 }
@@ -201,7 +225,7 @@ pub fn admit(plan: &MemoryPlan, budget: u64, budget_source: &str) -> Result<(), 
     if plan.total() <= budget {
         Ok(())
     } else {
-        Err(NotAdmitted { plan: plan.clone(), budget, budget_source: budget_source.to_owned() })
+        Err(NotAdmitted { plan: Box::new(plan.clone()), budget, budget_source: budget_source.to_owned() })
     }
 }
 
@@ -214,7 +238,7 @@ impl fmt::Display for MemoryPlan {
         write!(
             f,
             "weights {} + KV cache {} ({} streams × {} positions) + tower KV cache {} + GDN state {} + \
-             activations {} ({}-row prefill) + codec {} + encoder {} + workspace {}",
+             activations {} ({}-row prefill) + codec {} + encoder {} + workspace {} + voice cache {}",
             gib(self.weights),
             gib(self.kv_cache),
             self.streams,
@@ -225,7 +249,8 @@ impl fmt::Display for MemoryPlan {
             self.prefill_rows,
             gib(self.codec),
             gib(self.encoder),
-            gib(self.workspace)
+            gib(self.workspace),
+            gib(self.voice_cache)
         )
     }
 }

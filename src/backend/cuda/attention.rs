@@ -147,6 +147,11 @@ impl GpuKvCache {
         }
     }
 
+    /// Bytes of one position's keys (and of its values): `kv_heads · head_dim` bf16.
+    pub fn position_bytes(&self) -> usize {
+        self.shape.kv_heads * self.shape.head_dim * size_of::<bf16>()
+    }
+
     /// The first `len` positions' keys as f32, `[len, kv_heads, head_dim]` (for checks: syncs).
     pub fn keys_to_host(&self, cuda: &Cuda) -> Vec<f32> {
         self.to_host(cuda, &self.keys)

@@ -89,6 +89,11 @@ impl GpuGdnState {
         cuda.copy_to_host(self.recurrent.ptr(), self.recurrent_len)
     }
 
+    /// `(address, bytes)` of the conv state, then of the recurrent state.
+    pub fn buffers(&self) -> [(u64, usize); 2] {
+        [(self.conv.ptr(), self.conv_len * 4), (self.recurrent.ptr(), self.recurrent_len * 4)]
+    }
+
     /// Zeroes both states (the start of a request), keeping their addresses.
     pub fn clear(&mut self, cuda: &Cuda) {
         zero(cuda, &self.conv, self.conv_len);

@@ -24,6 +24,7 @@ pub mod moe;
 pub mod norm;
 pub mod profile;
 pub mod sampling;
+pub mod saved;
 pub mod staging;
 pub mod step;
 pub mod tensor;
@@ -89,6 +90,7 @@ pub struct Kernels {
     pub codec: codec::CodecKernels,
     pub codec_encode: codec_encode::CodecEncodeKernels,
     pub sampling: sampling::SamplingKernels,
+    pub saved: saved::SavedKernels,
     pub step: step::StepKernels,
 }
 
@@ -105,6 +107,7 @@ impl Kernels {
             codec: codec::CodecKernels::load(ctx)?,
             codec_encode: codec_encode::CodecEncodeKernels::load(ctx)?,
             sampling: sampling::SamplingKernels::load(ctx)?,
+            saved: saved::SavedKernels::load(ctx)?,
             step: step::StepKernels::load(ctx)?,
         })
     }
@@ -123,6 +126,8 @@ pub struct Cuda {
     context: usize,
     /// The restricted head for the last id list asked for (the model's band + EOS: built once).
     head: Mutex<Option<(Vec<u32>, linear::RestrictedHead)>>,
+    /// The arena saved request state lives in, once reserved ([`Cuda::reserve_saved_states`]).
+    saved: Mutex<Option<Arc<saved::SavedArena>>>,
 }
 
 impl Cuda {
@@ -154,6 +159,7 @@ impl Cuda {
             blas,
             context: options.context,
             head: Mutex::new(None),
+            saved: Mutex::new(None),
         })
     }
 
