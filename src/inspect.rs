@@ -118,7 +118,9 @@ pub fn batch_plan(ckpt: &Checkpoint, context_length: usize, prefill_chunk: usize
     use crate::backend::cuda::admission::{MAX_STREAMS_CAP, MemoryPlan, gib};
     let mut o = String::new();
     let rows = prefill_chunk.min(context_length);
-    let plan = |n| MemoryPlan::for_engine_streams(ckpt, context_length, rows, n);
+    // As serve plans by default: `--voice-cache-mib` at its default.
+    let voice_cache = crate::scheduler::DEFAULT_VOICE_CACHE_BYTES as u64;
+    let plan = |n| MemoryPlan::for_engine_streams(ckpt, context_length, rows, n).with_voice_cache(voice_cache);
     let (one, two) = (plan(1), plan(2));
     let _ = writeln!(o, "decode batch on the GPU (context {context_length}, {rows}-row prefill chunks):");
     let _ = writeln!(o, "  1 stream           {} = {one}", gib(one.total()));
@@ -133,7 +135,7 @@ pub fn batch_plan(ckpt: &Checkpoint, context_length: usize, prefill_chunk: usize
     );
     match budget {
         Some(budget) => {
-            let n = MemoryPlan::max_streams(ckpt, context_length, rows, budget, MAX_STREAMS_CAP);
+            let n = MemoryPlan::max_streams_with(ckpt, context_length, rows, voice_cache, budget, MAX_STREAMS_CAP);
             if n == 0 {
                 let _ = writeln!(o, "  a budget of {} holds no stream", gib(budget));
             } else {
@@ -174,15 +176,17 @@ mod tests {
             .write(dir.path())
             .unwrap();
         let ckpt = Checkpoint::open(dir.path()).unwrap();
-        // A budget of exactly three streams' plan holds three, one byte less holds two.
-        let three = MemoryPlan::for_engine_streams(&ckpt, 512, 64, 3).total();
+        // A budget of exactly three streams' plan (and the default voice cache) holds three, one
+        // byte less holds two.
+        let voice_cache = crate::scheduler::DEFAULT_VOICE_CACHE_BYTES as u64;
+        let three = MemoryPlan::for_engine_streams(&ckpt, 512, 64, 3).total() + voice_cache;
         let text = batch_plan(&ckpt, 512, 64, Some(three));
         assert!(text.contains("holds 3 streams"), "{text}");
         assert!(batch_plan(&ckpt, 512, 64, Some(three - 1)).contains("holds 2 streams"));
         assert!(batch_plan(&ckpt, 512, 64, Some(1 << 20)).contains("holds no stream"));
         // Each further stream: 3 streams cost one stream plus twice the increment.
-        let one = MemoryPlan::for_engine_streams(&ckpt, 512, 64, 1).total();
-        let two = MemoryPlan::for_engine_streams(&ckpt, 512, 64, 2).total();
+        let one = MemoryPlan::for_engine_streams(&ckpt, 512, 64, 1).total() + voice_cache;
+        let two = MemoryPlan::for_engine_streams(&ckpt, 512, 64, 2).total() + voice_cache;
         assert_eq!(three - one, 2 * (two - one));
         assert!(batch_plan(&ckpt, 512, 64, None).contains("each further stream adds"));
     }

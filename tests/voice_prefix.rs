@@ -8,34 +8,18 @@ mod common;
 #[path = "common/batch_driver.rs"]
 mod batch_driver;
 
-use batch_driver::{Planned, alone, batched};
+use batch_driver::{Planned, alone, batched, in_voice, voice};
 use limelight::backend::cpu::Cpu;
 use limelight::engine::generate::{Engine, GenerateOptions, PREFILL_CHUNK, ResidentModel};
 use limelight::engine::prefix::{PrefixCache, SharedPrefix};
 use limelight::model::load::Checkpoint;
 use limelight::model::sampling::SamplingParams;
-use limelight::request::prompt::{PromptBuilder, Reference};
-use limelight::request::text::{CallerText, Field};
-
-/// A voice: random codes of `frames` frames (seeded) and a transcript.
-fn voice(ckpt: &Checkpoint, seed: u64, frames: usize) -> Reference {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut next = || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        (state % ckpt.dims.codebook_vocab as u64) as u32
-    };
-    let codes = (0..ckpt.dims.codebooks).map(|_| (0..frames).map(|_| next()).collect()).collect();
-    Reference { transcript: format!("Reference number {seed}."), codes }
-}
+use limelight::request::prompt::Reference;
 
 /// A request in `voice` (kept, as a stored voice's) saying `text`.
 fn request(ckpt: &Checkpoint, text: &str, voice: &Reference, seed: u64, joins_at: usize) -> Planned {
-    let text = CallerText::check(text.to_owned(), Field::Input).unwrap();
-    let prompt = PromptBuilder::for_checkpoint(ckpt).build_prompt(&text, std::slice::from_ref(voice)).unwrap();
     let opts = GenerateOptions { params: SamplingParams::default(), seed, max_frames: 8 };
-    Planned { prefix: prompt.voice_prefix(true), rows: prompt.rows, opts, joins_at, cancel_after: None }
+    in_voice(ckpt, text, voice, opts, joins_at)
 }
 
 /// Three voices (one longer than a prefill chunk), two or three requests each, joining at

@@ -11,6 +11,9 @@ use limelight::backend::Backend;
 use limelight::engine::generate::{Engine, FinishReason, Finished, GenerateOptions, Generation, PREFILL_CHUNK};
 use limelight::engine::prefix::SharedPrefix;
 use limelight::model::frame::Rows;
+use limelight::model::load::Checkpoint;
+use limelight::request::prompt::{PromptBuilder, Reference};
+use limelight::request::text::{CallerText, Field};
 
 /// One planned request: its prompt, knobs, the turn it joins at, and (maybe) the frame count
 /// after which its caller cancels it.
@@ -130,4 +133,25 @@ pub fn batched<B: Backend>(engine: &Engine<'_, B>, plan: &[Planned]) -> (Vec<Out
         }
     }
     (outcomes.into_iter().map(|o| o.expect("every request ended")).collect(), most)
+}
+
+/// A voice for voice-prefix checks: random codes of `frames` frames (from `seed`) and a
+/// transcript.
+pub fn voice(ckpt: &Checkpoint, seed: u64, frames: usize) -> Reference {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut next = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state % ckpt.dims.codebook_vocab as u64) as u32
+    };
+    let codes = (0..ckpt.dims.codebooks).map(|_| (0..frames).map(|_| next()).collect()).collect();
+    Reference { transcript: format!("Reference number {seed}."), codes }
+}
+
+/// A request saying `text` in `voice`, its prefix kept as a stored voice's is.
+pub fn in_voice(ckpt: &Checkpoint, text: &str, voice: &Reference, opts: GenerateOptions, joins_at: usize) -> Planned {
+    let text = CallerText::check(text.to_owned(), Field::Input).expect("test text");
+    let prompt = PromptBuilder::for_checkpoint(ckpt).build_prompt(&text, std::slice::from_ref(voice)).expect("prompt");
+    Planned { prefix: prompt.voice_prefix(true), rows: prompt.rows, opts, joins_at, cancel_after: None }
 }

@@ -19,6 +19,7 @@ mod harness;
 mod linear;
 mod moe;
 mod norm;
+mod prefix;
 mod sampling;
 mod tower;
 
@@ -43,6 +44,7 @@ const SECTIONS: &[Section] = &[
     ("sampling", sampling::run),
     ("engine", engine::run),
     ("batch", batch::run),
+    ("prefix", prefix::run),
 ];
 
 fn main() {

@@ -6,7 +6,8 @@
 #
 # Starts `limelight serve --device cuda --voices-dir` on the full random checkpoint, uploads a
 # 10 s reference clip (a WAV written here with Python's wave module) as a named voice, speaks in
-# it twice with one seed (the bytes must match) and in the default voice, then restarts the
+# it twice with one seed (the bytes must match: the second starts from the voice's kept prompt
+# prefix, the first ran it) and in the default voice, then restarts the
 # server over the same voices directory and speaks in the voice again (the bytes must match the
 # first server's). REPORT_DIR gets serve*.log, upload.json, voices.json, requests.tsv (status,
 # bytes, time to first byte), same-bytes.txt, metrics.txt, load-time.txt. MAX_BATCH sets
@@ -78,5 +79,5 @@ cat "$report_dir/requests.tsv"
     cmp -s "$report_dir/narrator-1.pcm" "$report_dir/narrator-restarted.pcm" && echo "after restart: same bytes" || echo "after restart: DIFFERENT"
     cmp -s "$report_dir/narrator-1.pcm" "$report_dir/default-voice.pcm" && echo "default voice: same bytes (UNEXPECTED)" || echo "default voice: different bytes, as expected"
 } | tee "$report_dir/same-bytes.txt"
-grep -E "limelight_device_allocations_after_warm_up|limelight_memory" "$report_dir/metrics.txt" || true
+grep -E "limelight_device_allocations_after_warm_up|limelight_memory|limelight_voice_cache" "$report_dir/metrics.txt" || true
 grep -h '"reference encoded"\|"voice created"\|encoder\|memory plan' "$report_dir/serve.log" | head -5

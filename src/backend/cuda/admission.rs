@@ -331,6 +331,22 @@ mod tests {
     }
 
     #[test]
+    fn the_voice_cache_is_a_term_of_the_plan_and_costs_slots() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = crate::synth::SynthOptions { preset: Preset::Tiny, seed: 1, vq_backbone_codebooks: 1 };
+        crate::synth::SynthPlan::new(&options).write(dir.path()).unwrap();
+        let ckpt = Checkpoint::open(dir.path()).unwrap();
+        let plain = MemoryPlan::for_engine_streams(&ckpt, 4096, 256, 4);
+        let cached = plain.clone().with_voice_cache(1 << 30);
+        assert_eq!(cached.total(), plain.total() + (1 << 30));
+        assert!(cached.to_string().contains("voice cache 1.00 GiB"), "{cached}");
+        // A budget of exactly the cached plan holds its 4 slots; without the cache it holds more.
+        let slots = |cache| MemoryPlan::max_streams_with(&ckpt, 4096, 256, cache, cached.total(), MAX_STREAMS_CAP);
+        assert_eq!(slots(1 << 30), 4);
+        assert!(slots(0) > 4);
+    }
+
+    #[test]
     fn arena_simulation_packs_small_tensors_into_one_chunk() {
         let plan = crate::synth::SynthPlan::new(&crate::synth::SynthOptions {
             preset: Preset::Tiny,
