@@ -50,7 +50,8 @@ pub struct BatchLimits {
 }
 
 /// The voice cache's size unless `--voice-cache-mib` says otherwise: at full size a voice with a
-/// 10 s reference keeps about 75 MiB (the GDN states are 63 MiB of it), so 2 GiB holds about 27.
+/// 10 s reference keeps 77 MiB (the GDN states are 63 MiB of it), so 2 GiB holds 26 (measured,
+/// `docs/perf/2026-12-04-voice-prefix.md`).
 pub const DEFAULT_VOICE_CACHE_BYTES: usize = 2 << 30;
 
 /// The CPU reference engine: checkpoint → resident weights → engine, then serve.
