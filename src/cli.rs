@@ -98,6 +98,9 @@ pub struct BenchBatchArgs {
     /// Draw on the host, as `serve --no-cuda-graph` does, instead of on the GPU.
     #[arg(long)]
     pub host_draws: bool,
+    /// Prompt rows of each stream (the bench text repeated and cut); default: the text's own.
+    #[arg(long)]
+    pub prompt_rows: Option<usize>,
     /// Also write every number as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -141,6 +144,9 @@ pub struct BenchEngineArgs {
     /// Frames timed per path (EOS does not stop them).
     #[arg(long, default_value_t = 256)]
     pub frames: usize,
+    /// Prompt rows (the bench text repeated and cut); default: the text's own.
+    #[arg(long)]
+    pub prompt_rows: Option<usize>,
     /// Positions the caches are sized for.
     #[arg(long, default_value_t = 4096)]
     pub context_length: usize,

@@ -170,6 +170,23 @@ fn bench_rows(d: &Dims, n: usize, seed: u64) -> Rows {
     Rows::from_flat(d.codebooks, flat)
 }
 
+/// A bench's prompt: `text` built as a request's prompt is; with `rows`, the text repeated
+/// until the prompt has at least that many rows, then cut to exactly `rows` (a bench times
+/// shapes, so where the cut falls does not matter).
+pub fn bench_prompt(ckpt: &Checkpoint, text: &str, rows: Option<usize>) -> anyhow::Result<Rows> {
+    let builder = crate::request::prompt::PromptBuilder::for_checkpoint(ckpt);
+    let prompt = builder.build(text, &[])?;
+    let Some(rows) = rows else { return Ok(prompt) };
+    anyhow::ensure!(rows > 0, "--prompt-rows 0");
+    let mut long = prompt;
+    let mut repeats = 1;
+    while long.len() < rows {
+        repeats *= 2;
+        long = builder.build(&vec![text; repeats].join(" "), &[])?;
+    }
+    Ok(long.slice(0..rows))
+}
+
 /// Bytes one decode row must move at least: every dense weight of every layer once, the top-k
 /// experts' FP8 weights and scales, the restricted head rows, the KV cache up to `position`,
 /// and each GDN state read and written.
@@ -247,6 +264,21 @@ mod tests {
     use super::*;
     use crate::synth::presets::Preset;
     use crate::synth::{SynthOptions, SynthPlan};
+
+    #[test]
+    fn a_bench_prompt_has_the_rows_asked_for() {
+        let dir = tempfile::tempdir().unwrap();
+        SynthPlan::new(&SynthOptions { preset: Preset::Tiny, seed: 1, vq_backbone_codebooks: 1 })
+            .write(dir.path())
+            .unwrap();
+        let ckpt = Checkpoint::open(dir.path()).unwrap();
+        let own = bench_prompt(&ckpt, "Hello there.", None).unwrap();
+        for rows in [1, own.len(), 200, 1000] {
+            let prompt = bench_prompt(&ckpt, "Hello there.", Some(rows)).unwrap();
+            assert_eq!(prompt.len(), rows);
+            assert_eq!(prompt.row(0), own.row(0), "it starts as the text's own prompt");
+        }
+    }
 
     #[test]
     fn full_model_decode_floor_counts_dense_weights_and_top_k_experts() {

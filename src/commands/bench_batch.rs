@@ -24,7 +24,6 @@ use crate::engine::generate::{Engine, GenerateOptions, Generation, ResidentModel
 use crate::model::config::{Dims, LayerType, ModelConfig};
 use crate::model::load::Checkpoint;
 use crate::model::sampling::SamplingParams;
-use crate::request::prompt::PromptBuilder;
 
 const TEXT: &str = "Hello from limelight, streaming a random-weight Drama three from the GPU, frame by frame.";
 
@@ -108,7 +107,7 @@ pub fn bench_batch(args: &BenchBatchArgs) -> anyhow::Result<BatchBench> {
     let options =
         CudaOptions { memory_budget: args.gpu_memory_budget, context: args.context_length, ..CudaOptions::default() };
     let cuda = Cuda::open(&options)?;
-    let prompt = PromptBuilder::for_checkpoint(&ckpt).build(TEXT, &[])?;
+    let prompt = super::bench::bench_prompt(&ckpt, TEXT, args.prompt_rows)?;
     // Steps per stream: a warm-up long enough for the codec's largest group (every shape the
     // timed steps run has then been allocated), the timed ones, then the phase-timed ones.
     let (warm_up, phased) = (crate::engine::generate::frames_to_largest_group(), args.frames.min(8));

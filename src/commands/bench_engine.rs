@@ -20,7 +20,6 @@ use crate::model::config::ModelConfig;
 use crate::model::frame::Rows;
 use crate::model::load::Checkpoint;
 use crate::model::sampling::SamplingParams;
-use crate::request::prompt::PromptBuilder;
 
 const TEXT: &str = "Hello from limelight, streaming a random-weight Drama three from the GPU, frame by frame.";
 
@@ -59,7 +58,7 @@ pub fn bench_engine(args: &BenchEngineArgs) -> anyhow::Result<EngineBench> {
     let options =
         CudaOptions { memory_budget: args.gpu_memory_budget, context: args.context_length, ..CudaOptions::default() };
     let cuda = Cuda::open(&options)?;
-    let prompt = PromptBuilder::for_checkpoint(&ckpt).build(TEXT, &[])?;
+    let prompt = super::bench::bench_prompt(&ckpt, TEXT, args.prompt_rows)?;
     anyhow::ensure!(prompt.len() + args.frames <= args.context_length, "--frames past --context-length");
     let plan = MemoryPlan::for_engine(&ckpt, args.context_length, prompt.len());
     admit(&plan, cuda.budget().cap() - cuda.budget().used(), "the budget")?;
