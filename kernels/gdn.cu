@@ -38,8 +38,13 @@ extern "C" __global__ void gdn_zero_f32(float* __restrict__ p, int n) {
     if (i < n) p[i] = 0.f;
 }
 
-// Conv + SiLU, q/k normalisation and the gates of one row. One block per row t (grid = rows,
-// any multiple of 32 threads). qkv: [rows, C] bf16 projection; conv_state: [K−1, C] f32 (read
+// Conv + SiLU, q/k normalisation and the gates of one row. Grid = (rows, ceil(C /
+// block_channels)), any multiple of 32 threads: block (t, j) owns row t's channels
+// [j·block_channels, (j + 1)·block_channels), a multiple of key_dim, so each q or k head lies in
+// one block (a decode row spreads over C / block_channels SMs instead of one); blocks (t, 0) also
+// write row t's gates. Each channel's conv and each head's norm are computed as one block per row
+// computed them (taps in order; a warp per head, lanes striding key_dim, then warp_sum), so the
+// bits do not depend on block_channels. qkv: [rows, C] bf16 projection; conv_state: [K−1, C] f32 (read
 // only; gdn_conv_state_update advances it afterwards); conv_w: [C, 1, K] bf16, tap K−1 multiplies
 // the current row; b, a: [rows, Hv] bf16; a_log, dt_bias: [Hv] f32.
 // `prep` is written, then re-read by other threads of the block after the barrier (hence no
@@ -52,8 +57,10 @@ extern "C" __global__ void gdn_conv_prepare(const bf16* __restrict__ qkv, const 
                                             const float* __restrict__ dt_bias, float* prep, float* __restrict__ gates,
                                             int rows, int channels, int kernel, int key_heads, int key_dim,
                                             int value_heads, float q_scale, const unsigned long long* states,
-                                            const int* __restrict__ row_seq, const int* __restrict__ seq_starts) {
+                                            const int* __restrict__ row_seq, const int* __restrict__ seq_starts,
+                                            int block_channels) {
     const int t = blockIdx.x;
+    const int c0 = blockIdx.y * block_channels, c1 = min(channels, c0 + block_channels);
     const int history = kernel - 1;
     float* out = prep + (size_t)t * channels;
     // Several sequences (`states` given): row t belongs to sequence row_seq[t], whose rows start
@@ -63,7 +70,7 @@ extern "C" __global__ void gdn_conv_prepare(const bf16* __restrict__ qkv, const 
     const int own = t - start;
     const bf16* seq_qkv = qkv + (size_t)start * channels;
     if (states) conv_state = reinterpret_cast<const float*>(states[seq]);
-    for (int c = threadIdx.x; c < channels; c += blockDim.x) {
+    for (int c = c0 + threadIdx.x; c < c1; c += blockDim.x) {
         float acc = 0.f;
         for (int i = 0; i < kernel; ++i) {
             // Input row t − (K−1) + i; rows before this call come from the carried state.
@@ -78,7 +85,8 @@ extern "C" __global__ void gdn_conv_prepare(const bf16* __restrict__ qkv, const 
 
     // One warp per q or k head vector: x / sqrt(Σx² + eps), q also scaled by Dk^-1/2.
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    for (int h = warp; h < 2 * key_heads; h += warps) {
+    const int h1 = min(2 * key_heads, c1 / key_dim);
+    for (int h = c0 / key_dim + warp; h < h1; h += warps) {
         float* vec = out + (size_t)h * key_dim;
         float ss = 0.f;
         for (int d = lane; d < key_dim; d += 32) ss = fmaf(vec[d], vec[d], ss);
@@ -86,6 +94,7 @@ extern "C" __global__ void gdn_conv_prepare(const bf16* __restrict__ qkv, const 
         for (int d = lane; d < key_dim; d += 32) vec[d] *= inv;
     }
 
+    if (blockIdx.y != 0) return;
     for (int j = threadIdx.x; j < value_heads; j += blockDim.x) {
         const size_t idx = (size_t)t * value_heads + j;
         gates[idx] = sigmoidf_(to_f32(b[idx]));

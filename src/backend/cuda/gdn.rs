@@ -310,6 +310,9 @@ fn run_core(
     let seq_starts = spans.as_ref().map_or(0, |t| t.ptr() + 4 * rows as u64);
     let prep = cuda.scratch(rows * channels * 4);
     let gates = cuda.scratch(2 * rows * hv * 4);
+    // Whole heads per block, about one channel per thread: a decode row spreads over
+    // channels / block_channels SMs (32 at full size) instead of one.
+    let block_channels = shape.key_dim * (THREADS as usize / shape.key_dim).max(1);
     let args = [
         p.qkv.ptr().into(),
         conv.into(),
@@ -330,8 +333,11 @@ fn run_core(
         conv_table.into(),
         row_seq.into(),
         seq_starts.into(),
+        block_channels.into(),
     ];
-    cuda.kernels.gdn.conv_prepare.launch(cuda.stream(), Dims::linear(rows, THREADS), &args);
+    let blocks = u32::try_from(channels.div_ceil(block_channels)).expect("channel blocks");
+    let rows_grid = u32::try_from(rows).expect("rows fit the grid");
+    cuda.kernels.gdn.conv_prepare.launch(cuda.stream(), Dims::grid((rows_grid, blocks, 1), THREADS), &args);
     // The window advances by each sequence's rows: all of them for one, one per row in the
     // decode batch, each prompt's own (from seq_starts) for several.
     let seq_rows = if tables.is_some() { 1 } else { rows };
