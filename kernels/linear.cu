@@ -83,12 +83,14 @@ __device__ __forceinline__ uint4 load_stream_if(const uint4* p, bool ok) {
     return v;
 }
 
+// Block (bx, by) of the launch: features 16·bx.., rows 8·R8·by.. (the grid's block indices for
+// one weight; `linear_mma_many` maps its blocks onto several weights' grids).
 template <int R8, int P>
 __device__ __forceinline__ void linear_mma(const bf16* __restrict__ x, const bf16* __restrict__ w,
-                                           bf16* __restrict__ y, int rows, int n, int k) {
+                                           bf16* __restrict__ y, int rows, int n, int k, int bx, int by) {
     __shared__ float part[MMA_SLICES][4 * R8][32];  // [slice][tile·4 + d][lane]
     const int slice = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-    const int f0 = blockIdx.x * 16, row0 = blockIdx.y * 8 * R8;
+    const int f0 = bx * 16, row0 = by * 8 * R8;
     const int tiles = min(R8, (rows - row0 + 7) >> 3);  // n8 tiles holding rows (≥ 1)
     const int k8 = k >> 3;
     const int steps = (k + 31) >> 5;
@@ -164,11 +166,47 @@ __device__ __forceinline__ void linear_mma(const bf16* __restrict__ x, const bf1
 
 // ≤ 8 rows per block (one n8 tile): the single-row and single-stream decode.
 extern "C" __global__ void __launch_bounds__(256, 2) linear_mma_r8(const bf16* x, const bf16* w, bf16* y, int rows, int n, int k) {
-    linear_mma<1, 4>(x, w, y, rows, n, k);
+    linear_mma<1, 4>(x, w, y, rows, n, k, blockIdx.x, blockIdx.y);
 }
 // ≤ 64 rows per block (eight n8 tiles): the decode batch.
 extern "C" __global__ void __launch_bounds__(256, 2) linear_mma_r64(const bf16* x, const bf16* w, bf16* y, int rows, int n, int k) {
-    linear_mma<8, 3>(x, w, y, rows, n, k);
+    linear_mma<8, 3>(x, w, y, rows, n, k, blockIdx.x, blockIdx.y);
+}
+
+// Several projections of one input x [rows, k] in one launch (`linear::linear_rows_many`): up to
+// MMA_MANY weights w_i [n_i, k], each into its own y_i. grid.x = Σ ceil(n_i / 16): the first
+// ceil(n_0 / 16) blocks are weight 0's grid.x, the next weight 1's, and so on; grid.y as for one
+// weight. A block runs exactly what it runs in its own weight's launch, so every output has the
+// bits `linear_mma_*` gives it alone. One launch instead of several: at one decode row the small
+// projections (the GDN's b and a, 32 features each) cost their launch, not their bytes.
+constexpr int MMA_MANY = 4;
+template <int R8, int P>
+__device__ __forceinline__ void linear_mma_many(const bf16* x, int rows, int k, int count, const bf16* const* w,
+                                                bf16* const* y, const int* n) {
+    int b = blockIdx.x;
+    for (int i = 0; i < count; ++i) {
+        const int blocks = (n[i] + 15) >> 4;
+        if (b < blocks) {
+            linear_mma<R8, P>(x, w[i], y[i], rows, n[i], k, b, blockIdx.y);
+            return;
+        }
+        b -= blocks;
+    }
+}
+#define LINEAR_MMA_MANY_ARGS                                                                                         \
+    const bf16 *x, int rows, int k, int count, const bf16 *w0, bf16 *y0, int n0, const bf16 *w1, bf16 *y1, int n1, \
+        const bf16 *w2, bf16 *y2, int n2, const bf16 *w3, bf16 *y3, int n3
+extern "C" __global__ void __launch_bounds__(256, 2) linear_mma_r8_many(LINEAR_MMA_MANY_ARGS) {
+    const bf16* w[MMA_MANY] = {w0, w1, w2, w3};
+    bf16* y[MMA_MANY] = {y0, y1, y2, y3};
+    const int n[MMA_MANY] = {n0, n1, n2, n3};
+    linear_mma_many<1, 4>(x, rows, k, count, w, y, n);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) linear_mma_r64_many(LINEAR_MMA_MANY_ARGS) {
+    const bf16* w[MMA_MANY] = {w0, w1, w2, w3};
+    bf16* y[MMA_MANY] = {y0, y1, y2, y3};
+    const int n[MMA_MANY] = {n0, n1, n2, n3};
+    linear_mma_many<8, 3>(x, rows, k, count, w, y, n);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -59,6 +59,9 @@ pub fn run(ctx: &mut Ctx) {
         gemm_row_invariance(ctx, n, k);
         segments(ctx, n, k);
     }
+    // The decode step's fused launches: the GDN's four input projections, q/k/v, gate/up.
+    many(ctx, &[8192, 4096, 32, 32], 2048);
+    many(ctx, &[100, 48, 16], 72);
     routing(ctx);
     for hidden in [2048, 100] {
         embed(ctx, hidden);
@@ -146,6 +149,37 @@ fn row_invariance(ctx: &mut Ctx, n: usize, k: usize) {
         let got = bits(&ctx.cuda.to_host(&linear::linear_rows(ctx.cuda, &ctx.cuda.upload_matrix(&xm), &gw)));
         let want: Vec<u32> = alone[..m].concat();
         ctx.exact(format!("linear_rows [{m}, {k}]·[{n}, {k}]ᵀ rows vs alone (bits)"), &got, &want);
+    }
+}
+
+/// `linear_rows_many` (several weights over one input, one launch) gives each output the bits of
+/// its own `linear_rows` launch, at every row count (r8 and r64 kernels, one block of rows or
+/// several); and `linear_many` those of `linear`.
+fn many(ctx: &mut Ctx, ns: &[usize], k: usize) {
+    let weights: Vec<GpuWeight> = ns
+        .iter()
+        .map(|&n| {
+            let w = ctx.random_bf16(n, k, 0.05);
+            upload_bf16(ctx, "linear many weight", &w).1
+        })
+        .collect();
+    let refs: Vec<&GpuWeight> = weights.iter().collect();
+    for &m in INVARIANCE_ROWS {
+        let x = ctx.cuda.upload_matrix(&ctx.random_bf16(m, k, 1.0));
+        let fused: Vec<Vec<u32>> =
+            linear::linear_rows_many(ctx.cuda, &x, &refs).iter().map(|y| bits(&ctx.cuda.to_host(y))).collect();
+        let alone: Vec<Vec<u32>> =
+            refs.iter().map(|w| bits(&ctx.cuda.to_host(&linear::linear_rows(ctx.cuda, &x, w)))).collect();
+        ctx.exact(
+            format!("linear_rows_many [{m}, {k}]·{ns:?} vs one launch each (bits)"),
+            &fused.concat(),
+            &alone.concat(),
+        );
+        let fused: Vec<Vec<u32>> =
+            linear::linear_many(ctx.cuda, &x, &refs).iter().map(|y| bits(&ctx.cuda.to_host(y))).collect();
+        let alone: Vec<Vec<u32>> =
+            refs.iter().map(|w| bits(&ctx.cuda.to_host(&linear::linear(ctx.cuda, &x, w)))).collect();
+        ctx.exact(format!("linear_many [{m}, {k}]·{ns:?} vs linear each (bits)"), &fused.concat(), &alone.concat());
     }
 }
 

@@ -18,7 +18,7 @@ use half::bf16;
 
 use super::Cuda;
 use super::launch::{Arg, Dims, Kernel, KernelError, Module, embedded};
-use super::linear::{linear, linear_rows, linear_segments};
+use super::linear::{linear, linear_many, linear_rows, linear_rows_many, linear_segments};
 use super::memory::PoolBuf;
 use super::tensor::{DType, GpuMatrix, GpuWeight};
 use crate::backend::backbone::AttentionShape;
@@ -266,9 +266,9 @@ fn project_and_append(
 ) -> (GpuMatrix, PoolBuf) {
     check_shape(s);
     check_weights(s, w, x.cols);
-    let qg = linear(cuda, x, &w.q_proj);
-    let k = linear(cuda, x, &w.k_proj);
-    let v = linear(cuda, x, &w.v_proj);
+    let [qg, k, v]: [GpuMatrix; 3] = linear_many(cuda, x, &[&w.q_proj, &w.k_proj, &w.v_proj])
+        .try_into()
+        .unwrap_or_else(|_| unreachable!("one output per weight"));
     let q = prep(cuda, s, w, Projected { qg: qg.ptr(), k: k.ptr(), v: v.ptr(), rows: x.rows }, cache, what);
     (qg, q)
 }
@@ -633,9 +633,9 @@ pub fn decode_rows(
         assert_eq!(cache.splits, caches[0].splits, "attention decode rows: caches of different capacities");
     }
     let (h, hd) = (s.heads, s.head_dim);
-    let qg = linear_rows(cuda, x, &w.q_proj);
-    let k = linear_rows(cuda, x, &w.k_proj);
-    let v = linear_rows(cuda, x, &w.v_proj);
+    let [qg, k, v]: [GpuMatrix; 3] = linear_rows_many(cuda, x, &[&w.q_proj, &w.k_proj, &w.v_proj])
+        .try_into()
+        .unwrap_or_else(|_| unreachable!("one output per weight"));
     let positions: Vec<usize> = caches.iter().map(|c| c.len).collect();
     let seq = RowCaches::stage(cuda, caches, &positions);
     let first = &caches[0];

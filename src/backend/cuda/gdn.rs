@@ -14,7 +14,7 @@ use cudarc::driver::CudaContext;
 
 use super::Cuda;
 use super::launch::{Dims, Kernel, KernelError, Module, embedded};
-use super::linear::{linear, linear_rows, linear_segments};
+use super::linear::{linear, linear_many, linear_rows, linear_rows_many, linear_segments};
 use super::memory::PoolBuf;
 use super::tensor::{DType, GpuMatrix, GpuWeight};
 use crate::backend::backbone::GdnShape;
@@ -203,7 +203,7 @@ fn mixer(
     check_weights(shape, w);
     state.check(shape);
     assert!(x.rows > 0, "GDN mixer over zero rows");
-    let p = Projected::new(linear, cuda, w, x);
+    let p = Projected::new(linear_many, cuda, w, x);
     let o = cuda.scratch(x.rows * shape.value_heads * shape.value_dim * 4);
     run_core(cuda, shape, w, &p, Sequences::One(state), o.ptr(), core);
     finish(cuda, shape, w, &p, &o, linear)
@@ -226,7 +226,7 @@ pub fn decode_rows(
     for state in states.iter() {
         state.check(shape);
     }
-    let p = Projected::new(linear_rows, cuda, w, x);
+    let p = Projected::new(linear_rows_many, cuda, w, x);
     let o = cuda.scratch(x.rows * shape.value_heads * shape.value_dim * 4);
     run_core(cuda, shape, w, &p, Sequences::Rows(states), o.ptr(), Core::Recurrent);
     finish(cuda, shape, w, &p, &o, linear_rows)
@@ -242,17 +242,17 @@ struct Projected {
 
 impl Projected {
     fn new(
-        project: fn(&Cuda, &GpuMatrix, &GpuWeight) -> GpuMatrix,
+        project: fn(&Cuda, &GpuMatrix, &[&GpuWeight]) -> Vec<GpuMatrix>,
         cuda: &Cuda,
         w: &GdnWeights<GpuWeight>,
         x: &GpuMatrix,
     ) -> Projected {
-        Projected {
-            qkv: project(cuda, x, &w.in_proj_qkv),
-            z: project(cuda, x, &w.in_proj_z),
-            b: project(cuda, x, &w.in_proj_b),
-            a: project(cuda, x, &w.in_proj_a),
-        }
+        // The four projections of one input: one launch at decode (`linear_many`).
+        let [qkv, z, b, a]: [GpuMatrix; 4] =
+            project(cuda, x, &[&w.in_proj_qkv, &w.in_proj_z, &w.in_proj_b, &w.in_proj_a])
+                .try_into()
+                .unwrap_or_else(|_| unreachable!("one output per weight"));
+        Projected { qkv, z, b, a }
     }
 }
 

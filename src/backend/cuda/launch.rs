@@ -53,7 +53,7 @@ pub struct Kernel {
     function: CudaFunction,
 }
 
-/// Most arguments any kernel takes (the widest, `gdn_conv_prepare`, takes 16).
+/// Most arguments any kernel takes (the widest, `gdn_conv_prepare`, takes 20).
 const MAX_ARGS: usize = 24;
 
 /// A kernel argument: a device address or a scalar.

@@ -17,7 +17,7 @@ use cudarc::cublaslt::result::CublasError;
 use cudarc::driver::CudaContext;
 
 use super::Cuda;
-use super::launch::{Dims, Kernel, KernelError, Module, embedded};
+use super::launch::{Arg, Dims, Kernel, KernelError, Module, embedded};
 use super::memory::{DeviceBuffer, PoolBuf};
 use super::tensor::{DType, GpuMatrix, GpuWeight};
 use crate::backend::backbone::EmbedRow;
@@ -52,6 +52,10 @@ pub struct LinearKernels {
     /// `linear_mma_r8` (≤ 8 rows per block) and `linear_mma_r64` (≤ 64): the same arithmetic.
     mma_r8: Kernel,
     mma_r64: Kernel,
+    /// `linear_mma_r8_many`, `linear_mma_r64_many`: up to [`MMA_MANY`] weights over one input in
+    /// one launch, each output with the bits of its own `linear_mma_*` launch.
+    mma_r8_many: Kernel,
+    mma_r64_many: Kernel,
     /// `linear_gemm_r64` and `linear_gemm_r128`: the prefill GEMM, the same arithmetic.
     gemm_r64: Kernel,
     gemm_r128: Kernel,
@@ -82,6 +86,8 @@ impl LinearKernels {
         Ok(LinearKernels {
             mma_r8: m.kernel("linear_mma_r8")?,
             mma_r64: m.kernel("linear_mma_r64")?,
+            mma_r8_many: m.kernel("linear_mma_r8_many")?,
+            mma_r64_many: m.kernel("linear_mma_r64_many")?,
             gemm_r64: gemm("linear_gemm_r64", GEMM_R64_ROWS)?,
             gemm_r128: gemm("linear_gemm_r128", GEMM_R128_ROWS)?,
             tiled: m.kernel("linear_tiled")?,
@@ -153,6 +159,49 @@ fn project_by_rows(cuda: &Cuda, x: u64, rows: usize, w: &GpuWeight, y: u64) {
 pub fn linear_rows(cuda: &Cuda, x: &GpuMatrix, w: &GpuWeight) -> GpuMatrix {
     let path = if mma_fits(w.matrix_dims().1) { Path::Mma } else { Path::Tiled };
     linear_via(cuda, x, w, path).expect("the tensor-core and tiled paths have no failure path")
+}
+
+/// Weights one `linear_mma_*_many` launch takes (`MMA_MANY` in the .cu).
+pub const MMA_MANY: usize = 4;
+
+/// [`linear`] of each weight over one input: at up to [`DECODE_MAX_ROWS`] rows (decode) in one
+/// launch, each output bit for bit what [`linear`] gives it (the prompt's GEMM path, one by one).
+pub fn linear_many(cuda: &Cuda, x: &GpuMatrix, ws: &[&GpuWeight]) -> Vec<GpuMatrix> {
+    if x.rows <= DECODE_MAX_ROWS {
+        linear_rows_many(cuda, x, ws)
+    } else {
+        ws.iter().map(|w| linear(cuda, x, w)).collect()
+    }
+}
+
+/// [`linear_rows`] of each weight over one input, in one launch where the tensor-core kernel
+/// runs them all (bf16, the input's width, `k % 8 == 0`, at most [`MMA_MANY`]): each output bit
+/// for bit what `linear_rows` gives it. Fewer launches per decode step: at one row the small
+/// projections cost their launch, not their bytes.
+pub fn linear_rows_many(cuda: &Cuda, x: &GpuMatrix, ws: &[&GpuWeight]) -> Vec<GpuMatrix> {
+    let k = x.cols;
+    let fused = ws.len() <= MMA_MANY
+        && mma_fits(k)
+        && ws.iter().all(|w| w.dtype == DType::Bf16 && w.matrix_dims().1 == k && w.matrix_dims().0 > 0);
+    if !fused || x.rows == 0 {
+        return ws.iter().map(|w| linear_rows(cuda, x, w)).collect();
+    }
+    let ys: Vec<GpuMatrix> = ws.iter().map(|w| cuda.matrix(x.rows, w.matrix_dims().0)).collect();
+    let kernels = &cuda.kernels.linear;
+    let (kernel, per_block) =
+        if x.rows <= MMA_R8_ROWS { (&kernels.mma_r8_many, MMA_R8_ROWS) } else { (&kernels.mma_r64_many, MMA_R64_ROWS) };
+    let blocks: usize = ws.iter().map(|w| w.matrix_dims().0.div_ceil(MMA_BLOCK_FEATURES)).sum();
+    let mut args: Vec<Arg> = vec![x.ptr().into(), x.rows.into(), k.into(), ws.len().into()];
+    for i in 0..MMA_MANY {
+        let (w, y, n) = match (ws.get(i), ys.get(i)) {
+            (Some(w), Some(y)) => (w.ptr, y.ptr(), w.matrix_dims().0),
+            _ => (0, 0, 0),
+        };
+        args.extend([Arg::from(w), Arg::from(y), Arg::from(n)]);
+    }
+    let grid = (u32::try_from(blocks).expect("grid"), u32::try_from(x.rows.div_ceil(per_block)).expect("grid"), 1);
+    kernel.launch(cuda.stream(), Dims::grid(grid, THREADS), &args);
+    ys
 }
 
 /// [`linear`] on a given path (checks compare the paths). Only `Blas` can fail (the library

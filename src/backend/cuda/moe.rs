@@ -262,13 +262,18 @@ fn expert_table(cuda: &Cuda, s: &MoeShape, w: &MoeWeights<GpuWeight>) -> u64 {
     ptr
 }
 
+type Project = fn(&Cuda, &GpuMatrix, &GpuWeight) -> GpuMatrix;
+type ProjectMany = fn(&Cuda, &GpuMatrix, &[&GpuWeight]) -> Vec<GpuMatrix>;
+
 /// `down(SiLU(gate x) ⊙ up x)` of the shared expert, bf16 at each projection output (unscaled).
 /// `rows`: projections under the decode batch's contract (`linear::linear_rows`).
 fn shared_expert(cuda: &Cuda, w: &MoeWeights<GpuWeight>, x: &GpuMatrix, rows: bool) -> GpuMatrix {
     let se = &w.shared_expert;
-    let project = if rows { linear::linear_rows } else { linear::linear };
-    let gate = project(cuda, x, &se.gate_proj);
-    let up = project(cuda, x, &se.up_proj);
+    let (project, project_many): (Project, ProjectMany) =
+        if rows { (linear::linear_rows, linear::linear_rows_many) } else { (linear::linear, linear::linear_many) };
+    let [gate, up]: [GpuMatrix; 2] = project_many(cuda, x, &[&se.gate_proj, &se.up_proj])
+        .try_into()
+        .unwrap_or_else(|_| unreachable!("one output per weight"));
     project(cuda, &swiglu(cuda, &gate, &up), &se.down_proj)
 }
 

@@ -13,7 +13,7 @@ use cudarc::driver::CudaContext;
 
 use super::attention::{self, GpuKvCache, PrefillSegments, RowCaches};
 use super::launch::{Arg, Dims, Kernel, KernelError, Module, embedded};
-use super::linear::{linear, linear_rows, linear_segments};
+use super::linear::{linear, linear_many, linear_rows, linear_rows_many, linear_segments};
 use super::memory::PoolBuf;
 use super::tensor::{GpuMatrix, GpuWeight};
 use super::{Cuda, moe, norm};
@@ -228,7 +228,7 @@ impl Cuda {
             "tower: {start} positions + {n} rows exceed the KV cache capacity {}",
             cache.capacity
         );
-        self.layer_with(s, w, hidden, labels, unseen, &|x, m| linear(self, x, m), &mut |qkv| {
+        self.layer_with(s, w, hidden, labels, unseen, &|x, m| linear_many(self, x, m), &mut |qkv| {
             self.attend(s, w, qkv, cache, start)
         })
     }
@@ -284,7 +284,15 @@ impl Cuda {
             assert!(start < kv.cache.capacity, "tower: position {start} past the KV cache capacity");
         }
         let mut attend = |qkv: &GpuMatrix| self.attend_rows(s, w, qkv, kvs, input.starts);
-        self.layer_with(s, w, input.hidden, input.labels, input.unseen, &|x, m| linear_rows(self, x, m), &mut attend)
+        self.layer_with(
+            s,
+            w,
+            input.hidden,
+            input.labels,
+            input.unseen,
+            &|x, m| linear_rows_many(self, x, m),
+            &mut attend,
+        )
     }
 
     /// [`TowerOps::tower_layer_many`]: several requests' teacher-forced rows. The mix, norms and
@@ -329,7 +337,8 @@ impl Cuda {
         let mask = stage_u32(self, &flags(label_semantic));
         let labels = DeviceLabels { codes: codes.ptr(), mask: mask.ptr(), stride: 1 };
         let mut attend = |qkv: &GpuMatrix| self.attend_segments(s, w, qkv, kvs, starts, lens);
-        Ok(self.layer_with(s, w, hidden, labels, unseen, &|x, m| linear_segments(self, x, lens, m), &mut attend))
+        let project = |x: &GpuMatrix, m: &[&GpuWeight]| m.iter().map(|w| linear_segments(self, x, lens, w)).collect();
+        Ok(self.layer_with(s, w, hidden, labels, unseen, &project, &mut attend))
     }
 
     /// [`Cuda::attend`] of several requests' rows (`lens[i]` rows of request i at `starts[i]..` of
@@ -382,7 +391,8 @@ impl Cuda {
     }
 
     /// One tower layer over `hidden`'s rows (`model.md` §6 steps 1–5), projecting with `project`
-    /// and attending with `attend` (the wqkv rows in, the gated rows out).
+    /// (each weight over one input: `w1` and `w3` share theirs) and attending with `attend` (the
+    /// wqkv rows in, the gated rows out).
     #[allow(clippy::too_many_arguments)]
     fn layer_with(
         &self,
@@ -391,9 +401,10 @@ impl Cuda {
         hidden: &GpuMatrix,
         labels: DeviceLabels,
         unseen: Option<&GpuMatrix>,
-        project: &dyn Fn(&GpuMatrix, &GpuWeight) -> GpuMatrix,
+        project: &dyn Fn(&GpuMatrix, &[&GpuWeight]) -> Vec<GpuMatrix>,
         attend: &mut dyn FnMut(&GpuMatrix) -> GpuMatrix,
     ) -> GpuMatrix {
+        let one = |x: &GpuMatrix, m: &GpuWeight| project(x, &[m]).pop().expect("one output per weight");
         let (n, dim) = (hidden.rows, s.dim);
         assert_eq!(hidden.cols, dim, "tower hidden width");
         assert!(unseen.is_none_or(|u| u.rows == n && u.cols == dim), "tower unseen vector shape");
@@ -415,19 +426,21 @@ impl Cuda {
             (s.norm_eps as f32).into(),
         ];
         self.kernels.tower.mix.launch(self.stream(), Dims::linear(n, THREADS), &args);
-        let mut x = project(&eh, &w.eh_proj);
+        let mut x = one(&eh, &w.eh_proj);
 
         // 3. Gated attention over this layer's cache, rows written at start.. (replacing any).
         let a = norm::rms_norm(self, &x, &w.attention_norm, s.norm_eps);
-        let qkv = project(&a, &w.wqkv);
+        let qkv = one(&a, &w.wqkv);
         assert_eq!(qkv.cols, s.qkv_rows(), "tower wqkv output width");
         let gated = attend(&qkv);
-        let attn = project(&gated, &w.wo);
+        let attn = one(&gated, &w.wo);
 
         // 4. SwiGLU block (x += attn fused with ffn_norm), 5. final_layernorm (fused with x += down).
         let f = norm::add_rms_norm(self, &mut x, &attn, &w.ffn_norm, s.norm_eps);
-        let act = moe::swiglu(self, &project(&f, &w.w1), &project(&f, &w.w3));
-        let down = project(&act, &w.w2);
+        let [w1, w3]: [GpuMatrix; 2] =
+            project(&f, &[&w.w1, &w.w3]).try_into().unwrap_or_else(|_| unreachable!("one output per weight"));
+        let act = moe::swiglu(self, &w1, &w3);
+        let down = one(&act, &w.w2);
         norm::add_rms_norm(self, &mut x, &down, &w.final_norm, s.norm_eps)
     }
 
