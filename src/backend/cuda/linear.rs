@@ -165,13 +165,23 @@ pub fn linear_rows(cuda: &Cuda, x: &GpuMatrix, w: &GpuWeight) -> GpuMatrix {
 pub const MMA_MANY: usize = 4;
 
 /// [`linear`] of each weight over one input: at up to [`DECODE_MAX_ROWS`] rows (decode) in one
-/// launch, each output bit for bit what [`linear`] gives it (the prompt's GEMM path, one by one).
+/// launch where the tensor-core kernel runs them all, else one by one (the prompt's GEMM, or
+/// cuBLASLt for widths the kernel cannot read): each output bit for bit what [`linear`] gives it.
 pub fn linear_many(cuda: &Cuda, x: &GpuMatrix, ws: &[&GpuWeight]) -> Vec<GpuMatrix> {
-    if x.rows <= DECODE_MAX_ROWS {
+    if x.rows <= DECODE_MAX_ROWS && fusable(x, ws) {
         linear_rows_many(cuda, x, ws)
     } else {
         ws.iter().map(|w| linear(cuda, x, w)).collect()
     }
+}
+
+/// Whether one `linear_mma_*_many` launch can project `x` by all of `ws`: at most [`MMA_MANY`]
+/// bf16 weights of `x`'s width, a width the tensor-core kernel reads (`k % 8 == 0`).
+fn fusable(x: &GpuMatrix, ws: &[&GpuWeight]) -> bool {
+    let k = x.cols;
+    ws.len() <= MMA_MANY
+        && mma_fits(k)
+        && ws.iter().all(|w| w.dtype == DType::Bf16 && w.matrix_dims().1 == k && w.matrix_dims().0 > 0)
 }
 
 /// [`linear_rows`] of each weight over one input, in one launch where the tensor-core kernel
@@ -180,10 +190,7 @@ pub fn linear_many(cuda: &Cuda, x: &GpuMatrix, ws: &[&GpuWeight]) -> Vec<GpuMatr
 /// projections cost their launch, not their bytes.
 pub fn linear_rows_many(cuda: &Cuda, x: &GpuMatrix, ws: &[&GpuWeight]) -> Vec<GpuMatrix> {
     let k = x.cols;
-    let fused = ws.len() <= MMA_MANY
-        && mma_fits(k)
-        && ws.iter().all(|w| w.dtype == DType::Bf16 && w.matrix_dims().1 == k && w.matrix_dims().0 > 0);
-    if !fused || x.rows == 0 {
+    if !fusable(x, ws) || x.rows == 0 {
         return ws.iter().map(|w| linear_rows(cuda, x, w)).collect();
     }
     let ys: Vec<GpuMatrix> = ws.iter().map(|w| cuda.matrix(x.rows, w.matrix_dims().0)).collect();
