@@ -8,7 +8,7 @@
 //! Three expert paths with the same math: per-(row, slot) GEMVs for the single-stream decode (few
 //! rows); for prefill a device-side grouping of the (row, slot) pairs by expert followed by
 //! grouped GEMMs over each expert's rows; and for the decode batch the same grouping followed by
-//! swap-AB tensor-core tiles of up to 8 pairs ([`rows`], `kernels/moe_rows.cu`). Routing never
+//! swap-AB tensor-core tiles of up to 8 pairs (`rows`, `kernels/moe_rows.cu`). Routing never
 //! leaves the device: no host sync in any path. The experts' weight and scale addresses live in
 //! a device table built once per layer (first call, the warm-up) and cached under the router
 //! weight's address.
