@@ -228,6 +228,10 @@ pub struct ServeArgs {
     /// instead of the GPU (same audio, slower: for comparisons and as a fallback).
     #[arg(long, env = "LIMELIGHT_NO_CUDA_GRAPH")]
     pub no_cuda_graph: bool,
+    /// Decode audio inside each step instead of on the codec's own thread (and, on the GPU, its
+    /// own stream) overlapping the next steps (same audio: for comparisons and as a fallback).
+    #[arg(long, env = "LIMELIGHT_NO_CODEC_THREAD")]
+    pub no_codec_thread: bool,
     /// Streams the engine steps together, one frame each per step. Default: on the GPU as many
     /// as the memory budget holds at `--context-length` (at most 256; 1 while the CUDA-graph
     /// step serves one stream at a time, see `--no-cuda-graph`); on the CPU 8.

@@ -89,6 +89,8 @@ pub struct ServeConfig {
     pub max_voice_upload_bytes: usize,
     /// Bytes for saved voices' prompt state (`--voice-cache-mib`).
     pub voice_cache_bytes: usize,
+    /// The codec on its own thread, overlapping the steps (`--no-codec-thread` turns it off).
+    pub codec_thread: bool,
 }
 
 /// A flag the server cannot start with; says which and why.
@@ -185,6 +187,7 @@ impl ServeConfig {
                 .voice_cache_mib
                 .checked_mul(1 << 20)
                 .ok_or(ConfigError::TooLarge { flag: "voice-cache-mib", value: args.voice_cache_mib })?,
+            codec_thread: !args.no_codec_thread,
         })
     }
 
@@ -239,6 +242,7 @@ impl fmt::Debug for ServeConfig {
             .field("max_voices", &self.max_voices)
             .field("max_voice_upload_bytes", &self.max_voice_upload_bytes)
             .field("voice_cache_bytes", &self.voice_cache_bytes)
+            .field("codec_thread", &self.codec_thread)
             .finish()
     }
 }

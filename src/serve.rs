@@ -154,6 +154,7 @@ fn loader(config: &ServeConfig) -> Result<Loader, ConfigError> {
         max_batch: config.max_batch,
         prefill_chunk: config.prefill_chunk,
         voice_cache_bytes: config.voice_cache_bytes,
+        codec_thread: config.codec_thread,
     };
     match config.engine()? {
         EngineChoice::Cpu => {

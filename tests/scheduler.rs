@@ -17,8 +17,8 @@ use limelight::model::frame::Rows;
 use limelight::model::sampling::SamplingParams;
 use limelight::model::vocabulary::Vocabulary;
 use limelight::scheduler::{
-    BatchLimits, Encoded, Job, JobEvent, JobStream, Loader, MemoryUse, ModelHost, Opened, Prefilled, Readiness,
-    Scheduler, StreamId, SubmitError, SynthError, Synthesizer, WorkerConfig, cpu_loader,
+    AudioCodec, BatchLimits, Encoded, Job, JobEvent, JobStream, Loader, MemoryUse, ModelHost, Opened, Prefilled,
+    Readiness, Scheduler, StreamId, SubmitError, SynthError, Synthesizer, WorkerConfig, cpu_loader,
 };
 
 const TEXT: &str = "Hello there, how are you today?";
@@ -141,8 +141,11 @@ impl Synthesizer for Faulty<'_> {
     fn encodes_references(&self) -> bool {
         self.inner.encodes_references()
     }
-    fn cancel(&self, id: StreamId) -> Result<Vec<f32>, SynthError> {
+    fn cancel(&self, id: StreamId) -> Result<Stepped, SynthError> {
         self.inner.cancel(id)
+    }
+    fn audio_codec(&self) -> Option<&dyn AudioCodec> {
+        self.inner.audio_codec()
     }
     fn close(&self, id: StreamId) -> usize {
         let frames = self.inner.close(id);
@@ -172,9 +175,19 @@ impl ModelHost for Wrap<'_> {
     }
 }
 
-/// The CPU engine with `max_batch` slots.
+/// The CPU engine with `max_batch` slots (the codec on its own thread, as served).
 fn loader(dir: PathBuf, max_batch: usize) -> Loader {
-    let limits = BatchLimits { max_batch: Some(max_batch), prefill_chunk: PREFILL_CHUNK, voice_cache_bytes: 1 << 30 };
+    loader_with(dir, max_batch, true)
+}
+
+/// The CPU engine with `max_batch` slots, its codec on its own thread or inside the step.
+fn loader_with(dir: PathBuf, max_batch: usize, codec_thread: bool) -> Loader {
+    let limits = BatchLimits {
+        max_batch: Some(max_batch),
+        prefill_chunk: PREFILL_CHUNK,
+        voice_cache_bytes: 1 << 30,
+        codec_thread,
+    };
     cpu_loader(dir, 2048, limits)
 }
 
@@ -498,7 +511,8 @@ fn serve_drains_on_sigterm_and_exits_zero() {
 }
 
 /// Every job's audio through the worker's batch is what it is alone: the same jobs on one slot,
-/// one after another, and on four slots all at once give the same PCM, bit for bit.
+/// one after another, on four slots all at once, and on four slots with the codec inside the
+/// step rather than on its own thread give the same PCM, bit for bit.
 #[tokio::test]
 async fn batched_jobs_get_the_audio_they_get_alone() {
     let dir = common::tiny_checkpoint();
@@ -528,9 +542,19 @@ async fn batched_jobs_get_the_audio_they_get_alone() {
             audio_of(Scheduler::start_with(config(dir.path().to_owned(), 8), loader(dir.path().into(), 1))).await;
         let together =
             audio_of(Scheduler::start_with(config(dir.path().to_owned(), 8), loader(dir.path().into(), 4))).await;
-        for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
+        // The codec inside each step instead of on its own thread: the same bits.
+        let in_step =
+            audio_of(Scheduler::start_with(config(dir.path().to_owned(), 8), loader_with(dir.path().into(), 4, false)))
+                .await;
+        for (i, ((a, t), s)) in alone.iter().zip(&together).zip(&in_step).enumerate() {
             assert!(!a.is_empty(), "job {i} produced audio");
             assert!(a == t, "job {i}: {} samples alone, {} in the batch, or different bits", a.len(), t.len());
+            assert!(
+                a == s,
+                "job {i}: {} samples alone, {} with the codec in the step, or different bits",
+                a.len(),
+                s.len()
+            );
         }
     })
     .await

@@ -375,21 +375,28 @@ impl<'w, B: Backend> Engine<'w, B> {
                 rows[*i] = Some(row);
             }
         }
-        // Each generation takes its frame; those with a codec group due decode it together.
+        // Each generation takes its frame; those with a codec group due decode it together (or,
+        // with their audio detached, hand it out as codes).
         let finished: Vec<Result<Option<FinishReason>, GenerateError>> = (generations.iter_mut().zip(rows))
             .map(|(g, row)| Ok(g.take_frame(row.expect("every generation got a row")?, self.eos)))
             .collect();
         let due: Vec<bool> = (generations.iter().zip(&finished))
             .map(|(g, f)| matches!(f, Ok(end) if g.audio.due(end.is_some())))
             .collect();
+        let decoded: Vec<bool> = (generations.iter().zip(&due)).map(|(g, &due)| due && g.audio.attached()).collect();
         let mut outs: Vec<&mut AudioOut<'_, B>> =
-            generations.iter_mut().zip(&due).filter(|(_, due)| **due).map(|(g, _)| &mut g.audio).collect();
+            generations.iter_mut().zip(&decoded).filter(|(_, d)| **d).map(|(g, _)| &mut g.audio).collect();
         let mut pcms = AudioOut::decode(&mut outs).into_iter();
-        (finished.into_iter().zip(due))
-            .map(|(finished, due)| {
+        (finished.into_iter().zip(due).zip(decoded).zip(generations.iter_mut()))
+            .map(|(((finished, due), decoded), g)| {
                 let finished = finished?;
-                let pcm = if due { pcms.next().expect("one result per decoded generation")? } else { Vec::new() };
-                Ok(Stepped { pcm, finished })
+                let mut stepped = Stepped { finished, ..Stepped::default() };
+                if decoded {
+                    stepped.pcm = pcms.next().expect("one result per decoded generation")?;
+                } else if due {
+                    stepped.codes = g.audio.take_codes();
+                }
+                Ok(stepped)
             })
             .collect()
     }
@@ -429,7 +436,7 @@ impl<'w, B: Backend> Engine<'w, B> {
             }
             if sink.keep_going().is_break() {
                 // Frames already produced keep their audio, so `frames` always counts delivered audio.
-                let pcm = generation.cancel()?;
+                let pcm = generation.cancel()?.pcm;
                 if !pcm.is_empty() {
                     let _ = sink.audio(&pcm);
                 }
@@ -465,6 +472,10 @@ pub struct Generation<'a, B: Backend> {
 pub struct Stepped {
     /// PCM the codec produced this step (often none: frames are grouped).
     pub pcm: Vec<f32>,
+    /// With the generation's audio detached ([`Generation::detach_audio`]): the codes of the
+    /// frames due for the codec this step, row-major `[n, codes_per_frame]` (often none), for
+    /// the caller's own decoder to take in order. Empty otherwise.
+    pub codes: Vec<u32>,
     /// Set when this step ended the generation (its PCM is then all flushed).
     pub finished: Option<FinishReason>,
 }
@@ -509,13 +520,28 @@ impl<B: Backend> Generation<'_, B> {
         finished
     }
 
-    /// Ends it before its last frame: returns the PCM of frames produced but not yet decoded.
-    pub fn cancel(&mut self) -> Result<Vec<f32>, GenerateError> {
+    /// Hands its frames' codes out ([`Stepped::codes`]) instead of decoding them: the caller
+    /// runs the codec (on its own thread and stream, so it overlaps the steps). Call it before
+    /// the first step.
+    pub fn detach_audio(&mut self) {
+        assert!(self.produced.is_empty(), "detach_audio after frames were produced");
+        self.audio.decoder = None;
+    }
+
+    /// Ends it before its last frame: the audio of frames produced but not yet decoded (PCM,
+    /// or with its audio detached, their codes).
+    pub fn cancel(&mut self) -> Result<Stepped, GenerateError> {
         self.done = true;
+        let mut out = Stepped::default();
         if !self.audio.due(true) {
-            return Ok(Vec::new());
+            return Ok(out);
         }
-        Ok(AudioOut::decode(&mut [&mut self.audio]).pop().expect("one result")?)
+        if self.audio.attached() {
+            out.pcm = AudioOut::decode(&mut [&mut self.audio]).pop().expect("one result")?;
+        } else {
+            out.codes = self.audio.take_codes();
+        }
+        Ok(out)
     }
 
     /// What it produced, ending with `reason`.
@@ -537,9 +563,10 @@ impl<B: Backend> FrameSource for HostFrames<'_, '_, B> {
 }
 
 /// Groups a generation's frames for the streaming codec: the first frame alone, then groups
-/// of [`codec_group`] frames.
+/// of [`codec_group`] frames. Its decoder is `None` when the audio is detached (the caller
+/// decodes the groups).
 struct AudioOut<'m, B: Backend> {
-    decoder: StreamingDecoder<'m, B>,
+    decoder: Option<StreamingDecoder<'m, B>>,
     pending: Vec<u32>,
     pending_frames: usize,
     groups: usize,
@@ -547,7 +574,26 @@ struct AudioOut<'m, B: Backend> {
 
 impl<'m, B: Backend> AudioOut<'m, B> {
     fn new(codec: &'m CodecModel<B>, backend: &'m B) -> Self {
-        AudioOut { decoder: StreamingDecoder::new(codec, backend), pending: Vec::new(), pending_frames: 0, groups: 0 }
+        AudioOut {
+            decoder: Some(StreamingDecoder::new(codec, backend)),
+            pending: Vec::new(),
+            pending_frames: 0,
+            groups: 0,
+        }
+    }
+
+    /// Whether it decodes its own groups.
+    fn attached(&self) -> bool {
+        self.decoder.is_some()
+    }
+
+    /// The pending frames' codes, as one group (detached audio).
+    fn take_codes(&mut self) -> Vec<u32> {
+        if self.pending_frames > 0 {
+            self.pending_frames = 0;
+            self.groups += 1;
+        }
+        std::mem::take(&mut self.pending)
     }
 
     /// Adds one frame's codes.
@@ -561,16 +607,13 @@ impl<'m, B: Backend> AudioOut<'m, B> {
         self.pending_frames > 0 && (at_end || self.pending_frames >= codec_group(self.groups))
     }
 
-    /// Decodes the pending frames of each of `outs` together (one codec pass over all of them);
-    /// each gets its own PCM (empty where nothing was pending) or its own error.
+    /// Decodes the pending frames of each of `outs` (all attached) together (one codec pass over
+    /// all of them); each gets its own PCM (empty where nothing was pending) or its own error.
     fn decode(outs: &mut [&mut AudioOut<'m, B>]) -> Vec<Result<Vec<f32>, CodecError>> {
-        let codes: Vec<Vec<u32>> = outs.iter_mut().map(|o| std::mem::take(&mut o.pending)).collect();
-        for o in outs.iter_mut().filter(|o| o.pending_frames > 0) {
-            o.pending_frames = 0;
-            o.groups += 1;
-        }
+        let codes: Vec<Vec<u32>> = outs.iter_mut().map(|o| o.take_codes()).collect();
         let code_refs: Vec<&[u32]> = codes.iter().map(Vec::as_slice).collect();
-        let mut decoders: Vec<&mut StreamingDecoder<'m, B>> = outs.iter_mut().map(|o| &mut o.decoder).collect();
+        let mut decoders: Vec<&mut StreamingDecoder<'m, B>> =
+            outs.iter_mut().map(|o| o.decoder.as_mut().expect("decode of attached audio")).collect();
         StreamingDecoder::push_many(&mut decoders, &code_refs)
     }
 }

@@ -5,6 +5,7 @@
 
 use std::path::PathBuf;
 
+use super::codec::{AudioCodec, CodecThread};
 use super::{Encoded, Loader, MemoryUse, ModelHost, Opened, Prefilled, StreamId, SynthError, Synthesizer};
 use crate::backend::Backend;
 use crate::backend::cpu::Cpu;
@@ -47,6 +48,9 @@ pub struct BatchLimits {
     /// Bytes for saved voices' prompt prefixes (`engine::prefix`; `serve --voice-cache-mib`);
     /// 0 keeps none. On the GPU they are reserved at start-up, a term of the memory plan.
     pub voice_cache_bytes: usize,
+    /// The codec on a thread (and GPU stream) of its own, overlapping the steps
+    /// (`scheduler::codec`); `false` decodes inside each step (`serve --no-codec-thread`).
+    pub codec_thread: bool,
 }
 
 /// The voice cache's size unless `--voice-cache-mib` says otherwise: at full size a voice with a
@@ -72,9 +76,11 @@ pub fn cpu_loader(model_dir: PathBuf, max_frames: usize, limits: BatchLimits) ->
         let batch = BatchOptions { max_batch, prefill_chunk: limits.prefill_chunk, context: None };
         let encoder = CodecEncoder::load(&ckpt, &Cpu).map_err(LoadModelError::from)?;
         let prefixes = PrefixCache::new(&Cpu, limits.voice_cache_bytes);
+        let codec = CodecThread::new(&model.codec, &Cpu, max_batch);
         let engine = EngineModel::new(&Cpu, &ckpt, &model, batch, Box::new(move || memory))?
             .with_encoder(Box::new(move |samples: &[f32]| encoder.encode(&Cpu, samples)))
             .with_prefix_cache(&prefixes);
+        let engine = if limits.codec_thread { engine.with_codec_thread(&codec) } else { engine };
         tracing::info!(max_batch, prefill_chunk = limits.prefill_chunk, "engine: decode batch");
         host.serve(&engine);
         Ok(())
@@ -98,6 +104,8 @@ pub struct EngineModel<'w, B: Backend> {
     health: Option<Box<dyn Fn() -> Result<(), String> + 'w>>,
     /// The codec encoder (voice cloning): a clip → codes `[frames, codebooks]`.
     encoder: Option<ReferenceEncoder<'w>>,
+    /// The codec on its own thread: streams hand their frame groups out as codes.
+    codec_thread: Option<&'w dyn AudioCodec>,
 }
 
 /// How an engine encodes a reference clip (on its own backend: the CPU's, or the GPU in f32).
@@ -124,7 +132,22 @@ impl<'w, B: Backend> EngineModel<'w, B> {
             memory,
             health: None,
             encoder: None,
+            codec_thread: None,
         })
+    }
+
+    /// Runs the codec on a thread of its own (`scheduler::codec`): each stream's frame groups
+    /// leave its step as codes, and the worker runs `codec` beside the steps.
+    pub fn with_codec_thread(mut self, codec: &'w dyn AudioCodec) -> Self {
+        self.codec_thread = Some(codec);
+        self
+    }
+
+    /// Decodes inside each step again (before any stream is open).
+    pub fn without_codec_thread(mut self) -> Self {
+        assert!(self.slots.get_mut().iter().all(Option::is_none), "without_codec_thread with streams open");
+        self.codec_thread = None;
+        self
     }
 
     /// Produces frames with a backend's device-side step (see [`Engine::set_device_frames`]); it
@@ -288,7 +311,10 @@ impl<B: Backend> Synthesizer for EngineModel<'_, B> {
             options.max_frames = options.max_frames.min(context - rows.len());
         }
         let hits = self.prefix_cache().map_or(0, |c| c.hits);
-        let generation = self.engine.start_prompt(rows, prefix, &options)?;
+        let mut generation = self.engine.start_prompt(rows, prefix, &options)?;
+        if self.codec_thread.is_some() {
+            generation.detach_audio();
+        }
         let restored_rows = if self.prefix_cache().is_some_and(|c| c.hits > hits) { prefix.rows } else { 0 };
         let mut slots = self.slots.borrow_mut();
         let id = slots.iter().position(Option::is_none).expect("the worker keeps at most max_batch streams open");
@@ -329,8 +355,12 @@ impl<B: Backend> Synthesizer for EngineModel<'_, B> {
         results.into_iter().map(|r| r.map_err(SynthError::from)).collect()
     }
 
-    fn cancel(&self, id: StreamId) -> Result<Vec<f32>, SynthError> {
+    fn cancel(&self, id: StreamId) -> Result<Stepped, SynthError> {
         Ok(self.with_slot(id, Generation::cancel)?)
+    }
+
+    fn audio_codec(&self) -> Option<&dyn AudioCodec> {
+        self.codec_thread
     }
 
     fn close(&self, id: StreamId) -> usize {

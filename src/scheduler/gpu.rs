@@ -28,6 +28,7 @@ mod with_cuda {
     use crate::model::codec::encode::{CodecEncoder, MAX_REFERENCE_SECONDS};
     use crate::model::load::Checkpoint;
     use crate::model::memory::encoder_weight_bytes;
+    use crate::scheduler::codec::CodecThread;
     use crate::scheduler::{Loader, MemoryUse, ModelHost, ModelLoadError};
 
     /// The CUDA engine: opens the GPU on the worker thread (which then owns its context and
@@ -70,12 +71,20 @@ mod with_cuda {
                 cuda.reserve_saved_states(voice_cache as usize).map_err(|e| ModelLoadError::Gpu(e.to_string()))?;
             }
             let prefixes = PrefixCache::new(&cuda, voice_cache as usize);
+            // The codec's own stream (warmed up after the step's pool, which has the plan first).
+            let codec_stream = if limits.codec_thread { fork_codec_stream(&cuda) } else { None };
+            let codec = codec_stream.as_ref().map(|fork| {
+                CodecThread::new(&model.codec, fork, max_batch)
+                    .with_thread_setup(Box::new(move || fork.bind_to_thread().map_err(|e| e.to_string())))
+            });
             let budget = cuda.budget();
-            let pool = Arc::clone(cuda.pool());
+            let pools: Vec<_> =
+                std::iter::once(cuda.pool()).chain(codec_stream.as_ref().map(Cuda::pool)).map(Arc::clone).collect();
+            let sealed = pools.clone();
             let memory = Box::new(move || MemoryUse {
                 in_use: budget.used() as usize,
                 budget: budget.cap() as usize,
-                allocations_after_warm_up: pool.stats().after_seal,
+                allocations_after_warm_up: pools.iter().map(|p| p.stats().after_seal).sum(),
             });
             // A fault sticks to the context: every later call fails, the first sync reports it.
             let health = Box::new(|| cuda.device().synchronize().map_err(|e| format!("the GPU reports {e}")));
@@ -108,9 +117,34 @@ mod with_cuda {
                 (None, Some(draws)) => engine.with_device_draws(draws),
                 (None, None) => engine,
             };
+            let engine = match &codec {
+                Some(codec) => engine.with_codec_thread(codec),
+                None => engine,
+            };
             host.progress(&format!("warming up {max_batch} streams"));
-            let warm = engine.warm_up().map_err(|e| ModelLoadError::Gpu(format!("warm-up: {e}")))?;
+            let mut warm = engine.warm_up().map_err(|e| ModelLoadError::Gpu(format!("warm-up: {e}")))?;
             cuda.synchronize();
+            let engine = match (&codec, &codec_stream) {
+                (Some(codec), Some(fork)) => {
+                    host.progress("warming up the codec's stream");
+                    match warm_codec(codec, fork) {
+                        Ok(()) => engine,
+                        Err(why) => {
+                            tracing::error!(
+                                reason = %why,
+                                "the codec's own stream did not warm up; the codec runs inside the step \
+                                 (lower --max-batch to make room)"
+                            );
+                            fork.pool().release_free();
+                            let engine = engine.without_codec_thread();
+                            warm = engine.warm_up().map_err(|e| ModelLoadError::Gpu(format!("warm-up: {e}")))?;
+                            cuda.synchronize();
+                            engine
+                        }
+                    }
+                }
+                _ => engine,
+            };
             tracing::info!(
                 used_bytes = cuda.budget().used(),
                 pool_bytes = cuda.pool().stats().bytes,
@@ -146,7 +180,7 @@ mod with_cuda {
             };
             cuda.synchronize();
             // From here on every driver allocation is one serving made (the metric's count).
-            cuda.pool().seal();
+            sealed.iter().for_each(|pool| pool.seal());
             tracing::info!(
                 streams = warm.streams,
                 frames = warm.frames,
@@ -156,6 +190,28 @@ mod with_cuda {
             host.serve(&engine);
             Ok(())
         })
+    }
+
+    /// A stream and pool of the codec's own (`Cuda::fork_stream`); `None` (logged) where it
+    /// cannot be opened: the codec then runs inside the step, as with `--no-codec-thread`.
+    fn fork_codec_stream(cuda: &Cuda) -> Option<Cuda> {
+        cuda.fork_stream()
+            .inspect_err(|e| {
+                tracing::error!(error = %e, "the codec's stream could not be opened; the codec runs inside the step");
+            })
+            .ok()
+    }
+
+    /// Warms the codec thread's pool up for the batch's largest rounds (on this thread).
+    fn warm_codec(codec: &CodecThread<'_, Cuda>, fork: &Cuda) -> Result<(), String> {
+        let warm = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| codec.warm_up()));
+        match warm {
+            Ok(Ok(())) => fork.device().synchronize().map_err(|e| e.to_string())?,
+            Ok(Err(e)) => return Err(e),
+            Err(panic) => return Err(crate::scheduler::worker::panic_message(&*panic)),
+        }
+        tracing::info!(pool_bytes = fork.pool().stats().bytes, "engine: codec stream warmed up");
+        Ok(())
     }
 
     /// A supported GPU at `ordinal`, or why not.

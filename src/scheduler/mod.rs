@@ -2,8 +2,10 @@
 //! (bounded queue: 429 when full, 503 while loading or draining); one worker thread owns the
 //! model and runs the admitted jobs together as the decode batch (`worker.rs`), in the slots a
 //! [`Synthesizer`] offers. Reference clips for voice cloning take the same queue
-//! ([`Scheduler::encode`]) and are encoded one per turn between steps.
+//! ([`Scheduler::encode`]) and are encoded one per turn between steps. The codec runs beside
+//! the worker on a thread of its own (`codec.rs`), decoding the frame groups the steps hand out.
 
+mod codec;
 mod engines;
 mod gpu;
 mod job;
@@ -17,6 +19,7 @@ use std::time::Duration;
 
 use tokio::sync::{Notify, watch};
 
+pub use codec::{AudioCodec, CodecCommand, CodecLink, CodecThread, Decoded};
 pub use engines::{BatchLimits, BatchOptions, DEFAULT_VOICE_CACHE_BYTES, EngineModel, GpuOptions, cpu_loader};
 pub use gpu::{cuda_loader, gpu_present};
 pub use job::{EncodeJob, Encoded, Job, JobEvent, JobStream, REPLY_CAPACITY};
@@ -159,8 +162,15 @@ pub trait Synthesizer {
     fn prefill(&self, ids: &[StreamId]) -> Vec<Result<Prefilled, SynthError>>;
     /// One frame of each stream (all prefilled): each result is that stream's alone.
     fn step(&self, ids: &[StreamId]) -> Vec<Result<Stepped, SynthError>>;
-    /// Ends a stream before its last frame: the PCM of its frames not yet decoded.
-    fn cancel(&self, id: StreamId) -> Result<Vec<f32>, SynthError>;
+    /// Ends a stream before its last frame: the audio of its frames not yet decoded (PCM, or
+    /// codes for [`Synthesizer::audio_codec`]).
+    fn cancel(&self, id: StreamId) -> Result<Stepped, SynthError>;
+    /// The codec on a thread of its own, if the engine runs it there: its streams' steps then
+    /// hand their frame groups out as codes ([`Stepped::codes`]) for the worker to send it, and
+    /// the step goes on while they are decoded.
+    fn audio_codec(&self) -> Option<&dyn AudioCodec> {
+        None
+    }
     /// Frees the stream's slot; returns its audio frames.
     fn close(&self, id: StreamId) -> usize;
     /// Encodes a reference clip (mono, 44.1 kHz) with the codec encoder: codes row-major
@@ -249,6 +259,7 @@ impl Scheduler {
             max_batch: None,
             prefill_chunk: crate::engine::generate::PREFILL_CHUNK,
             voice_cache_bytes: DEFAULT_VOICE_CACHE_BYTES,
+            codec_thread: true,
         };
         let loader = cpu_loader(config.model_dir.clone(), config.default_max_frames, limits);
         Scheduler::start_with(config, loader)

@@ -6,7 +6,10 @@
 //!    stream opened (a job refused here fails alone);
 //! 2. runs the oldest waiting **reference encode** (voice cloning), if any, then **prompt chunks**, oldest stream first, up to one chunk's worth of rows per turn (the
 //!    bound on how long new prompts hold up the streams already speaking);
-//! 3. **steps** every stream that is generating and whose client is keeping up: one frame each;
+//! 3. **steps** every stream that is generating and whose client is keeping up: one frame each.
+//!    Where the engine runs its codec on a thread of its own (`scheduler::codec`), the step's
+//!    frame groups go there as codes and the worker goes straight on; their PCM joins the
+//!    stream's events as it comes back, and a stream's last event waits for its last group;
 //! 4. **delivers** each stream's events to its client without ever waiting: a client that reads
 //!    slowly has its events buffered (up to [`OUTBOX_EVENTS`]; its stream pauses while the buffer
 //!    is full) and is given up after `stall_timeout` without progress, while the batch goes on;
@@ -17,20 +20,23 @@
 //! the context fails every job and turns readiness to failed, and `serve` exits for a restart.
 
 use std::any::Any;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, SyncSender, TryRecvError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use tokio::sync::mpsc::error::TrySendError;
-use tracing::{debug, error, info, warn};
+use tracing::{debug, error, info};
 
-use super::job::{Command, JobEvent, Queued, QueuedEncode, Reply};
+mod active;
+
+use self::active::Active;
+use super::codec::{CodecCommand, CodecLink, Decoded};
+use super::job::{Command, JobEvent, Queued, QueuedEncode};
 use super::{LoadState, Loader, ModelHost, ModelInfo, Opened, Shared, StreamId, Synthesizer, WorkerConfig};
-use crate::engine::generate::FinishReason;
+use crate::engine::generate::{FinishReason, Stepped};
 use crate::telemetry;
 
 /// Events buffered per stream beyond its reply channel before the stream pauses (each event
@@ -49,7 +55,14 @@ pub(super) fn spawn(config: WorkerConfig, loader: Loader, shared: Arc<Shared>) -
     std::thread::Builder::new()
         .name(String::from("limelight-worker"))
         .spawn(move || {
-            let mut host = Host { config, shared, jobs: rx, encodes: RefCell::new(VecDeque::new()) };
+            let mut host = Host {
+                config,
+                shared,
+                jobs: rx,
+                encodes: RefCell::new(VecDeque::new()),
+                codec: None,
+                next_key: Cell::new(0),
+            };
             let outcome = catch_unwind(AssertUnwindSafe(|| loader(&mut host)));
             let failure = match outcome {
                 Ok(Ok(())) => None,
@@ -75,81 +88,16 @@ struct Host {
     jobs: Receiver<Command>,
     /// Reference clips waiting for the codec encoder, oldest first (one runs per turn).
     encodes: RefCell<VecDeque<QueuedEncode>>,
+    /// The codec thread's channels, while one runs (`scheduler::codec`).
+    codec: Option<CodecLane>,
+    /// The key of the next job's stream on the codec thread (keys rise: its oldest-first order).
+    next_key: Cell<u64>,
 }
 
-/// One admitted job: its stream in the model (while it has one), its client, and the events the
-/// client has not taken yet.
-struct Active {
-    /// The model's stream; `None` once it ended (the slot is free) while events still drain.
-    stream: Option<StreamId>,
-    /// Its prompt is done: it takes a frame every step.
-    prefilled: bool,
-    reply: Reply,
-    span: tracing::Span,
-    outbox: VecDeque<JobEvent>,
-    /// Since when events have waited for a client that takes none (for `stall_timeout`).
-    blocked_since: Option<Instant>,
-    prompt_rows: usize,
-    /// Prompt rows not yet run.
-    prompt_left: usize,
-    /// When it joined the batch.
-    joined: Instant,
-    /// The job is over for the worker: its client left or stalled (nothing more is sent).
-    gone: bool,
-    /// The last event was queued: retire once the outbox is empty.
-    ended: bool,
-}
-
-impl Active {
-    /// Frees its slot, if it still holds one, counting its frames; returns them (0 if it held none).
-    fn close(&mut self, model: &dyn Synthesizer) -> usize {
-        let Some(id) = self.stream.take() else { return 0 };
-        let frames = model.close(id);
-        metrics::counter!(telemetry::FRAMES_GENERATED).increment(frames as u64);
-        let audio_secs = (frames * model.samples_per_frame()) as f64 / f64::from(model.sample_rate());
-        if audio_secs > 0.0 {
-            let rtf = self.joined.elapsed().as_secs_f64() / audio_secs;
-            metrics::histogram!(telemetry::STREAM_REAL_TIME_FACTOR).record(rtf);
-        }
-        frames
-    }
-
-    /// Closes its stream and queues `last`, the job's final event (unless its client is gone).
-    fn end(&mut self, model: &dyn Synthesizer, last: JobEvent) {
-        self.close(model);
-        if !self.gone {
-            self.outbox.push_back(last);
-        }
-        self.ended = true;
-    }
-
-    /// Hands waiting events to the client without blocking; gives the client up once it has
-    /// taken nothing for `stall`.
-    fn deliver(&mut self, stall: Duration, now: Instant) {
-        while let Some(event) = self.outbox.pop_front() {
-            match self.reply.tx.try_send(event) {
-                Ok(()) => self.blocked_since = None,
-                Err(TrySendError::Full(event)) => {
-                    self.outbox.push_front(event);
-                    break;
-                }
-                Err(TrySendError::Closed(_)) => {
-                    self.gone = true;
-                    break;
-                }
-            }
-        }
-        if self.gone || self.outbox.is_empty() {
-            self.blocked_since = None;
-            return;
-        }
-        let since = *self.blocked_since.get_or_insert(now);
-        if now.duration_since(since) >= stall {
-            let _enter = self.span.enter();
-            warn!(stall_secs = stall.as_secs_f64(), "client stopped reading; job given up");
-            self.gone = true;
-        }
-    }
+/// The worker's ends of the codec thread's channels.
+struct CodecLane {
+    commands: Sender<CodecCommand>,
+    decoded: Receiver<Decoded>,
 }
 
 impl ModelHost for Host {
@@ -177,6 +125,29 @@ impl ModelHost for Host {
         self.publish_memory(model);
         self.progress("ready");
         self.shared.load.send_replace(LoadState::Ready);
+        let Some(codec) = model.audio_codec() else {
+            self.run_batch(model);
+            return;
+        };
+        std::thread::scope(|scope| {
+            let (commands, commands_rx) = std::sync::mpsc::channel();
+            let (decoded_tx, decoded) = std::sync::mpsc::channel();
+            let link = CodecLink { commands: commands_rx, decoded: decoded_tx };
+            std::thread::Builder::new()
+                .name(String::from("limelight-codec"))
+                .spawn_scoped(scope, move || codec.run(link))
+                .expect("spawning the codec thread");
+            self.codec = Some(CodecLane { commands, decoded });
+            self.run_batch(model);
+            // Its sender dropped, the codec thread ends and the scope joins it.
+            self.codec = None;
+        });
+    }
+}
+
+impl Host {
+    /// The worker's loop over the decode batch, until the scheduler is gone or the engine is lost.
+    fn run_batch(&self, model: &dyn Synthesizer) {
         let mut batch: Vec<Active> = Vec::new();
         loop {
             if !self.admit(model, &mut batch) {
@@ -185,6 +156,12 @@ impl ModelHost for Host {
             let mut failed = self.encode(model);
             failed |= self.prefill(model, &mut batch);
             let stepped = self.step(model, &mut batch, &mut failed);
+            let idle = !stepped && !batch.is_empty();
+            let on_codec = batch.iter().any(|job| job.codec_pending > 0);
+            if let Err(why) = self.collect_decoded(model, &mut batch, &mut failed, idle) {
+                self.engine_lost(&mut batch, &why);
+                return;
+            }
             let now = Instant::now();
             for job in &mut batch {
                 job.deliver(self.config.stall_timeout, now);
@@ -196,15 +173,13 @@ impl ModelHost for Host {
                 self.engine_lost(&mut batch, &why);
                 return;
             }
-            if !stepped && !batch.is_empty() {
-                // Every stream waits on its client: let the readers catch up.
+            if idle && !on_codec {
+                // Every stream waits on its client: let the readers catch up. (Streams waiting
+                // on the codec waited for its PCM instead.)
                 std::thread::sleep(IDLE_POLL);
             }
         }
     }
-}
-
-impl Host {
     /// Moves queued jobs into free slots (waiting for one when the batch is empty). Returns
     /// `false` once the queue is closed and nothing is left to run.
     fn admit(&self, model: &dyn Synthesizer, batch: &mut Vec<Active>) -> bool {
@@ -282,6 +257,11 @@ impl Host {
                     joined: Instant::now(),
                     gone: false,
                     ended: false,
+                    audio_key: self.next_key.replace(self.next_key.get() + 1),
+                    codec_pending: 0,
+                    codec_used: false,
+                    awaiting_first_audio: false,
+                    held_end: None,
                 });
             }
             Ok(Err(e)) => e.to_string(),
@@ -388,10 +368,8 @@ impl Host {
             return None;
         }
         let id = job.stream.expect("asked only of jobs with a stream");
-        if let Ok(pcm) = model.cancel(id)
-            && !pcm.is_empty()
-        {
-            job.outbox.push_back(JobEvent::Audio(pcm));
+        if let Ok(audio) = model.cancel(id) {
+            self.take_audio(job, audio);
         }
         let frames = job.close(model);
         Some(JobEvent::Finished { reason: FinishReason::Cancelled, frames, prompt_rows: job.prompt_rows })
@@ -406,7 +384,7 @@ impl Host {
             }
             if let Some(last) = self.interrupted(job, model) {
                 job.end(model, last);
-            } else if job.outbox.len() < OUTBOX_EVENTS {
+            } else if job.backlog() < OUTBOX_EVENTS {
                 members.push(i);
             }
         }
@@ -428,10 +406,9 @@ impl Host {
             let job = &mut batch[i];
             match result {
                 Ok(stepped) => {
-                    if !stepped.pcm.is_empty() {
-                        job.outbox.push_back(JobEvent::Audio(stepped.pcm));
-                    }
-                    if let Some(reason) = stepped.finished {
+                    let finished = stepped.finished;
+                    self.take_audio(job, stepped);
+                    if let Some(reason) = finished {
                         let frames = job.close(model);
                         let prompt_rows = job.prompt_rows;
                         job.end(model, JobEvent::Finished { reason, frames, prompt_rows });
@@ -447,6 +424,61 @@ impl Host {
         true
     }
 
+    /// A step's audio for `job`: its PCM into the outbox, or its codes to the codec thread.
+    fn take_audio(&self, job: &mut Active, stepped: Stepped) {
+        if !stepped.pcm.is_empty() {
+            job.outbox.push_back(JobEvent::Audio(stepped.pcm));
+        }
+        if stepped.codes.is_empty() {
+            return;
+        }
+        let lane = self.codec.as_ref().expect("codes come only from an engine with a codec thread");
+        // A send fails only once the codec thread is gone, which `collect_decoded` reports.
+        if lane.commands.send(CodecCommand::Decode { key: job.audio_key, codes: stepped.codes }).is_ok() {
+            job.codec_pending += 1;
+            job.awaiting_first_audio = !job.codec_used;
+            job.codec_used = true;
+        }
+    }
+
+    /// Takes the PCM the codec thread has decoded into its jobs' outboxes. Waits for the first
+    /// group of a stream (its first audio goes out before the next step, as with the codec in
+    /// the step), and, when `idle` (no stream could step), up to [`IDLE_POLL`] for any.
+    /// `Err`: the codec thread is gone.
+    fn collect_decoded(
+        &self,
+        model: &dyn Synthesizer,
+        batch: &mut [Active],
+        failed: &mut bool,
+        idle: bool,
+    ) -> Result<(), String> {
+        let Some(lane) = &self.codec else { return Ok(()) };
+        let gone = || String::from("the codec thread stopped");
+        let mut idle_wait = idle && batch.iter().any(|job| job.codec_pending > 0);
+        loop {
+            let decoded = if batch.iter().any(|job| job.awaiting_first_audio) {
+                // The codec thread answers every group it is sent, so this returns.
+                lane.decoded.recv().map_err(|_| gone())?
+            } else if std::mem::take(&mut idle_wait) {
+                match lane.decoded.recv_timeout(IDLE_POLL) {
+                    Ok(decoded) => decoded,
+                    Err(RecvTimeoutError::Timeout) => return Ok(()),
+                    Err(RecvTimeoutError::Disconnected) => return Err(gone()),
+                }
+            } else {
+                match lane.decoded.try_recv() {
+                    Ok(decoded) => decoded,
+                    Err(TryRecvError::Empty) => return Ok(()),
+                    Err(TryRecvError::Disconnected) => return Err(gone()),
+                }
+            };
+            // A job that already left has nothing to take it.
+            if let Some(job) = batch.iter_mut().find(|job| job.audio_key == decoded.key) {
+                *failed |= job.decoded(model, decoded.pcm);
+            }
+        }
+    }
+
     /// Drops jobs that are over: ended with every event delivered, or whose client is gone.
     fn retire(&self, model: &dyn Synthesizer, batch: &mut Vec<Active>) {
         let before = batch.len();
@@ -454,6 +486,11 @@ impl Host {
             let over = job.gone || (job.ended && job.outbox.is_empty());
             if over {
                 job.close(model);
+                if job.codec_used
+                    && let Some(lane) = &self.codec
+                {
+                    let _ = lane.commands.send(CodecCommand::End { key: job.audio_key });
+                }
                 // A slot frees when a job ends: `Retry-After` follows their wall time.
                 self.shared.record_job_secs(job.joined.elapsed().as_secs_f64());
             }
@@ -522,7 +559,7 @@ impl Host {
 }
 
 /// The text of a panic payload (`panic!` with a literal or a format string).
-fn panic_message(payload: &(dyn Any + Send)) -> String {
+pub(super) fn panic_message(payload: &(dyn Any + Send)) -> String {
     if let Some(s) = payload.downcast_ref::<&str>() {
         (*s).to_owned()
     } else if let Some(s) = payload.downcast_ref::<String>() {

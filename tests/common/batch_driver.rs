@@ -108,7 +108,7 @@ pub fn batched<B: Backend>(engine: &Engine<'_, B>, plan: &[Planned]) -> (Vec<Out
             plan[l.index].cancel_after.is_some_and(|n| l.generation.ready() && l.generation.frames() == n)
         }) {
             let mut l = live.remove(at);
-            l.pcm.extend(l.generation.cancel().expect("cancel"));
+            l.pcm.extend(l.generation.cancel().expect("cancel").pcm);
             outcomes[l.index] = Some(Outcome { finished: l.generation.finish(FinishReason::Cancelled), pcm: l.pcm });
         }
         let mut ready: Vec<&mut Live<'_, B>> = live.iter_mut().filter(|l| l.generation.ready()).collect();

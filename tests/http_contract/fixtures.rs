@@ -23,8 +23,8 @@ use limelight::model::frame::Rows;
 use limelight::model::vocabulary::Vocabulary;
 use limelight::request::validate::SpeechPolicy;
 use limelight::scheduler::{
-    BatchLimits, DEFAULT_VOICE_CACHE_BYTES, Encoded, Loader, MemoryUse, ModelHost, Opened, Prefilled, Scheduler,
-    StreamId, SynthError, Synthesizer, WorkerConfig, cpu_loader,
+    AudioCodec, BatchLimits, DEFAULT_VOICE_CACHE_BYTES, Encoded, Loader, MemoryUse, ModelHost, Opened, Prefilled,
+    Scheduler, StreamId, SynthError, Synthesizer, WorkerConfig, cpu_loader,
 };
 
 pub const MODEL: &str = "drama-3";
@@ -77,7 +77,12 @@ pub fn app_with_keys(scheduler: Scheduler, api_keys: Vec<&str>) -> Router {
 
 /// The CPU engine's decode batch in these tests.
 fn limits() -> BatchLimits {
-    BatchLimits { max_batch: Some(4), prefill_chunk: PREFILL_CHUNK, voice_cache_bytes: DEFAULT_VOICE_CACHE_BYTES }
+    BatchLimits {
+        max_batch: Some(4),
+        prefill_chunk: PREFILL_CHUNK,
+        voice_cache_bytes: DEFAULT_VOICE_CACHE_BYTES,
+        codec_thread: true,
+    }
 }
 
 /// One scheduler on the plain CPU engine, shared by the tests that need nothing special.
@@ -215,7 +220,7 @@ impl Synthesizer for Wrapped<'_> {
                     continue;
                 }
             };
-            s.audio |= !stepped.pcm.is_empty();
+            s.audio |= !stepped.pcm.is_empty() || !stepped.codes.is_empty();
             if self.mode == Mode::Endless && stepped.finished.is_some() {
                 // Start over in a fresh stream: only the client leaving ends it.
                 self.model.close(s.inner);
@@ -234,8 +239,11 @@ impl Synthesizer for Wrapped<'_> {
     fn encodes_references(&self) -> bool {
         self.mode != Mode::NoEncoder && self.model.encodes_references()
     }
-    fn cancel(&self, id: StreamId) -> Result<Vec<f32>, SynthError> {
+    fn cancel(&self, id: StreamId) -> Result<Stepped, SynthError> {
         self.model.cancel(self.streams.borrow()[&id].inner)
+    }
+    fn audio_codec(&self) -> Option<&dyn AudioCodec> {
+        self.model.audio_codec()
     }
     fn close(&self, id: StreamId) -> usize {
         let s = self.streams.borrow_mut().remove(&id).expect("open");

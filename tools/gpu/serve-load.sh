@@ -10,7 +10,7 @@
 #    frames with distinct seeds; the server's /metrics after the load.
 # Environment: BATCH_SIZES (bench batch sizes), PROFILE_SIZES (sizes whose step bench batch
 # profiles per kernel), BENCH_ONLY=1 (stop after bench batch), LOADED_AFTER (seconds into the
-# load before the same-bytes request).
+# load before the same-bytes request), SERVE_FLAGS (more `serve` flags, e.g. --no-codec-thread).
 # REPORT_DIR gets bench-batch.{txt,json}, serve-load.{txt,json}, serve.log, metrics.txt.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -32,7 +32,7 @@ echo "build: $(cat .gpu/bin/BUILD)"
 
 port=${LIMELIGHT_PORT:-18080}
 .gpu/bin/limelight serve --model "$ckpt" --device cuda --port "$port" --log-format json \
-    --context-length 4096 --max-frames 2048 --max-queue 256 >"$report_dir/serve.log" 2>&1 &
+    --context-length 4096 --max-frames 2048 --max-queue 256 ${SERVE_FLAGS:-} >"$report_dir/serve.log" 2>&1 &
 server=$!
 trap 'kill $server 2>/dev/null || true' EXIT
 until curl -sf "http://127.0.0.1:$port/ready" >/dev/null; do

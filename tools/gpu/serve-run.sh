@@ -11,7 +11,9 @@
 # factor). REPORT_DIR gets serve.log (the server's JSON lines), requests.tsv, metrics.txt,
 # audio files, and load-time.txt. The first server runs one stream at a time as a CUDA graph
 # (`--max-batch 1`); then it serves the same checkpoint again with the decode batch (the default)
-# and checks that the same request gives the same bytes (ab-host-loop.txt, serve-host-loop.log).
+# and checks that the same request gives the same bytes (ab-host-loop.txt, serve-host-loop.log);
+# then the graph again with the codec inside the step (`--no-codec-thread`): the same bytes, and
+# its speed beside the codec thread's (ab-codec-in-step.txt, serve-codec-in-step.log).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 tools/gpu/unpack.sh
@@ -108,6 +110,20 @@ cmp -s "$report_dir/stream-pcm.pcm" "$report_dir/stream-pcm-host-loop.pcm" &&
     echo "CUDA graph vs the decode batch, same request: BYTES DIFFER" | tee "$report_dir/ab-host-loop.txt"
 tail -2 "$report_dir/requests.tsv"
 grep '"request"' "$report_dir/serve-host-loop.log" | tail -2 || true
+kill -TERM $server
+wait $server || true
+
+# The graph step with the codec inside it (no codec thread): the same bytes, and how much the
+# codec thread's overlap is worth.
+start_server serve-codec-in-step.log --max-batch 1 --no-codec-thread
+echo "codec in the step: ready after $(( ($(date +%s%N) - start) / 1000000 )) ms" | tee -a "$report_dir/load-time.txt"
+speak warmup-codec-in-step pcm "" "$text" 32
+speak stream-pcm-codec-in-step pcm "" "$text" 256
+cmp -s "$report_dir/stream-pcm.pcm" "$report_dir/stream-pcm-codec-in-step.pcm" &&
+    echo "codec thread vs codec in the step, same request: identical bytes" | tee "$report_dir/ab-codec-in-step.txt" ||
+    echo "codec thread vs codec in the step, same request: BYTES DIFFER" | tee "$report_dir/ab-codec-in-step.txt"
+tail -2 "$report_dir/requests.tsv"
+grep '"request"' "$report_dir/serve-codec-in-step.log" | tail -2 || true
 kill -TERM $server
 wait $server || true
 rm -f "$report_dir"/*.pcm "$report_dir"/*.wav  # audio of random weights is noise; keep the numbers

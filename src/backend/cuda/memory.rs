@@ -215,6 +215,15 @@ impl Pool {
     }
 
     /// From now on every driver allocation is counted in [`PoolStats::after_seal`].
+    /// Frees every buffer the pool holds free (their bytes go back to the budget). Call it once
+    /// the stream is idle: a freed buffer may no longer be read by queued work.
+    pub fn release_free(&self) {
+        let mut inner = self.inner.lock().expect("pool lock");
+        let freed: u64 = inner.free.values().flatten().map(|b| b.bytes() as u64).sum();
+        inner.free.clear();
+        inner.stats.bytes -= freed;
+    }
+
     pub fn seal(&self) {
         self.inner.lock().expect("pool lock").sealed = true;
     }

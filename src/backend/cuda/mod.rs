@@ -120,7 +120,9 @@ pub struct Cuda {
     pinned: Arc<Budget>,
     pool: Arc<Pool>,
     arena: Mutex<WeightArena>,
-    stager: Mutex<staging::Stager>,
+    /// Pinned staging for weight uploads; `None` on a [`Cuda::fork_stream`] handle, which
+    /// uploads no weights.
+    stager: Option<Mutex<staging::Stager>>,
     pub kernels: Kernels,
     pub blas: Option<linear::Blas>,
     context: usize,
@@ -146,7 +148,7 @@ impl Cuda {
         let kernels = Kernels::load(&device)?;
         let pool = Pool::new(Arc::clone(&budget), Arc::clone(&device.stream));
         let arena = Mutex::new(WeightArena::new(Arc::clone(&budget)));
-        let stager = Mutex::new(staging::Stager::new(&pinned, &device.stream)?);
+        let stager = Some(Mutex::new(staging::Stager::new(&pinned, &device.stream)?));
         let blas = linear::Blas::open(&device, &budget);
         Ok(Cuda {
             device,
@@ -161,6 +163,37 @@ impl Cuda {
             head: Mutex::new(None),
             saved: Mutex::new(None),
         })
+    }
+
+    /// A second handle on the same GPU context with its own stream and its own activation pool
+    /// (sharing the device and pinned budgets): work queued on it runs concurrently with this
+    /// handle's stream. It reads weights this handle uploaded (call [`Cuda::synchronize`] on
+    /// this one first) but uploads none. The codec's thread runs on one (`scheduler::codec`), so
+    /// the codec overlaps the decode step. Use it on one thread at a time, after
+    /// [`Cuda::bind_to_thread`] there.
+    pub fn fork_stream(&self) -> Result<Cuda, CudaError> {
+        let stream = self.device.ctx.new_stream()?;
+        let device = Device { ctx: Arc::clone(&self.device.ctx), stream, info: self.device.info.clone() };
+        let pool = Pool::new(Arc::clone(&self.budget), Arc::clone(&device.stream));
+        Ok(Cuda {
+            kernels: Kernels::load(&device)?,
+            blas: None,
+            budget: Arc::clone(&self.budget),
+            pinned: Arc::clone(&self.pinned),
+            pool,
+            arena: Mutex::new(WeightArena::new(Arc::clone(&self.budget))),
+            stager: None,
+            context: self.context,
+            head: Mutex::new(None),
+            saved: Mutex::new(None),
+            device,
+        })
+    }
+
+    /// Makes the context current on the calling thread (a thread other than the one that
+    /// opened it must call this before its first launch or copy: raw driver calls do not bind).
+    pub fn bind_to_thread(&self) -> Result<(), CudaError> {
+        Ok(self.device.ctx.bind_to_thread()?)
     }
 
     pub fn info(&self) -> &DeviceInfo {
@@ -356,6 +389,8 @@ impl Cuda {
         // Queued through pinned staging: later launches on the stream see the weight; nothing
         // waits here, so reading the next tensor from disk overlaps this copy.
         self.stager
+            .as_ref()
+            .unwrap_or_else(|| panic!("weight `{name}`: a forked stream uploads no weights"))
             .lock()
             .expect("stager lock")
             .upload(self.stream(), ptr, bytes)

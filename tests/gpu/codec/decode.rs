@@ -37,7 +37,7 @@ pub fn run(ctx: &mut Ctx) {
 }
 
 /// Random codes, a few past the codebooks (the decode clamps them).
-fn random_codes(ctx: &mut Ctx, d: &CodecDims, frames: usize) -> Vec<u32> {
+pub fn random_codes(ctx: &mut Ctx, d: &CodecDims, frames: usize) -> Vec<u32> {
     let mut codes = Vec::with_capacity(frames * (1 + d.residual_codebooks));
     for _ in 0..frames {
         codes.push((ctx.rng.next_u64() % (d.semantic_codebook_size as u64 + 8)) as u32);
@@ -74,6 +74,7 @@ fn tiny_checkpoint(ctx: &mut Ctx) {
     streamed(ctx, "tiny", &gpu_model, &codes, &got_pcm);
     together(ctx, &gpu_model);
     allocations(ctx, &gpu_model, &codes);
+    super::thread::run(ctx, &gpu_model);
 }
 
 /// Streams decoded together (`StreamingDecoder::push_many`, the decode batch's codec pass): each

@@ -7,12 +7,15 @@
 //!   the CPU, stage by stage; streamed == whole bit for bit over 160 frames (the attention window
 //!   wraps); no driver allocation after warm-up; and a random codec at the real dims: streaming
 //!   exactness and frames per second against real time.
+//! - `thread`: the codec on its own thread and stream (as `serve` runs it) against the whole
+//!   decode on the main stream, bit for bit, with no allocation after its warm-up.
 //!
 //! The oracle is the CPU backend with the same f16-rounded weights ([`F16Cpu`]); the GPU adds
 //! f16 activations between operations. Bounds are stated where they are used.
 
 mod decode;
 mod ops;
+mod thread;
 
 use limelight::backend::BackendTypes;
 use limelight::backend::codec::{

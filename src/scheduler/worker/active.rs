@@ -1,0 +1,137 @@
+//! One admitted job as the worker holds it: its stream's slot, its client, the events the
+//! client has not taken yet, and the audio still on the codec thread.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc::error::TrySendError;
+use tracing::{error, warn};
+
+use crate::scheduler::job::{JobEvent, Reply};
+use crate::scheduler::{StreamId, Synthesizer};
+use crate::telemetry;
+
+/// One admitted job: its stream in the model (while it has one), its client, and the events the
+/// client has not taken yet.
+pub(super) struct Active {
+    /// The model's stream; `None` once it ended (the slot is free) while events still drain.
+    pub(super) stream: Option<StreamId>,
+    /// Its prompt is done: it takes a frame every step.
+    pub(super) prefilled: bool,
+    pub(super) reply: Reply,
+    pub(super) span: tracing::Span,
+    pub(super) outbox: VecDeque<JobEvent>,
+    /// Since when events have waited for a client that takes none (for `stall_timeout`).
+    pub(super) blocked_since: Option<Instant>,
+    pub(super) prompt_rows: usize,
+    /// Prompt rows not yet run.
+    pub(super) prompt_left: usize,
+    /// When it joined the batch.
+    pub(super) joined: Instant,
+    /// The job is over for the worker: its client left or stalled (nothing more is sent).
+    pub(super) gone: bool,
+    /// The last event was queued: retire once the outbox is empty.
+    pub(super) ended: bool,
+    /// Its stream's key on the codec thread.
+    pub(super) audio_key: u64,
+    /// Frame groups sent to the codec thread whose PCM has not come back.
+    pub(super) codec_pending: usize,
+    /// Whether any group was sent (the codec thread then holds a decoder to drop).
+    pub(super) codec_used: bool,
+    /// Its first group is on the codec thread: the worker waits for it before the next step.
+    pub(super) awaiting_first_audio: bool,
+    /// The job's last event, held until its PCM is all back from the codec thread.
+    pub(super) held_end: Option<JobEvent>,
+}
+
+impl Active {
+    /// Frees its slot, if it still holds one, counting its frames; returns them (0 if it held none).
+    pub(super) fn close(&mut self, model: &dyn Synthesizer) -> usize {
+        let Some(id) = self.stream.take() else { return 0 };
+        let frames = model.close(id);
+        metrics::counter!(telemetry::FRAMES_GENERATED).increment(frames as u64);
+        let audio_secs = (frames * model.samples_per_frame()) as f64 / f64::from(model.sample_rate());
+        if audio_secs > 0.0 {
+            let rtf = self.joined.elapsed().as_secs_f64() / audio_secs;
+            metrics::histogram!(telemetry::STREAM_REAL_TIME_FACTOR).record(rtf);
+        }
+        frames
+    }
+
+    /// Closes its stream and queues `last`, the job's final event (unless its client is gone).
+    /// A finish waits for the PCM still on the codec thread; a failure does not.
+    pub(super) fn end(&mut self, model: &dyn Synthesizer, last: JobEvent) {
+        self.close(model);
+        if self.codec_pending > 0 && !self.gone && matches!(last, JobEvent::Finished { .. }) {
+            self.held_end = Some(last);
+            return;
+        }
+        if !self.gone {
+            self.outbox.push_back(last);
+        }
+        self.ended = true;
+    }
+
+    /// Takes a group's PCM back from the codec thread (or its failure, which fails the job).
+    /// Returns whether the job failed.
+    pub(super) fn decoded(&mut self, model: &dyn Synthesizer, pcm: Result<Vec<f32>, String>) -> bool {
+        self.codec_pending -= 1;
+        self.awaiting_first_audio = false;
+        if self.ended || self.gone {
+            return false;
+        }
+        match pcm {
+            Ok(pcm) => {
+                if !pcm.is_empty() {
+                    self.outbox.push_back(JobEvent::Audio(pcm));
+                }
+                if self.codec_pending == 0
+                    && let Some(last) = self.held_end.take()
+                {
+                    self.outbox.push_back(last);
+                    self.ended = true;
+                }
+                false
+            }
+            Err(message) => {
+                self.span.in_scope(|| error!(error = %message, "job failed"));
+                self.held_end = None;
+                self.end(model, JobEvent::Failed { message });
+                true
+            }
+        }
+    }
+
+    /// Events queued or on their way from the codec thread (the stream pauses at [`super::OUTBOX_EVENTS`]).
+    pub(super) fn backlog(&self) -> usize {
+        self.outbox.len() + self.codec_pending
+    }
+
+    /// Hands waiting events to the client without blocking; gives the client up once it has
+    /// taken nothing for `stall`.
+    pub(super) fn deliver(&mut self, stall: Duration, now: Instant) {
+        while let Some(event) = self.outbox.pop_front() {
+            match self.reply.tx.try_send(event) {
+                Ok(()) => self.blocked_since = None,
+                Err(TrySendError::Full(event)) => {
+                    self.outbox.push_front(event);
+                    break;
+                }
+                Err(TrySendError::Closed(_)) => {
+                    self.gone = true;
+                    break;
+                }
+            }
+        }
+        if self.gone || self.outbox.is_empty() {
+            self.blocked_since = None;
+            return;
+        }
+        let since = *self.blocked_since.get_or_insert(now);
+        if now.duration_since(since) >= stall {
+            let _enter = self.span.enter();
+            warn!(stall_secs = stall.as_secs_f64(), "client stopped reading; job given up");
+            self.gone = true;
+        }
+    }
+}
