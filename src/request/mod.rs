@@ -1,6 +1,8 @@
-//! From a speech request to model inputs: caller-text rules and the prompt rows (`model.md` §7).
+//! From a speech request to model inputs: caller-text rules, the prompt rows (`model.md` §7),
+//! and long text split into chunks sized for the model (`split`).
 
 pub mod prompt;
+pub mod split;
 pub mod text;
 pub mod validate;
 

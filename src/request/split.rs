@@ -1,0 +1,282 @@
+//! Splitting long caller text into chunks sized for the model (issue 15): Drama 3 is trained on
+//! short segments, so a chapter or a script is generated chunk by chunk.
+//!
+//! Rules:
+//! - Never inside an **atom**: a `<|…|>` token (speaker tags included), a bracketed direction
+//!   `[…]`, or a paired word tag `<name>…</name>` with everything between (an unpaired `<name>` is
+//!   an atom of its own).
+//! - Chunks end at the strongest boundary the window offers, preferring, in order: before a
+//!   speaker turn, after a paragraph break, after a sentence end, after a clause mark, after any
+//!   white space. A boundary after punctuation takes the white space that follows with it, so a
+//!   chunk never starts with white space the previous one ended on.
+//! - A chunk holds at most `max_speakers` speakers: a turn that would add one more starts a new
+//!   chunk.
+//! - Chunks concatenate back to the input exactly (byte ranges of it).
+//! - Text with no boundary for `2 × target` bytes (a run with no space or punctuation) is cut
+//!   between characters outside any atom; an atom longer than that stays whole.
+
+use std::ops::Range;
+
+use super::text::{MAX_SPEAKER_ID, speaker_tag_at};
+
+/// How to cut.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SplitLimits {
+    /// Bytes a chunk aims for; chunks end at the best boundary between half this and this.
+    pub target_bytes: usize,
+    /// Speakers one chunk may hold.
+    pub max_speakers: usize,
+}
+
+/// One chunk of the input.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Chunk {
+    /// Its bytes of the input.
+    pub range: Range<usize>,
+    /// The speaker speaking where it starts (0 before any tag): a chunk that starts inside a
+    /// turn is tagged with it.
+    pub speaker: u32,
+    /// The speakers it holds, ascending.
+    pub speakers: Vec<u32>,
+}
+
+/// How good a place to cut is (higher is better).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Strength {
+    /// Between two characters with nothing else going for it.
+    Char,
+    Space,
+    Clause,
+    Sentence,
+    Paragraph,
+    Turn,
+}
+
+/// A place the text may be cut.
+#[derive(Clone, Copy, Debug)]
+struct Boundary {
+    at: usize,
+    strength: Strength,
+}
+
+/// Splits `text` into chunks (see the module's rules). Empty text gives no chunks.
+///
+/// # Panics
+/// If `limits.target_bytes` or `limits.max_speakers` is 0.
+pub fn split(text: &str, limits: SplitLimits) -> Vec<Chunk> {
+    assert!(limits.target_bytes > 0 && limits.max_speakers > 0, "chunks of nothing");
+    let (boundaries, turns) = scan(text);
+    let mut chunks = Vec::new();
+    let mut start = 0;
+    while start < text.len() {
+        let end = next_end(text, start, &boundaries, &turns, limits);
+        chunks.push(chunk(start..end, &turns));
+        start = end;
+    }
+    chunks
+}
+
+/// Where the chunk starting at `start` ends.
+fn next_end(text: &str, start: usize, boundaries: &[Boundary], turns: &[(usize, u32)], limits: SplitLimits) -> usize {
+    let (low, high) = (start + limits.target_bytes / 2, start + limits.target_bytes);
+    // The first turn that would bring one speaker too many must start the next chunk.
+    let speaker_cap = (turns.iter())
+        .map(|(at, _)| *at)
+        .filter(|&at| at > start)
+        .find(|&at| speakers_in(start..at + 1, turns).len() > limits.max_speakers);
+    if text.len() <= high && speaker_cap.is_none() {
+        return text.len();
+    }
+    let cap = speaker_cap.map_or(high, |c| c.min(high));
+    let real = |b: &&Boundary| b.at > start && b.strength > Strength::Char;
+    // The strongest real boundary in [low, cap], the last of equals (the fullest chunk); else the
+    // last real one before it (a short chunk rather than a cut word).
+    let window = boundaries.iter().filter(real).filter(|b| b.at >= low.min(cap) && b.at <= cap);
+    if let Some(best) = window.max_by_key(|b| (b.strength, b.at)) {
+        return best.at;
+    }
+    if let Some(b) = boundaries.iter().filter(real).take_while(|b| b.at <= cap).last() {
+        return b.at;
+    }
+    // No real boundary before the cap (a long atom or a run with no space or mark): the first
+    // real one after it, or a cut between characters at twice the target, whichever is first.
+    let hard = start + 2 * limits.target_bytes;
+    (boundaries.iter())
+        .find(|b| b.at > start && (b.strength > Strength::Char || b.at >= hard))
+        .map_or(text.len(), |b| b.at)
+}
+
+fn chunk(range: Range<usize>, turns: &[(usize, u32)]) -> Chunk {
+    let speaker = turns.iter().take_while(|(at, _)| *at <= range.start).last().map_or(0, |(_, s)| *s);
+    Chunk { speakers: speakers_in(range.clone(), turns), speaker, range }
+}
+
+/// The speakers speaking anywhere in `range` (the one speaking at its start included).
+fn speakers_in(range: Range<usize>, turns: &[(usize, u32)]) -> Vec<u32> {
+    let first = turns.iter().take_while(|(at, _)| *at <= range.start).last().map_or(0, |(_, s)| *s);
+    let mut out: Vec<u32> = std::iter::once(first)
+        .chain(turns.iter().filter(|(at, _)| range.contains(at) && *at > range.start).map(|(_, s)| *s))
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// Every boundary of `text` (ascending, none inside an atom) and every speaker turn (the tag's
+/// offset and speaker).
+fn scan(text: &str) -> (Vec<Boundary>, Vec<(usize, u32)>) {
+    let (mut boundaries, mut turns) = (Vec::new(), Vec::new());
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while i < text.len() {
+        let rest = &text[i..];
+        if let Some((len, speaker)) = speaker_tag_at(rest) {
+            debug_assert!(speaker <= MAX_SPEAKER_ID);
+            if i > 0 {
+                boundaries.push(Boundary { at: i, strength: Strength::Turn });
+            }
+            turns.push((i, speaker));
+            i += len;
+            continue;
+        }
+        let atom = atom_len(rest);
+        if atom > 0 {
+            i += atom;
+            boundaries.push(Boundary { at: i, strength: Strength::Char });
+            continue;
+        }
+        let c = rest.chars().next().expect("i < len");
+        i += c.len_utf8();
+        if c.is_whitespace() {
+            let run = text[i..].chars().take_while(|c| c.is_whitespace()).map(char::len_utf8).sum::<usize>();
+            let newlines = text[i - c.len_utf8()..i + run].matches('\n').count();
+            i += run;
+            let strength = if newlines >= 2 { Strength::Paragraph } else { Strength::Space };
+            boundaries.push(Boundary { at: i, strength });
+            continue;
+        }
+        let mark = punctuation(c);
+        if let Some(strength) = mark {
+            // Closing quotes and brackets stay with the sentence.
+            while let Some(q) = text[i..].chars().next().filter(|q| CLOSERS.contains(q)) {
+                i += q.len_utf8();
+            }
+            let run = text[i..].chars().take_while(|c| c.is_whitespace()).map(char::len_utf8).sum::<usize>();
+            // Western marks end something only before white space (or the end); CJK ones always.
+            if run > 0 || i == text.len() || !c.is_ascii() {
+                let newlines = text[i..i + run].matches('\n').count();
+                i += run;
+                let strength = if newlines >= 2 { Strength::Paragraph } else { strength };
+                boundaries.push(Boundary { at: i, strength });
+                continue;
+            }
+        }
+        if bytes.get(i).is_some() {
+            boundaries.push(Boundary { at: i, strength: Strength::Char });
+        }
+    }
+    boundaries.retain(|b| b.at < text.len());
+    boundaries.dedup_by(|later, earlier| {
+        if later.at == earlier.at {
+            earlier.strength = earlier.strength.max(later.strength);
+            true
+        } else {
+            false
+        }
+    });
+    (boundaries, turns)
+}
+
+/// Characters that close a quotation or a parenthesis after a sentence's mark.
+const CLOSERS: [char; 7] = ['"', '\'', '”', '’', ')', '»', '」'];
+
+/// The boundary a punctuation mark makes, if it makes one.
+fn punctuation(c: char) -> Option<Strength> {
+    match c {
+        '.' | '!' | '?' | '…' | '。' | '！' | '？' => Some(Strength::Sentence),
+        ',' | ';' | ':' | '—' | '–' | '，' | '；' | '：' | '、' => Some(Strength::Clause),
+        _ => None,
+    }
+}
+
+/// The length of the atom at the start of `s` (0: none): a `<|…|>` token, a closed `[…]`, or a
+/// `<name>…</name>` span (or a lone `<name>`).
+fn atom_len(s: &str) -> usize {
+    if s.starts_with("<|") {
+        return s.find("|>").map_or(0, |end| end + 2);
+    }
+    if s.starts_with('[') {
+        return s.find(']').map_or(0, |end| end + 1);
+    }
+    if let Some(rest) = s.strip_prefix('<') {
+        let name_len = rest.bytes().take_while(|b| b.is_ascii_alphanumeric() || *b == b'_' || *b == b'-').count();
+        if name_len > 0 && rest.as_bytes().get(name_len) == Some(&b'>') {
+            let open = name_len + 2;
+            let close = format!("</{}>", &rest[..name_len]);
+            return s[open..].find(&close).map_or(open, |at| open + at + close.len());
+        }
+    }
+    0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn texts(text: &str, limits: SplitLimits) -> Vec<&str> {
+        split(text, limits).into_iter().map(|c| &text[c.range]).collect()
+    }
+
+    const SMALL: SplitLimits = SplitLimits { target_bytes: 40, max_speakers: 3 };
+
+    #[test]
+    fn sentences_before_clauses_before_spaces() {
+        let text = "One short sentence here. Then a clause, and more words follow on and on.";
+        assert_eq!(
+            texts(text, SMALL),
+            ["One short sentence here. ", "Then a clause, and more words follow on ", "and on."]
+        );
+    }
+
+    #[test]
+    fn atoms_stay_whole() {
+        let text = "[whispering, very softly now] <whisper>this part is all one tag span</whisper> after.";
+        for piece in texts(text, SplitLimits { target_bytes: 12, max_speakers: 3 }) {
+            assert_eq!(piece.matches('[').count(), piece.matches(']').count(), "{piece:?}");
+            assert_eq!(piece.matches("<whisper>").count(), piece.matches("</whisper>").count(), "{piece:?}");
+        }
+    }
+
+    #[test]
+    fn turns_start_chunks_and_speakers_are_capped() {
+        let text = "<|speaker:0|> Hi. <|speaker:1|> Hello. <|speaker:2|> Hey. <|speaker:3|> Yo.";
+        let chunks = split(text, SplitLimits { target_bytes: 1000, max_speakers: 2 });
+        let speakers: Vec<Vec<u32>> = chunks.iter().map(|c| c.speakers.clone()).collect();
+        assert_eq!(speakers, [vec![0, 1], vec![2, 3]]);
+        assert!(text[chunks[1].range.clone()].starts_with("<|speaker:2|>"));
+        assert_eq!(chunks[1].speaker, 2);
+    }
+
+    #[test]
+    fn a_chunk_inside_a_turn_knows_its_speaker() {
+        let text = "<|speaker:5|> A first sentence of the turn. A second sentence of the same turn.";
+        let chunks = split(text, SplitLimits { target_bytes: 48, max_speakers: 1 });
+        assert_eq!(chunks.len(), 2);
+        assert_eq!((chunks[1].speaker, chunks[1].speakers.clone()), (5, vec![5]));
+    }
+
+    #[test]
+    fn cjk_marks_end_sentences_without_spaces() {
+        let text = "今天天气很好。我们去公园散步吧！然后回家吃饭。";
+        let pieces = texts(text, SplitLimits { target_bytes: 24, max_speakers: 1 });
+        assert!(pieces.len() > 1 && pieces.iter().all(|p| p.ends_with(['。', '！'])), "{pieces:?}");
+    }
+
+    #[test]
+    fn a_run_without_boundaries_is_cut_between_characters() {
+        let text = "a".repeat(100);
+        let pieces = texts(&text, SplitLimits { target_bytes: 10, max_speakers: 1 });
+        assert_eq!(pieces.concat(), text);
+        assert!(pieces.iter().all(|p| p.len() <= 20), "{pieces:?}");
+    }
+}
