@@ -44,6 +44,7 @@ fn job(text: &str, max_frames: usize) -> Job {
         // Seed 3 gives no EOS on this checkpoint, so every job runs to `max_frames`.
         options: GenerateOptions { params: SamplingParams::default(), seed: 3, max_frames },
         span: tracing::Span::none(),
+        more: None,
     }
 }
 
@@ -105,6 +106,18 @@ impl Synthesizer for Faulty<'_> {
         let opened = self.inner.open(rows, prefix, options)?;
         self.open.borrow_mut().insert(opened.id, (options.seed, None));
         Ok(opened)
+    }
+    fn continue_stream(
+        &self,
+        id: StreamId,
+        rows: &Rows,
+        prefix: SharedPrefix,
+        options: &GenerateOptions,
+    ) -> Result<Opened, SynthError> {
+        self.inner.continue_stream(id, rows, prefix, options)
+    }
+    fn produced(&self, id: StreamId) -> Rows {
+        self.inner.produced(id)
     }
     fn prefill_chunk(&self) -> usize {
         self.inner.prefill_chunk()

@@ -304,15 +304,48 @@ impl<'w, B: Backend> Engine<'w, B> {
         prefix: SharedPrefix,
         opts: &GenerateOptions,
     ) -> Result<Generation<'w, B>, GenerateError> {
-        let source = match &self.device {
-            Some(device) => Source::Device(device.start(rows, prefix, opts)?, opts.max_frames),
-            None => Source::Batch(Box::new(self.prompt_stream(rows, prefix, opts)?)),
-        };
         Ok(Generation {
-            source,
+            source: self.source(rows, prefix, opts)?,
             audio: AudioOut::new(self.codec, self.backend),
             produced: Rows::new(rows.codebooks()),
             done: false,
+        })
+    }
+
+    /// The next chunk of a long request (issue 15): `generation`, whose last chunk has ended,
+    /// goes on with a new prompt `rows` (its own model state: nothing of the last chunk's
+    /// backbone or tower state carries over), while its audio goes on in the same streaming
+    /// decoder, so the chunks' PCM joins as one decode of all their frames. Its frames start
+    /// over ([`Generation::produced`]: read the ended chunk's first, for the next prompts'
+    /// history).
+    ///
+    /// # Panics
+    /// If the generation has not ended (its chunk's audio must be all flushed).
+    pub fn continue_prompt(
+        &self,
+        generation: &mut Generation<'w, B>,
+        rows: &Rows,
+        prefix: SharedPrefix,
+        opts: &GenerateOptions,
+    ) -> Result<(), GenerateError> {
+        assert!(generation.done, "continue_prompt on a generation that has not ended");
+        debug_assert_eq!(generation.audio.pending_frames, 0, "the ended chunk's audio was flushed");
+        generation.source = self.source(rows, prefix, opts)?;
+        generation.done = false;
+        generation.produced = Rows::new(rows.codebooks());
+        Ok(())
+    }
+
+    /// Where a prompt's frames come from: the device-side step, or a new stream of the batch.
+    fn source(
+        &self,
+        rows: &Rows,
+        prefix: SharedPrefix,
+        opts: &GenerateOptions,
+    ) -> Result<Source<'w, B>, GenerateError> {
+        Ok(match &self.device {
+            Some(device) => Source::Device(device.start(rows, prefix, opts)?, opts.max_frames),
+            None => Source::Batch(Box::new(self.prompt_stream(rows, prefix, opts)?)),
         })
     }
 
@@ -500,6 +533,11 @@ impl<B: Backend> Generation<'_, B> {
     /// Audio frames produced so far.
     pub fn frames(&self) -> usize {
         self.produced.len()
+    }
+
+    /// The frames `[main, c0..c9]` produced so far (since the last [`Engine::continue_prompt`]).
+    pub fn produced(&self) -> &Rows {
+        &self.produced
     }
 
     /// Takes one frame (its codes wait for their codec group); returns why the generation

@@ -12,9 +12,11 @@ use super::{ApiError, ApiJson, AppState, RequestId, voices};
 use crate::api::speech::{SpeechRequest, StreamFormat};
 use crate::audio::{self, CODEC_SAMPLE_RATE, EncodeOptions};
 use crate::engine::generate::FinishReason;
+use crate::request::chunked::{CHUNK_BYTES, CHUNK_SPEAKERS, ChunkedText, chunk_texts};
 use crate::request::prompt::PromptBuilder;
+use crate::request::split::SplitLimits;
 use crate::request::validate::{Delivery, validate};
-use crate::scheduler::Job;
+use crate::scheduler::{Job, MoreChunks};
 use crate::telemetry::{self, RequestLog};
 
 /// Status logged for a request whose client left before any response was sent (nginx's code).
@@ -68,9 +70,11 @@ pub async fn create_speech(
         Ok(references) => references,
         Err(e) => return tracker.refuse(e),
     };
-    let prompt = match state.scheduler().vocabulary() {
-        Ok(vocabulary) => match PromptBuilder::new(vocabulary).build_prompt(&valid.text, &references) {
-            Ok(prompt) => prompt,
+    // Long text runs as chunks, one stream whose later prompts are built as each chunk ends.
+    let texts = chunk_texts(&valid.text, SplitLimits { target_bytes: CHUNK_BYTES, max_speakers: CHUNK_SPEAKERS });
+    let (prompt, more) = match state.scheduler().vocabulary() {
+        Ok(vocabulary) => match ChunkedText::start(PromptBuilder::new(vocabulary), references, stored_voice, texts) {
+            Ok(started) => started,
             Err(e) if e.field().is_some() => return tracker.refuse(ApiError::Prompt(e)),
             Err(e) => {
                 tracker.failed(&e.to_string());
@@ -81,7 +85,8 @@ pub async fn create_speech(
     };
     let span = tracing::info_span!("speech", request_id = %request_id);
     let prefix = prompt.voice_prefix(stored_voice);
-    let job = Job { request_id, rows: prompt.rows, prefix, options: valid.options, span };
+    let more = more.map(|m| Box::new(m) as Box<dyn MoreChunks>);
+    let job = Job { request_id, rows: prompt.rows, prefix, options: valid.options, span, more };
     let stream = match state.scheduler().submit(job) {
         Ok(stream) => stream,
         Err(e) => return tracker.refuse(ApiError::Submit(e)),

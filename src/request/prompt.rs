@@ -7,8 +7,11 @@
 //! ```text
 //! "<|im_start|>system\n"  instruction
 //! per reference i (1-based): "\n\n[Reference i]\nText: " TAG transcript "\nSpeech: "  audio rows
+//! per history turn (a long request's earlier chunks, S2 `build_frames`):
+//!   "<|im_start|>user\n"  tagged turn text  "<|im_end|>\n"  "<|im_start|>assistant\n<|voice|>"  its frames  "<|im_end|>\n"
 //! "<|im_end|>\n"  "<|im_start|>user\n"  tagged text  "<|im_end|>\n"  "<|im_start|>assistant\n<|voice|>"
 //! ```
+//! (The history turns follow the system message's `"<|im_end|>\n"`.)
 
 use super::text::{CallerText, Field, TextError, reference_transcript, validate_caller_text, with_speaker_tag};
 use crate::engine::prefix::SharedPrefix;
@@ -94,10 +97,27 @@ pub struct PromptBuilder {
     vocabulary: Vocabulary,
 }
 
+impl std::fmt::Debug for PromptBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PromptBuilder").field("codebooks", &self.vocabulary.codebooks).finish_non_exhaustive()
+    }
+}
+
 /// One piece of the prompt before it becomes rows.
 enum Segment<'a> {
     Text(String),
+    /// A reference's codes `[codebook][frame]`.
     Audio(&'a [Vec<u32>]),
+    /// Generated frames `[main, c0..c9]` (their codes become audio rows).
+    Frames(&'a Rows),
+}
+
+/// An earlier chunk of a long request, carried into a later chunk's prompt: its text (as its
+/// prompt had it) and the frames it produced.
+#[derive(Clone, Copy, Debug)]
+pub struct Turn<'a> {
+    pub text: &'a str,
+    pub frames: &'a Rows,
 }
 
 impl PromptBuilder {
@@ -115,7 +135,7 @@ impl PromptBuilder {
     pub fn build(&self, text: &str, references: &[Reference]) -> Result<Rows, PromptError> {
         self.check_references(references)?;
         let text = CallerText::check(text.to_owned(), Field::Input)?;
-        Ok(self.rows(&text, references)?.rows)
+        Ok(self.rows(&text, references, &[])?.rows)
     }
 
     /// [`PromptBuilder::build`] for text the request layer already checked.
@@ -125,8 +145,19 @@ impl PromptBuilder {
 
     /// [`PromptBuilder::build_checked`], also saying where the voice's rows end.
     pub fn build_prompt(&self, text: &CallerText, references: &[Reference]) -> Result<Prompt, PromptError> {
+        self.build_with_history(text, references, &[])
+    }
+
+    /// [`PromptBuilder::build_prompt`] with earlier chunks of the same request as history
+    /// turns between the system message and the text (as S2 builds a long text's chunks).
+    pub fn build_with_history(
+        &self,
+        text: &CallerText,
+        references: &[Reference],
+        history: &[Turn],
+    ) -> Result<Prompt, PromptError> {
         self.check_references(references)?;
-        self.rows(text, references)
+        self.rows(text, references, history)
     }
 
     fn check_references(&self, references: &[Reference]) -> Result<(), PromptError> {
@@ -138,8 +169,8 @@ impl PromptBuilder {
         Ok(())
     }
 
-    /// The rows of checked text and checked references.
-    fn rows(&self, text: &CallerText, references: &[Reference]) -> Result<Prompt, PromptError> {
+    /// The rows of checked text, checked references and history turns.
+    fn rows(&self, text: &CallerText, references: &[Reference], history: &[Turn]) -> Result<Prompt, PromptError> {
         let instruction = if references.is_empty() { TTS_INSTRUCTION } else { REFERENCE_INSTRUCTION };
         let mut segments = vec![Segment::Text(SYSTEM_START.into()), Segment::Text(instruction.into())];
         for (i, reference) in references.iter().enumerate() {
@@ -149,6 +180,14 @@ impl PromptBuilder {
         }
         segments.push(Segment::Text(MESSAGE_END.into()));
         let system_segments = segments.len();
+        for turn in history {
+            segments.push(Segment::Text(USER_START.into()));
+            segments.push(Segment::Text(with_speaker_tag(turn.text, 0)));
+            segments.push(Segment::Text(MESSAGE_END.into()));
+            segments.push(Segment::Text(GENERATION_START.into()));
+            segments.push(Segment::Frames(turn.frames));
+            segments.push(Segment::Text(MESSAGE_END.into()));
+        }
         for s in [USER_START.to_owned(), with_speaker_tag(text.as_str(), 0)] {
             segments.push(Segment::Text(s));
         }
@@ -174,6 +213,11 @@ impl PromptBuilder {
                             *slot = codes[c][t];
                         }
                         rows.push_audio(self.vocabulary.semantic_start, &frame);
+                    }
+                }
+                Segment::Frames(frames) => {
+                    for t in 0..frames.len() {
+                        rows.push_audio(self.vocabulary.semantic_start, &frames.row(t)[1..]);
                     }
                 }
             }

@@ -246,6 +246,26 @@ impl<'w, B: Backend> EngineModel<'w, B> {
             .collect())
     }
 
+    /// `options` for a prompt of `rows` in this engine's context: as the reference, frames stop
+    /// where the context ends ("length"), and a prompt that leaves no room for one frame is
+    /// refused.
+    fn fitted(&self, rows: &Rows, options: &GenerateOptions) -> Result<GenerateOptions, SynthError> {
+        let mut options = options.clone();
+        if let Some(context) = self.context {
+            if rows.len() >= context {
+                return Err(GenerateError::ContextFull { prompt_rows: rows.len(), context }.into());
+            }
+            options.max_frames = options.max_frames.min(context - rows.len());
+        }
+        Ok(options)
+    }
+
+    /// Prompt rows a stream just opened with `prefix` restored: all of the prefix if the cache
+    /// counted a hit since it stood at `hits_before`.
+    fn restored(&self, hits_before: u64, prefix: SharedPrefix) -> usize {
+        if self.prefix_cache().is_some_and(|c| c.hits > hits_before) { prefix.rows } else { 0 }
+    }
+
     fn with_slot<R>(&self, id: StreamId, f: impl FnOnce(&mut Generation<'w, B>) -> R) -> R {
         let mut slots = self.slots.borrow_mut();
         f(slots.get_mut(id).and_then(Option::as_mut).unwrap_or_else(|| panic!("stream {id} is not open")))
@@ -301,25 +321,34 @@ impl<B: Backend> Synthesizer for EngineModel<'_, B> {
     }
 
     fn open(&self, rows: &Rows, prefix: SharedPrefix, options: &GenerateOptions) -> Result<Opened, SynthError> {
-        let mut options = options.clone();
-        if let Some(context) = self.context {
-            // As the reference: frames stop where the context ends ("length"), and a prompt
-            // that leaves no room for one frame is refused.
-            if rows.len() >= context {
-                return Err(GenerateError::ContextFull { prompt_rows: rows.len(), context }.into());
-            }
-            options.max_frames = options.max_frames.min(context - rows.len());
-        }
+        let options = self.fitted(rows, options)?;
         let hits = self.prefix_cache().map_or(0, |c| c.hits);
         let mut generation = self.engine.start_prompt(rows, prefix, &options)?;
         if self.codec_thread.is_some() {
             generation.detach_audio();
         }
-        let restored_rows = if self.prefix_cache().is_some_and(|c| c.hits > hits) { prefix.rows } else { 0 };
+        let restored_rows = self.restored(hits, prefix);
         let mut slots = self.slots.borrow_mut();
         let id = slots.iter().position(Option::is_none).expect("the worker keeps at most max_batch streams open");
         slots[id] = Some(generation);
         Ok(Opened { id, restored_rows })
+    }
+
+    fn continue_stream(
+        &self,
+        id: StreamId,
+        rows: &Rows,
+        prefix: SharedPrefix,
+        options: &GenerateOptions,
+    ) -> Result<Opened, SynthError> {
+        let options = self.fitted(rows, options)?;
+        let hits = self.prefix_cache().map_or(0, |c| c.hits);
+        self.with_slot(id, |g| self.engine.continue_prompt(g, rows, prefix, &options))?;
+        Ok(Opened { id, restored_rows: self.restored(hits, prefix) })
+    }
+
+    fn produced(&self, id: StreamId) -> Rows {
+        self.with_slot(id, |g| g.produced().clone())
     }
 
     fn prefix_cache(&self) -> Option<PrefixCacheStats> {

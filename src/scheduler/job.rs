@@ -26,6 +26,40 @@ pub struct Job {
     pub options: GenerateOptions,
     /// The request's span: the worker logs inside it, so its lines carry the request id.
     pub span: tracing::Span,
+    /// A long request's further chunks, after the one `rows` holds (`None`: one chunk).
+    pub more: Option<Box<dyn MoreChunks>>,
+}
+
+/// The prompts of a long request's further chunks (issue 15), each built when the chunk before
+/// it ends, from the frames that chunk produced. The request layer implements it (it knows the
+/// prompt format; the worker does not). Every chunk of a request is one stream in the batch,
+/// its audio one continuous decode.
+pub trait MoreChunks: Send + std::fmt::Debug {
+    /// The next chunk's prompt, given the frames `[main, c0..c9]` the chunk before it produced;
+    /// `None` once the text is done. `Err` fails the request (the message is for the log).
+    fn next(&mut self, previous: &Rows) -> Option<Result<ChunkPrompt, String>>;
+}
+
+/// One further chunk's prompt.
+#[derive(Clone, Debug)]
+pub struct ChunkPrompt {
+    pub rows: Rows,
+    /// The rows other prompts share (the voice's system message), as [`Job::prefix`].
+    pub prefix: SharedPrefix,
+}
+
+/// The seed chunk `chunk` of a request with `seed` samples with: the request's own for the
+/// first chunk (so a one-chunk request is unchanged), a fixed mix of the two after it (so the
+/// same request gives the same bytes, and chunks do not replay one another's draws).
+pub fn chunk_seed(seed: u64, chunk: usize) -> u64 {
+    if chunk == 0 {
+        return seed;
+    }
+    // SplitMix64's finaliser over the seed offset by the chunk's multiple of the golden ratio.
+    let mut z = seed.wrapping_add((chunk as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 /// What a job reports, in this order: `Started`, zero or more `Audio`, then exactly one of

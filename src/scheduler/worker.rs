@@ -34,9 +34,9 @@ mod active;
 
 use self::active::Active;
 use super::codec::{CodecCommand, CodecLink, Decoded};
-use super::job::{Command, JobEvent, Queued, QueuedEncode};
+use super::job::{Command, JobEvent, Queued, QueuedEncode, chunk_seed};
 use super::{LoadState, Loader, ModelHost, ModelInfo, Opened, Shared, StreamId, Synthesizer, WorkerConfig};
-use crate::engine::generate::{FinishReason, Stepped};
+use crate::engine::generate::{FinishReason, GenerateOptions, Stepped};
 use crate::telemetry;
 
 /// Events buffered per stream beyond its reply channel before the stream pauses (each event
@@ -262,6 +262,11 @@ impl Host {
                     codec_used: false,
                     awaiting_first_audio: false,
                     held_end: None,
+                    more: job.more,
+                    options: job.options.clone(),
+                    chunk: 0,
+                    frames_before: 0,
+                    cut: false,
                 });
             }
             Ok(Err(e)) => e.to_string(),
@@ -408,11 +413,24 @@ impl Host {
                 Ok(stepped) => {
                     let finished = stepped.finished;
                     self.take_audio(job, stepped);
-                    if let Some(reason) = finished {
-                        let frames = job.close(model);
-                        let prompt_rows = job.prompt_rows;
-                        job.end(model, JobEvent::Finished { reason, frames, prompt_rows });
+                    let Some(mut reason) = finished else { continue };
+                    job.cut |= reason == FinishReason::Length;
+                    match self.next_chunk(model, job) {
+                        Ok(true) => continue,
+                        Ok(false) => {}
+                        Err(message) => {
+                            job.span.in_scope(|| error!(error = %message, "job failed"));
+                            *failed = true;
+                            job.end(model, JobEvent::Failed { message });
+                            continue;
+                        }
                     }
+                    if job.cut {
+                        reason = FinishReason::Length;
+                    }
+                    let frames = job.close(model);
+                    let prompt_rows = job.prompt_rows;
+                    job.end(model, JobEvent::Finished { reason, frames, prompt_rows });
                 }
                 Err(message) => {
                     job.span.in_scope(|| error!(error = %message, "job failed"));
@@ -422,6 +440,38 @@ impl Host {
             }
         }
         true
+    }
+
+    /// Takes a long request on to its next chunk once a chunk ended (not cancelled): the chunk's
+    /// frames go into the next prompt's history (`MoreChunks`), and the stream goes on with that
+    /// prompt, its audio continuing. Returns whether it did (`false`: no chunk is left).
+    fn next_chunk(&self, model: &dyn Synthesizer, job: &mut Active) -> Result<bool, String> {
+        let (Some(more), Some(id)) = (job.more.as_mut(), job.stream) else { return Ok(false) };
+        let options = GenerateOptions { seed: chunk_seed(job.options.seed, job.chunk + 1), ..job.options.clone() };
+        let went_on = catch_unwind(AssertUnwindSafe(|| {
+            let previous = model.produced(id);
+            let Some(prompt) = more.next(&previous) else { return Ok(None) };
+            let prompt = prompt?;
+            let opened = model.continue_stream(id, &prompt.rows, prompt.prefix, &options).map_err(|e| e.to_string())?;
+            Ok::<_, String>(Some((previous.len(), prompt.rows.len(), opened.restored_rows)))
+        }));
+        let (frames, rows, restored) = match went_on {
+            Ok(Ok(Some(next))) => next,
+            Ok(Ok(None)) => {
+                job.more = None;
+                return Ok(false);
+            }
+            Ok(Err(message)) => return Err(message),
+            Err(panic) => return Err(format!("the engine panicked: {}", panic_message(&*panic))),
+        };
+        metrics::counter!(telemetry::FRAMES_GENERATED).increment(frames as u64);
+        job.chunk += 1;
+        job.frames_before += frames;
+        job.prompt_rows += rows;
+        job.prompt_left = rows - restored;
+        job.prefilled = false;
+        job.span.in_scope(|| debug!(chunk = job.chunk, prompt_rows = rows, restored_rows = restored, "next chunk"));
+        Ok(true)
     }
 
     /// A step's audio for `job`: its PCM into the outbox, or its codes to the codec thread.

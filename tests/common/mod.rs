@@ -28,12 +28,18 @@ pub fn tiny_checkpoint() -> tempfile::TempDir {
 /// Prompt rows for `text` with the tiny checkpoint's tokenizer (every tiny checkpoint of
 /// [`SEED`] has the same one), as the request layer builds them before it submits a job.
 pub fn tiny_rows(text: &str) -> Rows {
+    tiny_prompt_builder().build(text, &[]).expect("test text builds a prompt")
+}
+
+/// A prompt builder over the tiny checkpoint's vocabulary (every tiny checkpoint has the same).
+pub fn tiny_prompt_builder() -> PromptBuilder {
     static BUILDER: OnceLock<PromptBuilder> = OnceLock::new();
-    let builder = BUILDER.get_or_init(|| {
-        let dir = tiny_checkpoint();
-        PromptBuilder::for_checkpoint(&Checkpoint::open(dir.path()).expect("the tiny checkpoint opens"))
-    });
-    builder.build(text, &[]).expect("test text builds a prompt")
+    BUILDER
+        .get_or_init(|| {
+            let dir = tiny_checkpoint();
+            PromptBuilder::for_checkpoint(&Checkpoint::open(dir.path()).expect("the tiny checkpoint opens"))
+        })
+        .clone()
 }
 
 /// Writes `plan` into a fresh temporary directory.

@@ -193,6 +193,19 @@ impl Synthesizer for Wrapped<'_> {
         self.streams.borrow_mut().insert(id, stream);
         Ok(Opened { id, ..inner })
     }
+    fn continue_stream(
+        &self,
+        id: StreamId,
+        rows: &Rows,
+        prefix: SharedPrefix,
+        options: &GenerateOptions,
+    ) -> Result<Opened, SynthError> {
+        let inner = self.streams.borrow()[&id].inner;
+        self.model.continue_stream(inner, rows, prefix, options).map(|o| Opened { id, ..o })
+    }
+    fn produced(&self, id: StreamId) -> Rows {
+        self.model.produced(self.streams.borrow()[&id].inner)
+    }
     fn prefill_chunk(&self) -> usize {
         self.model.prefill_chunk()
     }

@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc::error::TrySendError;
 use tracing::{error, warn};
 
-use crate::scheduler::job::{JobEvent, Reply};
+use crate::engine::generate::GenerateOptions;
+use crate::scheduler::job::{JobEvent, MoreChunks, Reply};
 use crate::scheduler::{StreamId, Synthesizer};
 use crate::telemetry;
 
@@ -42,14 +43,25 @@ pub(super) struct Active {
     pub(super) awaiting_first_audio: bool,
     /// The job's last event, held until its PCM is all back from the codec thread.
     pub(super) held_end: Option<JobEvent>,
+    /// A long request's chunks after the one running (`None`: none left).
+    pub(super) more: Option<Box<dyn MoreChunks>>,
+    /// The request's own options (each chunk samples with its own seed, `chunk_seed`).
+    pub(super) options: GenerateOptions,
+    /// The running chunk (0 for the first).
+    pub(super) chunk: usize,
+    /// Frames the ended chunks produced.
+    pub(super) frames_before: usize,
+    /// A chunk ended at its frame bound (`length`): so does the request.
+    pub(super) cut: bool,
 }
 
 impl Active {
-    /// Frees its slot, if it still holds one, counting its frames; returns them (0 if it held none).
+    /// Frees its slot, if it still holds one, counting its frames; returns the request's frames
+    /// (every chunk's; 0 if it held no slot).
     pub(super) fn close(&mut self, model: &dyn Synthesizer) -> usize {
         let Some(id) = self.stream.take() else { return 0 };
-        let frames = model.close(id);
-        metrics::counter!(telemetry::FRAMES_GENERATED).increment(frames as u64);
+        let frames = self.frames_before + model.close(id);
+        metrics::counter!(telemetry::FRAMES_GENERATED).increment((frames - self.frames_before) as u64);
         let audio_secs = (frames * model.samples_per_frame()) as f64 / f64::from(model.sample_rate());
         if audio_secs > 0.0 {
             let rtf = self.joined.elapsed().as_secs_f64() / audio_secs;

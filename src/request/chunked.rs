@@ -1,0 +1,181 @@
+//! A long request's chunks (issue 15): the text cut by `request::split`, each chunk's prompt the
+//! voice's references, then the first chunk and the previous chunk (their text and the frames
+//! they produced) as history turns, then the chunk's own text — as S2 (mlx-audio 0.6.2
+//! `fish_drama3`) generates long text, with its sizes: about 300 bytes and at most 3 speakers a
+//! chunk.
+//!
+//! A chunk's text is its piece of the input with every white-space run that holds a line break
+//! made one space (S2: a caller's line break could end the model's turn early) and the edges
+//! trimmed, tagged with the speaker it starts in. Text that fits one chunk is left exactly as it
+//! is, so a short request's prompt is S1's.
+
+use super::prompt::{Prompt, PromptBuilder, PromptError, Reference, Turn};
+use super::split::{SplitLimits, split};
+use super::text::{CallerText, Field, is_white_space, speaker_tag_at};
+use crate::model::frame::Rows;
+use crate::scheduler::{ChunkPrompt, MoreChunks};
+
+/// S2's chunk size: bytes of UTF-8 text a chunk aims for.
+pub const CHUNK_BYTES: usize = 300;
+/// S2's cap on the speakers one chunk holds.
+pub const CHUNK_SPEAKERS: usize = 3;
+
+/// The chunks' texts for `text` (one: `text` itself, when it fits one chunk).
+pub fn chunk_texts(text: &CallerText, limits: SplitLimits) -> Vec<CallerText> {
+    let chunks = split(text.as_str(), limits);
+    if chunks.len() <= 1 {
+        return vec![text.clone()];
+    }
+    chunks
+        .into_iter()
+        .filter_map(|chunk| {
+            let body = flatten_lines(&text.as_str()[chunk.range]);
+            // A piece with nothing but tags and white space has nothing to say.
+            if without_speaker_tags(&body).trim_matches(is_white_space).is_empty() {
+                return None;
+            }
+            let tagged =
+                if speaker_tag_at(&body).is_some() { body } else { format!("<|speaker:{}|> {body}", chunk.speaker) };
+            Some(CallerText::check(tagged, Field::Input).expect("a piece of checked text, tagged, is checked text"))
+        })
+        .collect()
+}
+
+/// Every white-space run holding a line break becomes one space; the edges are trimmed.
+fn flatten_lines(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut run = String::new();
+    for c in text.trim_matches(is_white_space).chars() {
+        if is_white_space(c) {
+            run.push(c);
+            continue;
+        }
+        if !run.is_empty() {
+            out.push_str(if run.contains(['\n', '\r', '\u{b}', '\u{c}', '\u{85}', '\u{2028}', '\u{2029}']) {
+                " "
+            } else {
+                &run
+            });
+            run.clear();
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn without_speaker_tags(text: &str) -> String {
+    let (mut out, mut rest) = (String::new(), text);
+    while let Some(at) = rest.find("<|speaker:") {
+        out.push_str(&rest[..at]);
+        let len = speaker_tag_at(&rest[at..]).map_or("<|speaker:".len(), |(len, _)| len);
+        rest = &rest[at + len..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// A long request's chunks after the first: each prompt built when the chunk before it ends.
+#[derive(Debug)]
+pub struct ChunkedText {
+    builder: PromptBuilder,
+    references: Vec<Reference>,
+    keep_voice: bool,
+    texts: Vec<CallerText>,
+    /// The chunk whose frames the next call brings.
+    ended: usize,
+    /// The first chunk's frames (history for every later chunk).
+    first: Option<Rows>,
+    /// The latest chunk after the first: its index and frames.
+    latest: Option<(usize, Rows)>,
+}
+
+impl ChunkedText {
+    /// The first chunk's prompt, and the rest as [`MoreChunks`] (`None` for one chunk).
+    pub fn start(
+        builder: PromptBuilder,
+        references: Vec<Reference>,
+        keep_voice: bool,
+        texts: Vec<CallerText>,
+    ) -> Result<(Prompt, Option<ChunkedText>), PromptError> {
+        let first = builder.build_prompt(&texts[0], &references)?;
+        let more = (texts.len() > 1).then(|| ChunkedText {
+            builder,
+            references,
+            keep_voice,
+            texts,
+            ended: 0,
+            first: None,
+            latest: None,
+        });
+        Ok((first, more))
+    }
+
+    /// The prompt of chunk `index` (≥ 1) with its history.
+    fn prompt(&self, index: usize) -> Result<Prompt, PromptError> {
+        let first = self.first.as_ref().map(|frames| Turn { text: self.texts[0].as_str(), frames });
+        let latest = self.latest.as_ref().map(|(i, frames)| Turn { text: self.texts[*i].as_str(), frames });
+        let history: Vec<Turn> = first.into_iter().chain(latest).collect();
+        self.builder.build_with_history(&self.texts[index], &self.references, &history)
+    }
+}
+
+impl MoreChunks for ChunkedText {
+    fn next(&mut self, previous: &Rows) -> Option<Result<ChunkPrompt, String>> {
+        // A chunk that produced no frame (it ended at once) adds no history turn.
+        if !previous.is_empty() {
+            if self.ended == 0 {
+                self.first = Some(previous.clone());
+            } else {
+                self.latest = Some((self.ended, previous.clone()));
+            }
+        }
+        self.ended += 1;
+        if self.ended >= self.texts.len() {
+            return None;
+        }
+        Some(
+            self.prompt(self.ended)
+                .map(|p| ChunkPrompt { prefix: p.voice_prefix(self.keep_voice), rows: p.rows })
+                .map_err(|e| format!("chunk {}: {e}", self.ended)),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn texts(text: &str, target: usize) -> Vec<String> {
+        let text = CallerText::check(text.to_owned(), Field::Input).unwrap();
+        chunk_texts(&text, SplitLimits { target_bytes: target, max_speakers: CHUNK_SPEAKERS })
+            .into_iter()
+            .map(|t| t.as_str().to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn short_text_is_left_as_it_is() {
+        assert_eq!(texts("  Hello\n\nthere.  ", 300), ["  Hello\n\nthere.  "]);
+    }
+
+    #[test]
+    fn chunks_are_tagged_flattened_and_trimmed() {
+        let got = texts("First line\nsecond line. <|speaker:1|> Reply here, which is long enough.", 40);
+        assert_eq!(
+            got,
+            [
+                "<|speaker:0|> First line second line.",
+                "<|speaker:1|> Reply here,",
+                "<|speaker:1|> which is long enough."
+            ],
+            "{got:?}"
+        );
+    }
+
+    #[test]
+    fn pieces_with_nothing_to_say_are_dropped() {
+        assert_eq!(without_speaker_tags("<|speaker:3|> a <|speaker:12|>b"), " a b");
+        let got = texts("Some words here to fill a chunk. <|speaker:1|><|speaker:2|> Hi.", 34);
+        assert!(got.iter().all(|t| !without_speaker_tags(t).trim().is_empty()), "{got:?}");
+    }
+}

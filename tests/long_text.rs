@@ -1,0 +1,174 @@
+//! Long text as chunks of one request (issue 15) on the CPU engine, tiny checkpoint:
+//! - the engine: a generation continued with each chunk's prompt gives, per chunk, the frames
+//!   that prompt gives alone, and its audio is one decode of all the chunks' frames, bit for bit
+//!   (the joins are the codec's own continuation: no reset, no gap, no cross-fade);
+//! - the worker: a chunked job is one stream whose events are one continuous audio stream and
+//!   one `Finished` covering every chunk's frames and prompt rows; the same seed gives the same
+//!   bytes, with the codec on its own thread or inside the step; later chunks carry the first
+//!   and the previous chunk as history.
+
+mod common;
+
+use std::ops::ControlFlow;
+use std::time::Duration;
+
+use limelight::backend::cpu::Cpu;
+use limelight::engine::generate::{Engine, FinishReason, GenerateOptions, PREFILL_CHUNK, ResidentModel};
+use limelight::engine::prefix::SharedPrefix;
+use limelight::model::frame::Rows;
+use limelight::model::load::Checkpoint;
+use limelight::model::sampling::SamplingParams;
+use limelight::request::chunked::{ChunkedText, chunk_texts};
+use limelight::request::split::SplitLimits;
+use limelight::request::text::{CallerText, Field};
+use limelight::scheduler::{
+    BatchLimits, Job, JobEvent, MoreChunks, Readiness, Scheduler, WorkerConfig, chunk_seed, cpu_loader,
+};
+
+/// Three sentences, each its own chunk at a 40-byte target.
+const LONG: &str = "The first sentence is spoken here. A second one follows it now. And a third closes the text.";
+const LIMITS: SplitLimits = SplitLimits { target_bytes: 40, max_speakers: 3 };
+const LIMIT: Duration = Duration::from_secs(120);
+
+fn options(seed: u64, max_frames: usize) -> GenerateOptions {
+    GenerateOptions { params: SamplingParams::default(), seed, max_frames }
+}
+
+fn texts() -> Vec<CallerText> {
+    chunk_texts(&CallerText::check(LONG.to_owned(), Field::Input).unwrap(), LIMITS)
+}
+
+/// Runs `generation` to its end, appending its PCM to `pcm`.
+fn run_chunk(
+    engine: &Engine<'_, Cpu>,
+    generation: &mut limelight::engine::generate::Generation<'_, Cpu>,
+    pcm: &mut Vec<f32>,
+) {
+    while !engine.prefill_generation(generation, PREFILL_CHUNK).unwrap() {}
+    loop {
+        let stepped = engine.step(&mut [&mut *generation]).pop().unwrap().unwrap();
+        pcm.extend(stepped.pcm);
+        if stepped.finished.is_some() {
+            return;
+        }
+    }
+}
+
+#[test]
+fn chunks_continue_one_generation_and_join_as_one_decode() {
+    let dir = common::tiny_checkpoint();
+    let ckpt = Checkpoint::open(dir.path()).unwrap();
+    let model = ResidentModel::load(&ckpt, &Cpu).unwrap();
+    let engine = Engine::new(&Cpu, &ckpt, &model).unwrap();
+    let texts = texts();
+    assert_eq!(texts.len(), 3, "{texts:?}");
+    let (first, more) = ChunkedText::start(common::tiny_prompt_builder(), Vec::new(), false, texts.clone()).unwrap();
+    let mut more = more.expect("three chunks");
+
+    let opts = |chunk| options(chunk_seed(3, chunk), 7);
+    let mut generation = engine.start(&first.rows, &opts(0)).unwrap();
+    let (mut pcm, mut all_frames, mut prompts) = (Vec::new(), Rows::new(first.rows.codebooks()), vec![first.rows]);
+    for chunk in 0.. {
+        run_chunk(&engine, &mut generation, &mut pcm);
+        let produced = generation.produced().clone();
+        assert!(!produced.is_empty(), "chunk {chunk} produced frames");
+        (0..produced.len()).for_each(|t| all_frames.push_row(produced.row(t)));
+        // The chunk's frames are what its prompt gives alone: no state of an earlier chunk carries over.
+        let alone = engine.generate_prompt(&prompts[chunk], SharedPrefix::NONE, &opts(chunk), &mut |_: &[f32]| {
+            ControlFlow::Continue(())
+        });
+        assert_eq!(alone.unwrap().rows, produced, "chunk {chunk} alone");
+        match more.next(&produced) {
+            Some(next) => {
+                let next = next.unwrap();
+                engine.continue_prompt(&mut generation, &next.rows, next.prefix, &opts(chunk + 1)).unwrap();
+                prompts.push(next.rows);
+            }
+            None => break,
+        }
+    }
+    assert_eq!(prompts.len(), 3);
+    // History: the second prompt carries the first chunk's frames, the third the first's and the second's.
+    let audio_rows = |rows: &Rows| (0..rows.len()).filter(|&t| rows.row(t)[1..].iter().any(|&c| c != 0)).count();
+    assert!(audio_rows(&prompts[1]) > 0 && audio_rows(&prompts[2]) > audio_rows(&prompts[1]));
+
+    let codes: Vec<u32> = (0..all_frames.len()).flat_map(|t| all_frames.row(t)[1..].to_vec()).collect();
+    let whole = model.codec.decode(&Cpu, &codes).unwrap();
+    assert_eq!(pcm.len(), all_frames.len() * 2048);
+    assert!(
+        pcm.iter().map(|x| x.to_bits()).eq(whole.iter().map(|x| x.to_bits())),
+        "the chunks' audio is one decode of all their frames"
+    );
+}
+
+fn config(dir: std::path::PathBuf) -> WorkerConfig {
+    WorkerConfig {
+        model_dir: dir,
+        max_queue: 8,
+        default_max_frames: 2048,
+        served_model_name: String::from("drama-3"),
+        model_aliases: Vec::new(),
+        stall_timeout: Duration::from_secs(30),
+    }
+}
+
+fn loader(dir: std::path::PathBuf, codec_thread: bool) -> limelight::scheduler::Loader {
+    let limits =
+        BatchLimits { max_batch: Some(2), prefill_chunk: PREFILL_CHUNK, voice_cache_bytes: 1 << 30, codec_thread };
+    cpu_loader(dir, 2048, limits)
+}
+
+/// A chunked job of LONG with `seed`, 7 frames a chunk at most.
+fn chunked_job(seed: u64) -> Job {
+    let (first, more) = ChunkedText::start(common::tiny_prompt_builder(), Vec::new(), false, texts()).unwrap();
+    Job {
+        request_id: String::from("req-long"),
+        rows: first.rows,
+        prefix: SharedPrefix::NONE,
+        options: options(seed, 7),
+        span: tracing::Span::none(),
+        more: more.map(|m| Box::new(m) as Box<dyn MoreChunks>),
+    }
+}
+
+/// Every event of a job: (the events without audio, the PCM bits).
+async fn events(scheduler: &Scheduler, job: Job) -> (Vec<JobEvent>, Vec<u32>) {
+    let mut stream = scheduler.submit(job).unwrap();
+    let (mut others, mut pcm) = (Vec::new(), Vec::new());
+    while let Some(event) = stream.next().await {
+        match event {
+            JobEvent::Audio(chunk) => pcm.extend(chunk.iter().map(|x| x.to_bits())),
+            other => others.push(other),
+        }
+    }
+    (others, pcm)
+}
+
+#[tokio::test]
+async fn a_chunked_job_is_one_stream_with_one_finish() {
+    let dir = common::tiny_checkpoint();
+    tokio::time::timeout(LIMIT, async {
+        let mut runs = Vec::new();
+        for codec_thread in [true, true, false] {
+            let scheduler =
+                Scheduler::start_with(config(dir.path().to_owned()), loader(dir.path().into(), codec_thread));
+            scheduler.loaded().await.expect("loads");
+            assert_eq!(scheduler.readiness(), Readiness::Ready);
+            runs.push(events(&scheduler, chunked_job(3)).await);
+        }
+        let (events, pcm) = &runs[0];
+        let [JobEvent::Started { prompt_rows: first_rows }, JobEvent::Finished { reason, frames, prompt_rows }] =
+            events[..]
+        else {
+            panic!("events {events:?}")
+        };
+        assert_eq!(pcm.len(), frames * 2048, "every chunk's frames are heard");
+        assert!(frames > 7 && frames <= 21, "three chunks of at most 7 frames: {frames}");
+        assert!(prompt_rows > 3 * first_rows, "usage counts every chunk's prompt, history included: {prompt_rows}");
+        assert!(matches!(reason, FinishReason::Stop | FinishReason::Length));
+        assert!(runs[1] == runs[0], "the same seed twice: the same events and bytes");
+        assert!(runs[2] == runs[0], "the codec inside the step: the same events and bytes");
+    })
+    .await
+    .expect("bounded");
+}
