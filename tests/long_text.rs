@@ -5,7 +5,9 @@
 //! - the worker: a chunked job is one stream whose events are one continuous audio stream and
 //!   one `Finished` covering every chunk's frames and prompt rows; the same seed gives the same
 //!   bytes, with the codec on its own thread or inside the step; later chunks carry the first
-//!   and the previous chunk as history.
+//!   and the previous chunk as history;
+//! - the prompts: a chunk's prompt with references and history turns is, row for row, what S2
+//!   (mlx-audio 0.6.2 `Model.build_frames`) builds from the same inputs with the same tokenizer.
 
 mod common;
 
@@ -171,4 +173,87 @@ async fn a_chunked_job_is_one_stream_with_one_finish() {
     })
     .await
     .expect("bounded");
+}
+
+/// Builds S2's (mlx-audio 0.6.2 `fish_drama3` `Model.build_frames`) prompt for the same
+/// references, history and text with the checkpoint's own tokenizer: its rows and system rows.
+const S2_BUILD_FRAMES: &str = r#"
+import json, sys
+from types import SimpleNamespace
+import numpy as np
+import mlx.core as mx
+from tokenizers import Tokenizer
+from mlx_audio.tts.models.fish_drama3.drama3 import Model
+
+args = json.load(sys.stdin)
+model = Model.__new__(Model)  # only the prompt builder: no weights
+model.tokenizer = Tokenizer.from_file(args["tokenizer"])
+model.num_codebooks = args["codebooks"]
+model.semantic_begin = args["semantic_start"]
+model.tower = SimpleNamespace(vocab_size=args["codebook_size"])
+turns = lambda pairs: [(text, mx.array(np.array(codes, dtype=np.int32))) for text, codes in pairs]
+frames, system_rows = Model.build_frames(model, turns(args["references"]), turns(args["history"]), args["target"])
+print(json.dumps({"rows": np.array(frames).tolist(), "system_rows": system_rows}))
+"#;
+
+#[test]
+fn chunk_prompts_with_history_are_s2s() {
+    use limelight::model::vocabulary::Vocabulary;
+    use limelight::request::prompt::{Reference, Turn};
+    use std::io::Write;
+    if !common::python_with(&["mlx_audio", "tokenizers"]) {
+        return;
+    }
+    let dir = common::tiny_checkpoint();
+    let ckpt = Checkpoint::open(dir.path()).unwrap();
+    let vocabulary = Vocabulary::of(&ckpt);
+    let (books, size) = (vocabulary.codebooks, vocabulary.codebook_size as u32);
+    // Codes `[codebook][frame]` from a fixed pattern, and the same as generated frames `[main, c0..]`.
+    let codes = |frames: usize, salt: u32| -> Vec<Vec<u32>> {
+        (0..books).map(|b| (0..frames).map(|t| (t as u32 * 7 + b as u32 * 13 + salt) % size).collect()).collect()
+    };
+    let as_frames = |codes: &[Vec<u32>]| {
+        let mut rows = Rows::new(books);
+        for t in 0..codes[0].len() {
+            let frame: Vec<u32> = codes.iter().map(|c| c[t]).collect();
+            rows.push_audio(vocabulary.semantic_start, &frame);
+        }
+        rows
+    };
+    let reference = Reference { transcript: String::from("A reference line."), codes: codes(5, 1) };
+    let texts = texts();
+    let (first, second) = (codes(4, 2), codes(3, 3));
+    let (first_rows, second_rows) = (as_frames(&first), as_frames(&second));
+    let history =
+        [Turn { text: texts[0].as_str(), frames: &first_rows }, Turn { text: texts[1].as_str(), frames: &second_rows }];
+    for (references, turns) in [(vec![], &history[..1]), (vec![reference.clone()], &history[..])] {
+        let ours = common::tiny_prompt_builder().build_with_history(&texts[2], &references, turns).unwrap();
+        let their_history = [(texts[0].as_str(), &first), (texts[1].as_str(), &second)];
+        let args = serde_json::json!({
+            "tokenizer": dir.path().join("tokenizer.json"),
+            "codebooks": books,
+            "semantic_start": vocabulary.semantic_start,
+            "codebook_size": size,
+            "references": references.iter().map(|r| (r.transcript.clone(), r.codes.clone())).collect::<Vec<_>>(),
+            "history": their_history[..turns.len()],
+            "target": texts[2].as_str(),
+        });
+        let mut python = std::process::Command::new("python3")
+            .args(["-c", S2_BUILD_FRAMES])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        python.stdin.take().unwrap().write_all(args.to_string().as_bytes()).unwrap();
+        let out = python.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let theirs: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let their_rows: Vec<Vec<u32>> = serde_json::from_value(theirs["rows"].clone()).unwrap();
+        let our_rows: Vec<Vec<u32>> = (0..ours.rows.len()).map(|t| ours.rows.row(t).to_vec()).collect();
+        assert_eq!(our_rows, their_rows, "{} references, {} history turns", references.len(), turns.len());
+        if !references.is_empty() {
+            assert_eq!(ours.voice_rows as u64, theirs["system_rows"].as_u64().unwrap(), "the kept voice prefix");
+        }
+    }
 }
