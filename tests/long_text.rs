@@ -20,7 +20,7 @@ use limelight::engine::prefix::SharedPrefix;
 use limelight::model::frame::Rows;
 use limelight::model::load::Checkpoint;
 use limelight::model::sampling::SamplingParams;
-use limelight::request::chunked::{ChunkedText, chunk_texts};
+use limelight::request::chunked::{ChunkText, ChunkVoices, ChunkedText, chunk_texts};
 use limelight::request::split::SplitLimits;
 use limelight::request::text::{CallerText, Field};
 use limelight::scheduler::{
@@ -36,7 +36,7 @@ fn options(seed: u64, max_frames: usize) -> GenerateOptions {
     GenerateOptions { params: SamplingParams::default(), seed, max_frames }
 }
 
-fn texts() -> Vec<CallerText> {
+fn texts() -> Vec<ChunkText> {
     chunk_texts(&CallerText::check(LONG.to_owned(), Field::Input).unwrap(), LIMITS)
 }
 
@@ -64,7 +64,8 @@ fn chunks_continue_one_generation_and_join_as_one_decode() {
     let engine = Engine::new(&Cpu, &ckpt, &model).unwrap();
     let texts = texts();
     assert_eq!(texts.len(), 3, "{texts:?}");
-    let (first, more) = ChunkedText::start(common::tiny_prompt_builder(), Vec::new(), false, texts.clone()).unwrap();
+    let (first, more) =
+        ChunkedText::start(common::tiny_prompt_builder(), ChunkVoices::All(Vec::new()), false, texts.clone()).unwrap();
     let mut more = more.expect("three chunks");
 
     let opts = |chunk| options(chunk_seed(3, chunk), 7);
@@ -122,7 +123,8 @@ fn loader(dir: std::path::PathBuf, codec_thread: bool) -> limelight::scheduler::
 
 /// A chunked job of LONG with `seed`, 7 frames a chunk at most.
 fn chunked_job(seed: u64) -> Job {
-    let (first, more) = ChunkedText::start(common::tiny_prompt_builder(), Vec::new(), false, texts()).unwrap();
+    let (first, more) =
+        ChunkedText::start(common::tiny_prompt_builder(), ChunkVoices::All(Vec::new()), false, texts()).unwrap();
     Job {
         request_id: String::from("req-long"),
         rows: first.rows,
@@ -224,11 +226,13 @@ fn chunk_prompts_with_history_are_s2s() {
     let texts = texts();
     let (first, second) = (codes(4, 2), codes(3, 3));
     let (first_rows, second_rows) = (as_frames(&first), as_frames(&second));
-    let history =
-        [Turn { text: texts[0].as_str(), frames: &first_rows }, Turn { text: texts[1].as_str(), frames: &second_rows }];
+    let history = [
+        Turn { text: texts[0].text.as_str(), frames: &first_rows },
+        Turn { text: texts[1].text.as_str(), frames: &second_rows },
+    ];
     for (references, turns) in [(vec![], &history[..1]), (vec![reference.clone()], &history[..])] {
-        let ours = common::tiny_prompt_builder().build_with_history(&texts[2], &references, turns).unwrap();
-        let their_history = [(texts[0].as_str(), &first), (texts[1].as_str(), &second)];
+        let ours = common::tiny_prompt_builder().build_with_history(&texts[2].text, &references, turns).unwrap();
+        let their_history = [(texts[0].text.as_str(), &first), (texts[1].text.as_str(), &second)];
         let args = serde_json::json!({
             "tokenizer": dir.path().join("tokenizer.json"),
             "codebooks": books,
@@ -236,7 +240,7 @@ fn chunk_prompts_with_history_are_s2s() {
             "codebook_size": size,
             "references": references.iter().map(|r| (r.transcript.clone(), r.codes.clone())).collect::<Vec<_>>(),
             "history": their_history[..turns.len()],
-            "target": texts[2].as_str(),
+            "target": texts[2].text.as_str(),
         });
         let mut python = std::process::Command::new("python3")
             .args(["-c", S2_BUILD_FRAMES])

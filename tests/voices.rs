@@ -275,3 +275,41 @@ async fn without_an_encoder_voice_cloning_is_a_503() {
     let resp = send(&app, speech(body(json!({"response_format": "pcm", "stream": false})))).await;
     assert_eq!(resp.status(), StatusCode::OK);
 }
+
+/// Dialogue (`voices`): speaker 0's stored voice given through `voices` speaks as through
+/// `voice` (and takes its place over the SDK's `voice`); a second speaker's voice changes the
+/// audio of a two-speaker text; an unknown voice is a 400 naming `voices`.
+#[tokio::test]
+async fn dialogue_voices_pick_each_speakers_voice() {
+    let app = app_with(memory_store(), &[]).await;
+    let wav = clip_wav();
+    assert_eq!(send(&app, multipart(NARRATOR, Some(&wav))).await.status(), StatusCode::OK);
+    let guest = &[("name", "guest"), ("consent", "yes"), ("ref_text", "Good morning to you all.")];
+    assert_eq!(send(&app, multipart(guest, Some(&wav))).await.status(), StatusCode::OK);
+    let pcm = |extra: Value| speech(body(json!({"response_format": "pcm", "stream": false})).merge(extra));
+    let speak = |extra: Value| {
+        let app = app.clone();
+        async move {
+            let resp = send(&app, pcm(extra)).await;
+            assert_eq!(resp.status(), StatusCode::OK);
+            bytes_of(resp).await
+        }
+    };
+    let via_voice = speak(json!({"voice": "narrator"})).await;
+    assert_eq!(speak(json!({"voice": "default", "voices": {"0": "narrator"}})).await, via_voice);
+    assert_eq!(speak(json!({"voice": "alloy", "voices": {"0": {"id": "narrator"}}})).await, via_voice);
+
+    let dialogue = "<|speaker:0|> Hello there. <|speaker:1|> Hello back.";
+    let one_voice = speak(json!({"input": dialogue, "voice": "narrator"})).await;
+    let two_voices = speak(json!({"input": dialogue, "voices": {"0": "narrator", "1": "guest"}})).await;
+    assert!(!two_voices.is_empty());
+    assert_ne!(one_voice, two_voices, "speaker 1's reference changes the prompt, hence the audio");
+
+    let (status, e) = refused(&app, pcm(json!({"input": dialogue, "voices": {"1": "nobody"}}))).await;
+    assert_eq!(
+        (status, e["param"].as_str(), e["code"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("voices"), Some("voice_not_found")),
+        "{e}"
+    );
+    assert!(e["message"].as_str().unwrap().contains("voices.1"), "{e}");
+}

@@ -31,6 +31,9 @@ pub struct SpeechRequest {
     /// Speak in the voice of these clips (base64 or `data:` URLs) and their transcripts, encoded
     /// for this request only (`/v1/audio/voices` stores one instead).
     pub references: Option<Vec<InlineReference>>,
+    /// Dialogue: a stored voice per speaker id (`"0"`..`"15"`) of the `<|speaker:N|>` turns in
+    /// `input`, each a name or `{"id": …}`.
+    pub voices: Option<std::collections::BTreeMap<String, Voice>>,
 }
 
 /// One inline reference (extension): a clip and its transcript.

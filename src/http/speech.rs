@@ -70,10 +70,14 @@ pub async fn create_speech(
         Ok(references) => references,
         Err(e) => return tracker.refuse(e),
     };
+    let voices = match voices::speaker_references(&state, &valid.speaker_voices, references) {
+        Ok(voices) => voices,
+        Err(e) => return tracker.refuse(e),
+    };
     // Long text runs as chunks, one stream whose later prompts are built as each chunk ends.
     let texts = chunk_texts(&valid.text, SplitLimits { target_bytes: CHUNK_BYTES, max_speakers: CHUNK_SPEAKERS });
     let (prompt, more) = match state.scheduler().vocabulary() {
-        Ok(vocabulary) => match ChunkedText::start(PromptBuilder::new(vocabulary), references, stored_voice, texts) {
+        Ok(vocabulary) => match ChunkedText::start(PromptBuilder::new(vocabulary), voices, stored_voice, texts) {
             Ok(started) => started,
             Err(e) if e.field().is_some() => return tracker.refuse(ApiError::Prompt(e)),
             Err(e) => {

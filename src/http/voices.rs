@@ -16,6 +16,9 @@ use tracing::{error, info};
 use super::error::{parse_json, read_error};
 use super::{ApiError, AppState, RequestId};
 use crate::api::voices::{VoiceDeleted, VoiceInfo, VoiceList, VoiceUpload};
+use std::collections::BTreeMap;
+
+use crate::request::chunked::ChunkVoices;
 use crate::request::prompt::Reference;
 use crate::request::text::{Field, validate_caller_text};
 use crate::request::validate::{OPENAI_VOICES, ValidateError, VoiceChoice};
@@ -249,6 +252,33 @@ pub fn references(state: &AppState, choice: &VoiceChoice) -> Result<Vec<Referenc
     };
     let voice = state.voices().get(&name).ok_or(ApiError::Invalid(ValidateError::UnknownVoice { voice: name }))?;
     Ok(vec![Reference::from_frames(voice.ref_text.clone(), &voice.codes, voice.codebooks)])
+}
+
+/// Whose references a request's chunks carry: `references` (its `voice`'s, or its inline ones)
+/// for the whole text; or, with `voices` (dialogue), each listed speaker's stored voice, and
+/// `references` for speaker 0 unless it is listed (an entry takes its place over `voice`).
+pub fn speaker_references(
+    state: &AppState,
+    speaker_voices: &BTreeMap<u32, VoiceChoice>,
+    references: Vec<Reference>,
+) -> Result<ChunkVoices, ApiError> {
+    if speaker_voices.is_empty() {
+        return Ok(ChunkVoices::All(references));
+    }
+    let mut by_speaker = BTreeMap::new();
+    if !references.is_empty() {
+        by_speaker.insert(0, references);
+    }
+    for (&speaker, choice) in speaker_voices {
+        let refs = self::references(state, choice).map_err(|e| match e {
+            ApiError::Invalid(ValidateError::UnknownVoice { voice }) => {
+                ApiError::Invalid(ValidateError::UnknownSpeakerVoice { speaker: speaker.to_string(), voice })
+            }
+            other => other,
+        })?;
+        by_speaker.insert(speaker, refs);
+    }
+    Ok(ChunkVoices::BySpeaker(by_speaker))
 }
 
 /// A speech request's inline references (extension), each decoded and encoded for this request

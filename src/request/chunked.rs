@@ -9,6 +9,8 @@
 //! trimmed, tagged with the speaker it starts in. Text that fits one chunk is left exactly as it
 //! is, so a short request's prompt is S1's.
 
+use std::collections::BTreeMap;
+
 use super::prompt::{Prompt, PromptBuilder, PromptError, Reference, Turn};
 use super::split::{SplitLimits, split};
 use super::text::{CallerText, Field, is_white_space, speaker_tag_at};
@@ -20,11 +22,51 @@ pub const CHUNK_BYTES: usize = 300;
 /// S2's cap on the speakers one chunk holds.
 pub const CHUNK_SPEAKERS: usize = 3;
 
+/// One chunk's text and the speakers it holds (ascending).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChunkText {
+    pub text: CallerText,
+    pub speakers: Vec<u32>,
+}
+
+/// Whose references each chunk's prompt carries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ChunkVoices {
+    /// One voice for the whole text (the request's `voice`, or its inline references): every
+    /// chunk carries all of them, as a one-chunk prompt does, whatever its speaker tags.
+    All(Vec<Reference>),
+    /// Dialogue (`voices`): references per speaker id. A chunk carries those of the speakers it
+    /// holds, in speaker order, each transcript tagged with its speaker; a speaker without an
+    /// entry has none (the model's own voice for it).
+    BySpeaker(BTreeMap<u32, Vec<Reference>>),
+}
+
+impl ChunkVoices {
+    /// The references of a chunk holding `speakers`.
+    pub fn for_speakers(&self, speakers: &[u32]) -> Vec<Reference> {
+        match self {
+            ChunkVoices::All(references) => references.clone(),
+            ChunkVoices::BySpeaker(by_speaker) => (speakers.iter())
+                .flat_map(|s| by_speaker.get(s).into_iter().flatten().map(move |r| (s, r)))
+                .map(|(&s, r)| Reference { transcript: tagged_as(&r.transcript, s), codes: r.codes.clone() })
+                .collect(),
+        }
+    }
+}
+
+/// `transcript` spoken by `speaker`: a leading speaker tag (after white space) is replaced.
+fn tagged_as(transcript: &str, speaker: u32) -> String {
+    let body = transcript.trim_start_matches(is_white_space);
+    let rest = speaker_tag_at(body).map_or(body, |(len, _)| &body[len..]);
+    format!("<|speaker:{speaker}|> {}", rest.trim_start_matches(is_white_space))
+}
+
 /// The chunks' texts for `text` (one: `text` itself, when it fits one chunk).
-pub fn chunk_texts(text: &CallerText, limits: SplitLimits) -> Vec<CallerText> {
+pub fn chunk_texts(text: &CallerText, limits: SplitLimits) -> Vec<ChunkText> {
     let chunks = split(text.as_str(), limits);
     if chunks.len() <= 1 {
-        return vec![text.clone()];
+        let speakers = chunks.into_iter().next().map_or_else(|| vec![0], |c| c.speakers);
+        return vec![ChunkText { text: text.clone(), speakers }];
     }
     chunks
         .into_iter()
@@ -36,7 +78,9 @@ pub fn chunk_texts(text: &CallerText, limits: SplitLimits) -> Vec<CallerText> {
             }
             let tagged =
                 if speaker_tag_at(&body).is_some() { body } else { format!("<|speaker:{}|> {body}", chunk.speaker) };
-            Some(CallerText::check(tagged, Field::Input).expect("a piece of checked text, tagged, is checked text"))
+            let text =
+                CallerText::check(tagged, Field::Input).expect("a piece of checked text, tagged, is checked text");
+            Some(ChunkText { text, speakers: chunk.speakers })
         })
         .collect()
 }
@@ -78,9 +122,9 @@ fn without_speaker_tags(text: &str) -> String {
 #[derive(Debug)]
 pub struct ChunkedText {
     builder: PromptBuilder,
-    references: Vec<Reference>,
+    voices: ChunkVoices,
     keep_voice: bool,
-    texts: Vec<CallerText>,
+    texts: Vec<ChunkText>,
     /// The chunk whose frames the next call brings.
     ended: usize,
     /// The first chunk's frames (history for every later chunk).
@@ -93,14 +137,14 @@ impl ChunkedText {
     /// The first chunk's prompt, and the rest as [`MoreChunks`] (`None` for one chunk).
     pub fn start(
         builder: PromptBuilder,
-        references: Vec<Reference>,
+        voices: ChunkVoices,
         keep_voice: bool,
-        texts: Vec<CallerText>,
+        texts: Vec<ChunkText>,
     ) -> Result<(Prompt, Option<ChunkedText>), PromptError> {
-        let first = builder.build_prompt(&texts[0], &references)?;
+        let first = builder.build_prompt(&texts[0].text, &voices.for_speakers(&texts[0].speakers))?;
         let more = (texts.len() > 1).then(|| ChunkedText {
             builder,
-            references,
+            voices,
             keep_voice,
             texts,
             ended: 0,
@@ -112,10 +156,11 @@ impl ChunkedText {
 
     /// The prompt of chunk `index` (≥ 1) with its history.
     fn prompt(&self, index: usize) -> Result<Prompt, PromptError> {
-        let first = self.first.as_ref().map(|frames| Turn { text: self.texts[0].as_str(), frames });
-        let latest = self.latest.as_ref().map(|(i, frames)| Turn { text: self.texts[*i].as_str(), frames });
+        let first = self.first.as_ref().map(|frames| Turn { text: self.texts[0].text.as_str(), frames });
+        let latest = self.latest.as_ref().map(|(i, frames)| Turn { text: self.texts[*i].text.as_str(), frames });
         let history: Vec<Turn> = first.into_iter().chain(latest).collect();
-        self.builder.build_with_history(&self.texts[index], &self.references, &history)
+        let chunk = &self.texts[index];
+        self.builder.build_with_history(&chunk.text, &self.voices.for_speakers(&chunk.speakers), &history)
     }
 }
 
@@ -149,7 +194,7 @@ mod tests {
         let text = CallerText::check(text.to_owned(), Field::Input).unwrap();
         chunk_texts(&text, SplitLimits { target_bytes: target, max_speakers: CHUNK_SPEAKERS })
             .into_iter()
-            .map(|t| t.as_str().to_owned())
+            .map(|t| t.text.as_str().to_owned())
             .collect()
     }
 
@@ -170,6 +215,24 @@ mod tests {
             ],
             "{got:?}"
         );
+    }
+
+    #[test]
+    fn dialogue_chunks_carry_their_speakers_voices() {
+        let reference = |t: &str| Reference { transcript: t.into(), codes: vec![vec![1]] };
+        let voices = ChunkVoices::BySpeaker(BTreeMap::from([
+            (0, vec![reference("Alice speaks.")]),
+            (2, vec![reference("  <|speaker:0|> Bob speaks.")]),
+        ]));
+        let got: Vec<String> = voices.for_speakers(&[1, 2]).into_iter().map(|r| r.transcript).collect();
+        assert_eq!(got, ["<|speaker:2|> Bob speaks."]);
+        let got: Vec<String> = voices.for_speakers(&[0, 2]).into_iter().map(|r| r.transcript).collect();
+        assert_eq!(got, ["<|speaker:0|> Alice speaks.", "<|speaker:2|> Bob speaks."]);
+        let all = ChunkVoices::All(vec![reference("Narrator.")]);
+        assert_eq!(all.for_speakers(&[5])[0].transcript, "Narrator.", "one voice: as a one-chunk prompt has it");
+        let text = CallerText::check("<|speaker:1|> Hi. <|speaker:2|> Yo.".into(), Field::Input).unwrap();
+        let chunks = chunk_texts(&text, SplitLimits { target_bytes: 300, max_speakers: 3 });
+        assert_eq!(chunks[0].speakers, [1, 2]);
     }
 
     #[test]

@@ -1,10 +1,13 @@
 //! A wire `SpeechRequest` → `ValidSpeech`, applying every rule of `api.md`'s field table; each
 //! refusal names the field (the OpenAI error's `param`). Nothing downstream sees the wire type.
 
+use std::collections::BTreeMap;
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 
-use super::text::{CallerText, Direction, Field, TextError, is_white_space, validate_caller_text};
+use super::text::{
+    CallerText, Direction, Field, MAX_SPEAKER_ID, TextError, is_white_space, speaker_tag_at, validate_caller_text,
+};
 use crate::api::speech::{self as wire, InlineReference, SpeechRequest, StreamFormat, Voice};
 use crate::audio::{self, ResponseFormat};
 use crate::engine::generate::GenerateOptions;
@@ -46,6 +49,9 @@ pub struct ValidSpeech {
     /// Inline references (extension): each clip as sent (base64 or a `data:` URL) and its
     /// checked transcript; decoded and encoded by the HTTP layer.
     pub references: Vec<(String, String)>,
+    /// Dialogue (extension `voices`): the voice of each listed speaker id. Empty: `voice`
+    /// speaks the whole text, whatever its speaker tags.
+    pub speaker_voices: BTreeMap<u32, VoiceChoice>,
 }
 
 /// Inline references a request may carry at most.
@@ -91,6 +97,10 @@ pub enum ValidateError {
         "Unknown voice `{voice}`: use `default`, one of OpenAI's built-in voice names, or a voice uploaded to /v1/audio/voices"
     )]
     UnknownVoice { voice: String },
+    #[error("`voices.{speaker}`: unknown voice `{voice}`: name a voice uploaded to /v1/audio/voices")]
+    UnknownSpeakerVoice { speaker: String, voice: String },
+    #[error("`voices`: {message}")]
+    SpeakerVoices { message: String },
     #[error("`{field}` must be in [{min}, {max}]; got {found}")]
     OutOfRange { field: &'static str, min: f64, max: f64, found: f64 },
     /// The format cannot be served as asked (not built in, or a rate it cannot carry).
@@ -113,6 +123,7 @@ impl ValidateError {
             ValidateError::Text(_) => "input",
             ValidateError::Instructions { .. } => "instructions",
             ValidateError::UnknownVoice { .. } => "voice",
+            ValidateError::UnknownSpeakerVoice { .. } | ValidateError::SpeakerVoices { .. } => "voices",
             ValidateError::Params(e) => e.field(),
             ValidateError::SseNotStreamed => "stream",
         }
@@ -124,7 +135,7 @@ impl ValidateError {
             ValidateError::Missing { .. } => "missing_required_parameter",
             ValidateError::ModelNotFound { .. } => "model_not_found",
             ValidateError::TooLong { .. } => "string_above_max_length",
-            ValidateError::UnknownVoice { .. } => "voice_not_found",
+            ValidateError::UnknownVoice { .. } | ValidateError::UnknownSpeakerVoice { .. } => "voice_not_found",
             _ => "invalid_value",
         }
     }
@@ -141,6 +152,7 @@ pub fn validate(req: SpeechRequest, policy: &SpeechPolicy) -> Result<ValidSpeech
     let input = CallerText::check(input, Field::Input).map_err(ValidateError::Text)?;
     let voice = voice_choice(req.voice.as_ref())?;
     let references = inline_references(req.references.unwrap_or_default(), &voice)?;
+    let speaker_voices = speaker_voices(req.voices.unwrap_or_default(), !references.is_empty())?;
     let direction = match req.instructions.as_deref() {
         Some(instructions) => {
             check_length("instructions", instructions.trim_matches(is_white_space), policy.max_input_chars)?;
@@ -199,7 +211,35 @@ pub fn validate(req: SpeechRequest, policy: &SpeechPolicy) -> Result<ValidSpeech
         speed: speed as f32,
         options: GenerateOptions { params, seed, max_frames },
         references,
+        speaker_voices,
     })
+}
+
+/// `voices`: speaker ids spelled as the tags spell them (`"0"`..`"15"`), each a stored voice
+/// (a built-in name means what it means in `voice`). Not beside inline `references`. An entry
+/// for speaker 0 takes its place over `voice` (which the OpenAI SDKs always send).
+fn speaker_voices(voices: BTreeMap<String, Voice>, inline: bool) -> Result<BTreeMap<u32, VoiceChoice>, ValidateError> {
+    let bad = |message: String| ValidateError::SpeakerVoices { message };
+    if voices.is_empty() {
+        return Ok(BTreeMap::new());
+    }
+    if inline {
+        return Err(bad(String::from("cannot be combined with inline `references`")));
+    }
+    let mut out = BTreeMap::new();
+    for (key, v) in voices {
+        let speaker: String = key.chars().take(16).collect();
+        let tag = format!("<|speaker:{key}|>");
+        let id = speaker_tag_at(&tag).filter(|(len, _)| *len == tag.len()).map(|(_, id)| id).ok_or_else(|| {
+            bad(format!("`{speaker}` is not a speaker id: use \"0\" to \"{MAX_SPEAKER_ID}\", as the tags spell them"))
+        })?;
+        let choice = voice_choice(Some(&v)).map_err(|_| ValidateError::UnknownSpeakerVoice {
+            speaker: speaker.clone(),
+            voice: v.as_str().chars().take(64).collect(),
+        })?;
+        out.insert(id, choice);
+    }
+    Ok(out)
 }
 
 /// Inline references: at most [`MAX_INLINE_REFERENCES`], each with audio and a transcript the
@@ -337,6 +377,15 @@ mod tests {
             (r#"{"model": "tts-1", "input": "a", "top_p": 0}"#, "top_p", "invalid_value"),
             (r#"{"model": "tts-1", "input": "a", "top_k": 0}"#, "top_k", "invalid_value"),
             (r#"{"model": "tts-1", "input": "a", "stream_format": "sse", "stream": false}"#, "stream", "invalid_value"),
+            (r#"{"model": "tts-1", "input": "a", "voices": {"16": "bob"}}"#, "voices", "invalid_value"),
+            (r#"{"model": "tts-1", "input": "a", "voices": {"01": "bob"}}"#, "voices", "invalid_value"),
+            (r#"{"model": "tts-1", "input": "a", "voices": {"1|>x": "bob"}}"#, "voices", "invalid_value"),
+            (r#"{"model": "tts-1", "input": "a", "voices": {"1": "../bob"}}"#, "voices", "voice_not_found"),
+            (
+                r#"{"model": "tts-1", "input": "a", "voices": {"1": "al"}, "references": [{"audio": "x", "text": "t"}]}"#,
+                "voices",
+                "invalid_value",
+            ),
         ];
         for (json, param, code) in cases {
             let e = refusal(json);
@@ -377,5 +426,13 @@ mod tests {
         assert_eq!(v.text.as_str(), "[sad] hi");
         let v = validate(request(r#"{"model": "tts-1", "input": "hi", "instructions": ""}"#), &policy()).unwrap();
         assert_eq!(v.text.as_str(), "hi");
+        let json = r#"{"model": "tts-1", "input": "hi", "voices": {"0": "alice", "12": {"id": "bob"}, "3": "alloy"}}"#;
+        let v = validate(request(json), &policy()).unwrap();
+        let want = BTreeMap::from([
+            (0, VoiceChoice::Named("alice".into())),
+            (3, VoiceChoice::Builtin("alloy".into())),
+            (12, VoiceChoice::Named("bob".into())),
+        ]);
+        assert_eq!(v.speaker_voices, want);
     }
 }
