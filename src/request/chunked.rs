@@ -68,7 +68,7 @@ pub fn chunk_texts(text: &CallerText, limits: SplitLimits) -> Vec<ChunkText> {
         let speakers = chunks.into_iter().next().map_or_else(|| vec![0], |c| c.speakers);
         return vec![ChunkText { text: text.clone(), speakers }];
     }
-    chunks
+    let texts: Vec<ChunkText> = chunks
         .into_iter()
         .filter_map(|chunk| {
             let body = flatten_lines(&text.as_str()[chunk.range]);
@@ -82,7 +82,16 @@ pub fn chunk_texts(text: &CallerText, limits: SplitLimits) -> Vec<ChunkText> {
                 CallerText::check(tagged, Field::Input).expect("a piece of checked text, tagged, is checked text");
             Some(ChunkText { text, speakers: chunk.speakers })
         })
-        .collect()
+        .collect();
+    if texts.is_empty() {
+        // Nothing but tags: the text as it is, one chunk (it has to be spoken somehow).
+        let speakers = split(text.as_str(), SplitLimits { target_bytes: usize::MAX / 4, ..limits })
+            .into_iter()
+            .flat_map(|c| c.speakers)
+            .collect();
+        return vec![ChunkText { text: text.clone(), speakers }];
+    }
+    texts
 }
 
 /// Every white-space run holding a line break becomes one space; the edges are trimmed.
@@ -240,5 +249,8 @@ mod tests {
         assert_eq!(without_speaker_tags("<|speaker:3|> a <|speaker:12|>b"), " a b");
         let got = texts("Some words here to fill a chunk. <|speaker:1|><|speaker:2|> Hi.", 34);
         assert!(got.iter().all(|t| !without_speaker_tags(t).trim().is_empty()), "{got:?}");
+        // Only tags, longer than a chunk: still one chunk, never none.
+        let tags = "<|speaker:1|> ".repeat(30);
+        assert_eq!(texts(&tags, 40), vec![tags]);
     }
 }
