@@ -87,3 +87,34 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    /// Normalisation (`request::normalize`) never panics, leaves every tag and direction as it
+    /// was and in order, and keeps checked text checked.
+    #[test]
+    fn normalizing_keeps_tags_and_checked_text(
+        (text, atoms) in script(),
+        numbers in proptest::collection::vec("[-$€£]?[0-9]{1,6}([.,:][0-9]{1,3})?(%| ?km|st| ?°C| ?pm)?", 0..8),
+    ) {
+        use limelight::request::normalize::normalize;
+        use limelight::request::text::{CallerText, Field};
+        let mut mixed = text.clone();
+        for n in &numbers {
+            mixed.push(' ');
+            mixed.push_str(n);
+        }
+        let out = normalize(&mixed);
+        let mut at = 0;
+        for &(start, end) in &atoms {
+            let atom = &text[start..end];
+            let found = out[at..].find(atom);
+            prop_assert!(found.is_some(), "{:?} lost from {:?}", atom, out);
+            at += found.unwrap() + atom.len();
+        }
+        if CallerText::check(mixed.clone(), Field::Input).is_ok() {
+            prop_assert!(CallerText::check(out.clone(), Field::Input).is_ok(), "{:?} → {:?}", mixed, out);
+        }
+    }
+}

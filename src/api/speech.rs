@@ -34,6 +34,9 @@ pub struct SpeechRequest {
     /// Dialogue: a stored voice per speaker id (`"0"`..`"15"`) of the `<|speaker:N|>` turns in
     /// `input`, each a name or `{"id": …}`.
     pub voices: Option<std::collections::BTreeMap<String, Voice>>,
+    /// Write numbers, dates, times, currencies and units out as English words before speaking
+    /// (default true; `request::normalize`).
+    pub normalize: Option<bool>,
 }
 
 /// One inline reference (extension): a clip and its transcript.

@@ -3,6 +3,7 @@
 //! the earlier chunks as history (`chunked`).
 
 pub mod chunked;
+pub mod normalize;
 pub mod prompt;
 pub mod split;
 pub mod text;

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 
+use super::normalize::normalize;
 use super::text::{
     CallerText, Direction, Field, MAX_SPEAKER_ID, TextError, is_white_space, speaker_tag_at, validate_caller_text,
 };
@@ -150,6 +151,12 @@ pub fn validate(req: SpeechRequest, policy: &SpeechPolicy) -> Result<ValidSpeech
     let input = req.input.ok_or(ValidateError::Missing { field: "input" })?;
     let input_chars = check_length("input", &input, policy.max_input_chars)?;
     let input = CallerText::check(input, Field::Input).map_err(ValidateError::Text)?;
+    // Normalising only adds words around the tags it leaves alone, so the text stays valid.
+    let input = if req.normalize.unwrap_or(true) {
+        CallerText::check(normalize(input.as_str()), Field::Input).map_err(ValidateError::Text)?
+    } else {
+        input
+    };
     let voice = voice_choice(req.voice.as_ref())?;
     let references = inline_references(req.references.unwrap_or_default(), &voice)?;
     let speaker_voices = speaker_voices(req.voices.unwrap_or_default(), !references.is_empty())?;
@@ -434,5 +441,13 @@ mod tests {
             (12, VoiceChoice::Named("bob".into())),
         ]);
         assert_eq!(v.speaker_voices, want);
+    }
+
+    #[test]
+    fn input_is_normalised_unless_asked_not_to() {
+        let v = validate(request(r#"{"model": "tts-1", "input": "3 cats [2 sighs]"}"#), &policy()).unwrap();
+        assert_eq!(v.text.as_str(), "three cats [2 sighs]");
+        let json = r#"{"model": "tts-1", "input": "3 cats", "normalize": false}"#;
+        assert_eq!(validate(request(json), &policy()).unwrap().text.as_str(), "3 cats");
     }
 }
