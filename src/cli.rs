@@ -272,8 +272,9 @@ pub struct ServeArgs {
     /// Requests that may wait for the engine; more are refused with 429 and `Retry-After`.
     #[arg(long, env = "LIMELIGHT_MAX_QUEUE", default_value_t = 16)]
     pub max_queue: usize,
-    /// Longest `input` (and `instructions`), in characters.
-    #[arg(long, env = "LIMELIGHT_MAX_INPUT_CHARS", default_value_t = 4096)]
+    /// Longest `input` (and `instructions`), in characters. Long text runs as chunks of one
+    /// request, so a chapter fits (OpenAI's own limit is 4096).
+    #[arg(long, env = "LIMELIGHT_MAX_INPUT_CHARS", default_value_t = crate::http::DEFAULT_MAX_INPUT_CHARS)]
     pub max_input_chars: usize,
     /// Largest request body, in bytes; larger ones are refused with 413.
     #[arg(long, env = "LIMELIGHT_MAX_BODY_BYTES", default_value_t = crate::http::DEFAULT_MAX_BODY_BYTES)]

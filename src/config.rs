@@ -344,7 +344,7 @@ mod tests {
         assert_eq!(c.listen, "127.0.0.1:8080".parse().unwrap());
         assert_eq!(c.served_model_name, "drama-3");
         assert_eq!(c.model_aliases, ["tts-1", "tts-1-hd", "gpt-4o-mini-tts"]);
-        assert_eq!((c.max_input_chars, c.max_frames), (4096, 2048));
+        assert_eq!((c.max_input_chars, c.max_frames), (100_000, 2048));
         assert!(c.api_keys.is_empty());
         assert_eq!(c.device, Device::Auto);
         assert_eq!(c.gpu, GpuOptions { ordinal: 0, memory_budget: None, context: DEFAULT_CONTEXT, graph: true });

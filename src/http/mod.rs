@@ -26,9 +26,13 @@ use crate::request::validate::SpeechPolicy;
 use crate::scheduler::Scheduler;
 use crate::telemetry;
 
-/// Default `--max-body-bytes`: a 4096-character input in 4-byte UTF-8 plus instructions and
-/// JSON overhead fits with room to spare.
-pub const DEFAULT_MAX_BODY_BYTES: usize = 64 * 1024;
+/// Default `--max-input-chars`: a book chapter (long text runs as chunks of one request).
+pub const DEFAULT_MAX_INPUT_CHARS: usize = 100_000;
+
+/// Default `--max-body-bytes`: a [`DEFAULT_MAX_INPUT_CHARS`] input in raw 4-byte UTF-8 (400 kB)
+/// plus instructions and JSON overhead fits with room to spare; nginx's `client_max_body_size
+/// 1m` in `deploy/` matches it.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 1 << 20;
 
 /// What the HTTP layer needs from the server's configuration.
 #[derive(Clone, Debug, PartialEq, Eq)]
