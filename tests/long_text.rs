@@ -36,6 +36,13 @@ fn options(seed: u64, max_frames: usize) -> GenerateOptions {
     GenerateOptions { params: SamplingParams::default(), seed, max_frames }
 }
 
+/// Greedy sampling (top-k 1): on the tiny checkpoint's random weights the first chunk's most
+/// likely main token is never EOS, so it never stops on its own — a scripted runaway.
+fn runaway(mut job: Job) -> Job {
+    job.options.params = SamplingParams { top_k: Some(1), ..SamplingParams::default() };
+    job
+}
+
 fn texts() -> Vec<ChunkText> {
     chunk_texts(&CallerText::check(LONG.to_owned(), Field::Input).unwrap(), LIMITS)
 }
@@ -64,8 +71,9 @@ fn chunks_continue_one_generation_and_join_as_one_decode() {
     let engine = Engine::new(&Cpu, &ckpt, &model).unwrap();
     let texts = texts();
     assert_eq!(texts.len(), 3, "{texts:?}");
-    let (first, more) =
-        ChunkedText::start(common::tiny_prompt_builder(), ChunkVoices::All(Vec::new()), false, texts.clone()).unwrap();
+    let (first, _, more) =
+        ChunkedText::start(common::tiny_prompt_builder(), ChunkVoices::All(Vec::new()), false, texts.clone(), 7)
+            .unwrap();
     let mut more = more.expect("three chunks");
 
     let opts = |chunk| options(chunk_seed(3, chunk), 7);
@@ -121,15 +129,17 @@ fn loader(dir: std::path::PathBuf, codec_thread: bool) -> limelight::scheduler::
     cpu_loader(dir, 2048, limits)
 }
 
-/// A chunked job of LONG with `seed`, 7 frames a chunk at most.
-fn chunked_job(seed: u64) -> Job {
-    let (first, more) =
-        ChunkedText::start(common::tiny_prompt_builder(), ChunkVoices::All(Vec::new()), false, texts()).unwrap();
+/// A chunked job of LONG with `seed`, `max_frames` frames a chunk at most (less where the
+/// runaway guard's bound is lower).
+fn chunked_job(seed: u64, max_frames: usize) -> Job {
+    let (first, first_frames, more) =
+        ChunkedText::start(common::tiny_prompt_builder(), ChunkVoices::All(Vec::new()), false, texts(), max_frames)
+            .unwrap();
     Job {
         request_id: String::from("req-long"),
         rows: first.rows,
         prefix: SharedPrefix::NONE,
-        options: options(seed, 7),
+        options: options(seed, first_frames),
         span: tracing::Span::none(),
         more: more.map(|m| Box::new(m) as Box<dyn MoreChunks>),
     }
@@ -158,7 +168,7 @@ async fn a_chunked_job_is_one_stream_with_one_finish() {
                 Scheduler::start_with(config(dir.path().to_owned()), loader(dir.path().into(), codec_thread));
             scheduler.loaded().await.expect("loads");
             assert_eq!(scheduler.readiness(), Readiness::Ready);
-            runs.push(events(&scheduler, chunked_job(3)).await);
+            runs.push(events(&scheduler, chunked_job(3, 7)).await);
         }
         let (events, pcm) = &runs[0];
         let [JobEvent::Started { prompt_rows: first_rows }, JobEvent::Finished { reason, frames, prompt_rows }] =
@@ -260,4 +270,43 @@ fn chunk_prompts_with_history_are_s2s() {
             assert_eq!(ours.voice_rows as u64, theirs["system_rows"].as_u64().unwrap(), "the kept voice prefix");
         }
     }
+}
+
+/// The runaway guard on a scripted runaway ([`runaway`]: the first chunk does not stop on its
+/// own, as it shows alone by running to 300 frames): with `max_frames` far above the guard's
+/// bounds, it is cut at its bound (`frame_bound` of its text) and the later chunks stay within
+/// theirs; the request ends `length`, and its audio holds every frame.
+#[tokio::test]
+async fn the_runaway_guard_cuts_a_chunk_at_its_bound() {
+    use limelight::request::chunked::frame_bound;
+    let dir = common::tiny_checkpoint();
+    tokio::time::timeout(LIMIT, async {
+        let scheduler = Scheduler::start_with(config(dir.path().to_owned()), loader(dir.path().into(), true));
+        scheduler.loaded().await.expect("loads");
+        let bounds: Vec<usize> = texts().iter().map(|t| frame_bound(t.text.as_str())).collect();
+        // The first chunk alone does not stop before 300 frames, past its bound.
+        let alone = runaway(Job { more: None, options: options(3, 300), ..chunked_job(3, 2048) });
+        let (events_alone, _) = events(&scheduler, alone).await;
+        assert!(
+            matches!(events_alone[..], [_, JobEvent::Finished { reason: FinishReason::Length, frames: 300, .. }]),
+            "{events_alone:?}"
+        );
+        assert!(bounds[0] < 300, "{bounds:?}");
+
+        let (events, pcm) = events(&scheduler, runaway(chunked_job(3, 2048))).await;
+        let [JobEvent::Started { .. }, JobEvent::Finished { reason, frames, .. }] = events[..] else {
+            panic!("events {events:?}")
+        };
+        // Without the guard the first chunk alone would give 2048 frames (it stops only at
+        // `max_frames`); with it the whole request stays within the chunks' bounds.
+        assert!(
+            frames >= bounds[0] + 2 && frames <= bounds.iter().sum::<usize>(),
+            "the first chunk cut at {}, the others within theirs {bounds:?}: {frames} frames",
+            bounds[0]
+        );
+        assert_eq!(reason, FinishReason::Length);
+        assert_eq!(pcm.len(), frames * 2048);
+    })
+    .await
+    .expect("bounded");
 }

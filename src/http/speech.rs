@@ -11,7 +11,7 @@ use super::body::{self, Reply, Step};
 use super::{ApiError, ApiJson, AppState, RequestId, voices};
 use crate::api::speech::{SpeechRequest, StreamFormat};
 use crate::audio::{self, CODEC_SAMPLE_RATE, EncodeOptions};
-use crate::engine::generate::FinishReason;
+use crate::engine::generate::{FinishReason, GenerateOptions};
 use crate::request::chunked::{CHUNK_BYTES, CHUNK_SPEAKERS, ChunkedText, chunk_texts};
 use crate::request::prompt::PromptBuilder;
 use crate::request::split::SplitLimits;
@@ -76,8 +76,14 @@ pub async fn create_speech(
     };
     // Long text runs as chunks, one stream whose later prompts are built as each chunk ends.
     let texts = chunk_texts(&valid.text, SplitLimits { target_bytes: CHUNK_BYTES, max_speakers: CHUNK_SPEAKERS });
-    let (prompt, more) = match state.scheduler().vocabulary() {
-        Ok(vocabulary) => match ChunkedText::start(PromptBuilder::new(vocabulary), voices, stored_voice, texts) {
+    let (prompt, first_frames, more) = match state.scheduler().vocabulary() {
+        Ok(vocabulary) => match ChunkedText::start(
+            PromptBuilder::new(vocabulary),
+            voices,
+            stored_voice,
+            texts,
+            valid.options.max_frames,
+        ) {
             Ok(started) => started,
             Err(e) if e.field().is_some() => return tracker.refuse(ApiError::Prompt(e)),
             Err(e) => {
@@ -90,7 +96,8 @@ pub async fn create_speech(
     let span = tracing::info_span!("speech", request_id = %request_id);
     let prefix = prompt.voice_prefix(stored_voice);
     let more = more.map(|m| Box::new(m) as Box<dyn MoreChunks>);
-    let job = Job { request_id, rows: prompt.rows, prefix, options: valid.options, span, more };
+    let options = GenerateOptions { max_frames: first_frames, ..valid.options };
+    let job = Job { request_id, rows: prompt.rows, prefix, options, span, more };
     let stream = match state.scheduler().submit(job) {
         Ok(stream) => stream,
         Err(e) => return tracker.refuse(ApiError::Submit(e)),

@@ -11,6 +11,7 @@
 
 use std::collections::BTreeMap;
 
+use super::normalize::protected_len;
 use super::prompt::{Prompt, PromptBuilder, PromptError, Reference, Turn};
 use super::split::{SplitLimits, split};
 use super::text::{CallerText, Field, is_white_space, speaker_tag_at};
@@ -21,6 +22,31 @@ use crate::scheduler::{ChunkPrompt, MoreChunks};
 pub const CHUNK_BYTES: usize = 300;
 /// S2's cap on the speakers one chunk holds.
 pub const CHUNK_SPEAKERS: usize = 3;
+
+/// The runaway guard of a long request's chunks: a chunk ends (`length`) after
+/// `GUARD_BASE_FRAMES + GUARD_FRAMES_PER_CHAR × its spoken characters` frames, if the request's
+/// `max_frames` does not end it first. Speech runs about 14 characters a second, 1.5 frames a
+/// character; the bound allows over three times that plus 2 s, so only a chunk that does not
+/// stop (a loop, a babble, a long silence) reaches it.
+pub const GUARD_FRAMES_PER_CHAR: usize = 5;
+/// See [`GUARD_FRAMES_PER_CHAR`]: 2 s of frames.
+pub const GUARD_BASE_FRAMES: usize = 43;
+
+/// The guard's frame bound for a chunk of `text`: its characters that are spoken (outside tags
+/// and directions, not white space) counted.
+pub fn frame_bound(text: &str) -> usize {
+    let (mut spoken, mut i) = (0, 0);
+    while i < text.len() {
+        if let Some(len) = protected_len(&text[i..]) {
+            i += len;
+            continue;
+        }
+        let c = text[i..].chars().next().expect("i < len");
+        spoken += usize::from(!is_white_space(c));
+        i += c.len_utf8();
+    }
+    GUARD_BASE_FRAMES + GUARD_FRAMES_PER_CHAR * spoken
+}
 
 /// One chunk's text and the speakers it holds (ascending).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -134,6 +160,8 @@ pub struct ChunkedText {
     voices: ChunkVoices,
     keep_voice: bool,
     texts: Vec<ChunkText>,
+    /// The request's `max_frames` (each chunk's own bound is also its guard's).
+    max_frames: usize,
     /// The chunk whose frames the next call brings.
     ended: usize,
     /// The first chunk's frames (history for every later chunk).
@@ -143,24 +171,29 @@ pub struct ChunkedText {
 }
 
 impl ChunkedText {
-    /// The first chunk's prompt, and the rest as [`MoreChunks`] (`None` for one chunk).
+    /// The first chunk's prompt and its frame bound, and the rest as [`MoreChunks`] (`None` for
+    /// one chunk, whose bound is `max_frames`: the guard is for long text).
     pub fn start(
         builder: PromptBuilder,
         voices: ChunkVoices,
         keep_voice: bool,
         texts: Vec<ChunkText>,
-    ) -> Result<(Prompt, Option<ChunkedText>), PromptError> {
+        max_frames: usize,
+    ) -> Result<(Prompt, usize, Option<ChunkedText>), PromptError> {
         let first = builder.build_prompt(&texts[0].text, &voices.for_speakers(&texts[0].speakers))?;
+        let first_frames =
+            if texts.len() > 1 { max_frames.min(frame_bound(texts[0].text.as_str())) } else { max_frames };
         let more = (texts.len() > 1).then(|| ChunkedText {
             builder,
             voices,
             keep_voice,
             texts,
+            max_frames,
             ended: 0,
             first: None,
             latest: None,
         });
-        Ok((first, more))
+        Ok((first, first_frames, more))
     }
 
     /// The prompt of chunk `index` (≥ 1) with its history.
@@ -187,9 +220,10 @@ impl MoreChunks for ChunkedText {
         if self.ended >= self.texts.len() {
             return None;
         }
+        let max_frames = self.max_frames.min(frame_bound(self.texts[self.ended].text.as_str()));
         Some(
             self.prompt(self.ended)
-                .map(|p| ChunkPrompt { prefix: p.voice_prefix(self.keep_voice), rows: p.rows })
+                .map(|p| ChunkPrompt { prefix: p.voice_prefix(self.keep_voice), rows: p.rows, max_frames })
                 .map_err(|e| format!("chunk {}: {e}", self.ended)),
         )
     }
@@ -242,6 +276,15 @@ mod tests {
         let text = CallerText::check("<|speaker:1|> Hi. <|speaker:2|> Yo.".into(), Field::Input).unwrap();
         let chunks = chunk_texts(&text, SplitLimits { target_bytes: 300, max_speakers: 3 });
         assert_eq!(chunks[0].speakers, [1, 2]);
+    }
+
+    #[test]
+    fn the_guard_counts_spoken_characters() {
+        assert_eq!(
+            frame_bound("<|speaker:1|> Hi [sighs] there."),
+            GUARD_BASE_FRAMES + 5 * GUARD_FRAMES_PER_CHAR + 3 * GUARD_FRAMES_PER_CHAR
+        );
+        assert_eq!(frame_bound("<whisper>ab</whisper>"), GUARD_BASE_FRAMES + 2 * GUARD_FRAMES_PER_CHAR);
     }
 
     #[test]

@@ -37,7 +37,7 @@ pub fn normalize(text: &str) -> String {
 
 /// The length of a span at the start of `s` that is never rewritten: a `<|…|>` token, a closed
 /// `[…]` direction, or a `<name>` / `</name>` word tag.
-fn protected_len(s: &str) -> Option<usize> {
+pub(super) fn protected_len(s: &str) -> Option<usize> {
     if s.starts_with("<|") {
         return s.find("|>").map(|end| end + 2);
     }

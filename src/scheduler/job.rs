@@ -46,6 +46,8 @@ pub struct ChunkPrompt {
     pub rows: Rows,
     /// The rows other prompts share (the voice's system message), as [`Job::prefix`].
     pub prefix: SharedPrefix,
+    /// Frames the chunk may produce (its runaway bound; it ends `length` there).
+    pub max_frames: usize,
 }
 
 /// The seed chunk `chunk` of a request with `seed` samples with: the request's own for the

@@ -28,7 +28,7 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, SyncSender, TryRecvError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use tracing::{debug, error, info};
+use tracing::{debug, error, info, warn};
 
 mod active;
 
@@ -414,6 +414,11 @@ impl Host {
                     let finished = stepped.finished;
                     self.take_audio(job, stepped);
                     let Some(mut reason) = finished else { continue };
+                    if reason == FinishReason::Length && (job.more.is_some() || job.chunk > 0) {
+                        // A chunk of long text ran to its bound: the runaway guard cut it.
+                        metrics::counter!(telemetry::CHUNKS_CUT).increment(1);
+                        job.span.in_scope(|| warn!(chunk = job.chunk, "chunk cut at its frame bound"));
+                    }
                     job.cut |= reason == FinishReason::Length;
                     match self.next_chunk(model, job) {
                         Ok(true) => continue,
@@ -447,11 +452,12 @@ impl Host {
     /// prompt, its audio continuing. Returns whether it did (`false`: no chunk is left).
     fn next_chunk(&self, model: &dyn Synthesizer, job: &mut Active) -> Result<bool, String> {
         let (Some(more), Some(id)) = (job.more.as_mut(), job.stream) else { return Ok(false) };
-        let options = GenerateOptions { seed: chunk_seed(job.options.seed, job.chunk + 1), ..job.options.clone() };
+        let seed = chunk_seed(job.options.seed, job.chunk + 1);
         let went_on = catch_unwind(AssertUnwindSafe(|| {
             let previous = model.produced(id);
             let Some(prompt) = more.next(&previous) else { return Ok(None) };
             let prompt = prompt?;
+            let options = GenerateOptions { seed, max_frames: prompt.max_frames, ..job.options.clone() };
             let opened = model.continue_stream(id, &prompt.rows, prompt.prefix, &options).map_err(|e| e.to_string())?;
             Ok::<_, String>(Some((previous.len(), prompt.rows.len(), opened.restored_rows)))
         }));
