@@ -28,7 +28,8 @@ pub const TIME_TO_FIRST_AUDIO_SECONDS: &str = "limelight_time_to_first_audio_sec
 pub const REAL_TIME_FACTOR: &str = "limelight_real_time_factor";
 /// Frames generated (2048 samples each); its rate is frames per second.
 pub const FRAMES_GENERATED: &str = "limelight_frames_generated_total";
-/// Chunks of long requests that the runaway guard ended at their frame bound.
+/// Chunks of long requests that ran to their frame bound (the runaway guard's, or `max_frames`
+/// where lower).
 pub const CHUNKS_CUT: &str = "limelight_chunks_cut_total";
 /// Bytes the resident model holds on its device (on the CPU: weights as stored).
 pub const MEMORY_IN_USE_BYTES: &str = "limelight_memory_in_use_bytes";
@@ -137,7 +138,10 @@ fn describe() {
     );
     metrics::describe_histogram!(REAL_TIME_FACTOR, "Request wall time over the duration of its audio.");
     metrics::describe_counter!(FRAMES_GENERATED, "Frames generated (2048 samples each at 44.1 kHz).");
-    metrics::describe_counter!(CHUNKS_CUT, "Chunks of long requests ended at their runaway frame bound.");
+    metrics::describe_counter!(
+        CHUNKS_CUT,
+        "Chunks of long requests that ran to their frame bound (the runaway guard's, or max_frames)."
+    );
     metrics::describe_gauge!(
         MEMORY_IN_USE_BYTES,
         metrics::Unit::Bytes,

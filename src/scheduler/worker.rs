@@ -415,7 +415,7 @@ impl Host {
                     self.take_audio(job, stepped);
                     let Some(mut reason) = finished else { continue };
                     if reason == FinishReason::Length && (job.more.is_some() || job.chunk > 0) {
-                        // A chunk of long text ran to its bound: the runaway guard cut it.
+                        // A chunk of long text ran to its bound (the runaway guard's, or max_frames).
                         metrics::counter!(telemetry::CHUNKS_CUT).increment(1);
                         job.span.in_scope(|| warn!(chunk = job.chunk, "chunk cut at its frame bound"));
                     }
