@@ -373,7 +373,8 @@ pub struct SayArgs {
     /// Cap on main-token candidates (default: none); codebook heads use min(top_k, 30).
     #[arg(long)]
     pub top_k: Option<u32>,
-    /// Frames to generate at most (2048 samples each); reaching it ends with reason `length`.
+    /// Frames to generate at most (2048 samples each), per chunk of long text; reaching it ends
+    /// with reason `length`.
     #[arg(long, default_value_t = 2048)]
     pub max_frames: usize,
     /// Speak in this stored voice (from `--voices-dir`, as `serve` keeps them).
@@ -388,6 +389,10 @@ pub struct SayArgs {
     /// The reference clip's transcript.
     #[arg(long, requires = "reference_audio")]
     pub reference_text: Option<String>,
+    /// Speak `--text` as written: no numbers, dates or amounts written out as words (as the
+    /// server's `"normalize": false`).
+    #[arg(long)]
+    pub no_normalize: bool,
 }
 
 #[derive(Debug, Args)]

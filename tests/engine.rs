@@ -360,3 +360,36 @@ fn a_device_frame_source_drives_the_same_loop() {
     assert_eq!(stopped.rows.as_flat(), &want.rows.as_flat()[..4 * want.rows.width()]);
     assert_eq!(pcm.len(), 4 * 2048);
 }
+
+/// `say` speaks long text as chunks of one generation (as `serve` does): with `--max-frames 3`
+/// (per chunk) a three-chunk text gives more than three frames of audio, the same bytes twice;
+/// numbers are read out as words unless `--no-normalize`.
+#[test]
+fn say_speaks_long_text_in_chunks_and_normalises() {
+    let dir = common::tiny_checkpoint();
+    let bin = env!("CARGO_BIN_EXE_limelight");
+    let out = tempfile::tempdir().unwrap();
+    let long = "The first sentence is spoken here, and it goes on for a while to fill its chunk well. \
+                A second one follows it now, with its own clauses, its own pauses and its own length. \
+                And a third closes the text, long enough again to need a chunk of its very own here. \
+                A fourth, for good measure, ends it all with 3 cats.";
+    let say = |name: &str, extra: &[&str]| {
+        let path = out.path().join(name);
+        let o = Command::new(bin)
+            .args(["say", "--model"])
+            .arg(dir.path())
+            .args(["--text", long, "--max-frames", "3", "--seed", "5"])
+            .args(extra)
+            .arg("--out")
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        std::fs::read(path).unwrap()
+    };
+    let (a, b, raw) = (say("a.wav", &[]), say("b.wav", &[]), say("raw.wav", &["--no-normalize"]));
+    assert!(a == b, "same text and seed, different bytes");
+    let samples = hound::WavReader::new(std::io::Cursor::new(&a)).unwrap().len() as usize;
+    assert!(long.len() > 300 && samples > 3 * 2048, "{samples} samples: one chunk only?");
+    assert!(a != raw, "\"3\" and \"three\" make different prompts");
+}

@@ -11,7 +11,6 @@ pub mod bench_encode;
 pub mod bench_engine;
 pub mod bench_serve;
 
-use std::ops::ControlFlow;
 use std::path::Path;
 
 use anyhow::{Context, bail};
@@ -25,38 +24,67 @@ use crate::checkpoint::safetensors_writer::{TensorHeader, f32_bytes, write_safet
 use crate::cli::{
     BenchBackboneArgs, BenchBatchArgs, BenchEncodeArgs, BenchEngineArgs, BenchServeArgs, SayArgs, TraceArgs,
 };
-use crate::engine::generate::{Engine, Finished, GenerateOptions, ResidentModel};
+use crate::engine::generate::{Engine, FinishReason, Finished, GenerateOptions, PREFILL_CHUNK, ResidentModel};
 use crate::engine::trace::trace;
 use crate::model::codec::encode::CodecEncoder;
 use crate::model::frame::Rows;
 use crate::model::load::Checkpoint;
 use crate::model::sampling::SamplingParams;
+use crate::request::chunked::{CHUNK_BYTES, CHUNK_SPEAKERS, ChunkVoices, ChunkedText, chunk_texts};
+use crate::request::normalize::normalize;
 use crate::request::prompt::{PromptBuilder, Reference};
+use crate::request::split::SplitLimits;
 use crate::request::text::{CallerText, Field};
+use crate::scheduler::{MoreChunks, chunk_seed};
 use crate::voice::clip::{self, ClipLimits};
 use crate::voice::store::{StoreLimits, VoiceStore};
 
-/// `limelight say`: text → WAV on the CPU backend.
+/// `limelight say`: text → WAV on the CPU backend. Text is normalised and long text runs as
+/// chunks of one generation, as `serve` runs a request (`request::chunked`), so the bytes are
+/// the server's for the same text, voice and seed.
 pub fn say(args: &SayArgs) -> anyhow::Result<Finished> {
     let ckpt = Checkpoint::open(&args.model).context("checkpoint refused")?;
     let model = ResidentModel::load(&ckpt, &Cpu)?;
     let engine = Engine::new(&Cpu, &ckpt, &model)?;
     let references = say_references(args, &ckpt)?;
-    let text = CallerText::check(args.text.clone(), Field::Input).context("`--text`")?;
-    let prompt =
-        PromptBuilder::for_checkpoint(&ckpt).build_prompt(&text, &references).context("`--text` or the reference")?;
+    let text = if args.no_normalize { args.text.clone() } else { normalize(&args.text) };
+    let text = CallerText::check(text, Field::Input).context("`--text`")?;
+    let texts = chunk_texts(&text, SplitLimits { target_bytes: CHUNK_BYTES, max_speakers: CHUNK_SPEAKERS });
+    let builder = PromptBuilder::for_checkpoint(&ckpt);
+    let (prompt, first_frames, mut more) =
+        ChunkedText::start(builder, ChunkVoices::All(references), false, texts, args.max_frames)
+            .context("`--text` or the reference")?;
     let params = SamplingParams { temperature: args.temperature, top_p: args.top_p, top_k: args.top_k };
     params.validate().context("sampling parameters")?;
-    let opts = GenerateOptions { params, seed: args.seed, max_frames: args.max_frames };
-    let mut pcm = Vec::new();
-    // The served engine's chunks (restarting after the voice's rows), so the bytes are the same.
-    let finished =
-        engine.generate_prompt(&prompt.rows, prompt.voice_prefix(false), &opts, &mut |chunk: &[f32]| {
-            pcm.extend_from_slice(chunk);
-            ControlFlow::Continue(())
-        })?;
-    write_wav(&args.out, &pcm, CODEC_SAMPLE_RATE).with_context(|| format!("writing {}", args.out.display()))?;
-    Ok(finished)
+    let opts =
+        |chunk: usize, max_frames: usize| GenerateOptions { params, seed: chunk_seed(args.seed, chunk), max_frames };
+    // The served engine's prompt chunks (restarting after the voice's rows), so the bytes are the same.
+    let mut generation = engine.start_prompt(&prompt.rows, prompt.voice_prefix(false), &opts(0, first_frames))?;
+    let (mut pcm, mut rows, mut cut) = (Vec::new(), Rows::new(ckpt.dims.codebooks), false);
+    for chunk in 1usize.. {
+        while !engine.prefill_generation(&mut generation, PREFILL_CHUNK)? {}
+        let reason = loop {
+            let stepped = engine.step(&mut [&mut generation]).pop().expect("one result per generation")?;
+            pcm.extend_from_slice(&stepped.pcm);
+            if let Some(reason) = stepped.finished {
+                break reason;
+            }
+        };
+        cut |= reason == FinishReason::Length;
+        let produced = generation.produced().clone();
+        (0..produced.len()).for_each(|t| rows.push_row(produced.row(t)));
+        let next = match more.as_mut().and_then(|m| m.next(&produced)) {
+            Some(next) => next.map_err(anyhow::Error::msg)?,
+            None => {
+                let reason = if cut { FinishReason::Length } else { reason };
+                write_wav(&args.out, &pcm, CODEC_SAMPLE_RATE)
+                    .with_context(|| format!("writing {}", args.out.display()))?;
+                return Ok(Finished { reason, frames: rows.len(), rows });
+            }
+        };
+        engine.continue_prompt(&mut generation, &next.rows, next.prefix, &opts(chunk, next.max_frames))?;
+    }
+    unreachable!("`1usize..` ends only by returning")
 }
 
 /// The voice `say` speaks in: a stored voice, a reference clip encoded here, or none.
