@@ -5,7 +5,7 @@
 #   tools/gpu/voices-run.sh [REPORT_DIR]
 #
 # Starts `limelight serve --device cuda --voices-dir` on the full random checkpoint, uploads a
-# 10 s reference clip (a WAV written here with Python's wave module) as a named voice, speaks in
+# 10 s reference clip (tools/gpu/reference-clip.py) as a named voice, speaks in
 # it twice with one seed (the bytes must match: the second starts from the voice's kept prompt
 # prefix, the first ran it) and in the default voice, then restarts the
 # server over the same voices directory and speaks in the voice again (the bytes must match the
@@ -21,19 +21,7 @@ port=${LIMELIGHT_PORT:-18080}
 voices=$(mktemp -d)
 ckpt=$(tools/gpu/full-ckpt.sh "$report_dir")
 echo "build: $(cat .gpu/bin/BUILD)"
-python3 - "$report_dir/reference.wav" <<'PY'
-import math, struct, sys, wave
-rate, seconds = 24000, 10.0
-with wave.open(sys.argv[1], "wb") as w:
-    w.setnchannels(1); w.setsampwidth(2); w.setframerate(rate)
-    frames = bytearray()
-    for i in range(int(rate * seconds)):
-        t = i / rate
-        f0 = 150 + 30 * math.sin(2 * math.pi * 0.6 * t)
-        v = sum(0.3 / k * math.sin(2 * math.pi * f0 * k * t) for k in range(1, 5)) * (0.6 + 0.4 * math.sin(2 * math.pi * 2.1 * t))
-        frames += struct.pack("<h", int(max(-1, min(1, v)) * 32767))
-    w.writeframes(bytes(frames))
-PY
+python3 tools/gpu/reference-clip.py "$report_dir/reference.wav"
 
 start_server() {  # log
     start=$(date +%s%N)
