@@ -11,10 +11,9 @@
 
 use std::collections::BTreeMap;
 
-use super::normalize::protected_len;
 use super::prompt::{Prompt, PromptBuilder, PromptError, Reference, Turn};
 use super::split::{SplitLimits, split};
-use super::text::{CallerText, Field, is_white_space, speaker_tag_at};
+use super::text::{CallerText, Field, is_white_space, markup_len, speaker_tag_at};
 use crate::model::frame::Rows;
 use crate::scheduler::{ChunkPrompt, MoreChunks};
 
@@ -37,7 +36,7 @@ pub const GUARD_BASE_FRAMES: usize = 43;
 pub fn frame_bound(text: &str) -> usize {
     let (mut spoken, mut i) = (0, 0);
     while i < text.len() {
-        if let Some(len) = protected_len(&text[i..]) {
+        if let Some(len) = markup_len(&text[i..]) {
             i += len;
             continue;
         }
@@ -94,6 +93,9 @@ pub fn chunk_texts(text: &CallerText, limits: SplitLimits) -> Vec<ChunkText> {
         let speakers = chunks.into_iter().next().map_or_else(|| vec![0], |c| c.speakers);
         return vec![ChunkText { text: text.clone(), speakers }];
     }
+    let mut everyone: Vec<u32> = chunks.iter().flat_map(|c| c.speakers.iter().copied()).collect();
+    everyone.sort_unstable();
+    everyone.dedup();
     let texts: Vec<ChunkText> = chunks
         .into_iter()
         .filter_map(|chunk| {
@@ -111,11 +113,7 @@ pub fn chunk_texts(text: &CallerText, limits: SplitLimits) -> Vec<ChunkText> {
         .collect();
     if texts.is_empty() {
         // Nothing but tags: the text as it is, one chunk (it has to be spoken somehow).
-        let speakers = split(text.as_str(), SplitLimits { target_bytes: usize::MAX / 4, ..limits })
-            .into_iter()
-            .flat_map(|c| c.speakers)
-            .collect();
-        return vec![ChunkText { text: text.clone(), speakers }];
+        return vec![ChunkText { text: text.clone(), speakers: everyone }];
     }
     texts
 }

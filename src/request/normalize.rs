@@ -3,7 +3,7 @@
 //! prompt is built. On by default; a request turns it off with `"normalize": false`.
 //!
 //! What it covers (`docs/api.md` lists it for clients):
-//! - integers (`1,234` → one thousand, two hundred and thirty-four; `-7` → minus seven),
+//! - integers (`1,234` → one thousand two hundred and thirty-four; `-7` → minus seven),
 //!   decimals (`3.14` → three point one four), ordinals (`21st` → twenty-first);
 //! - years: a bare four-digit number from 1100 to 2099 (`1999` → nineteen ninety-nine);
 //! - ISO dates (`2026-12-04` → December fourth, twenty twenty-six);
@@ -16,13 +16,15 @@
 
 use num2words::Num2Words;
 
+use super::text::markup_len;
+
 /// `text` with numbers and symbols written out (tags and directions untouched).
 pub fn normalize(text: &str) -> String {
     let mut out = String::with_capacity(text.len() + text.len() / 4);
     let mut plain = 0;
     let mut i = 0;
     while i < text.len() {
-        if let Some(len) = protected_len(&text[i..]) {
+        if let Some(len) = markup_len(&text[i..]) {
             out.push_str(&normalize_plain(&text[plain..i]));
             out.push_str(&text[i..i + len]);
             i += len;
@@ -33,20 +35,6 @@ pub fn normalize(text: &str) -> String {
     }
     out.push_str(&normalize_plain(&text[plain..]));
     out
-}
-
-/// The length of a span at the start of `s` that is never rewritten: a `<|…|>` token, a closed
-/// `[…]` direction, or a `<name>` / `</name>` word tag.
-pub(super) fn protected_len(s: &str) -> Option<usize> {
-    if s.starts_with("<|") {
-        return s.find("|>").map(|end| end + 2);
-    }
-    if s.starts_with('[') {
-        return s.find(']').map(|end| end + 1);
-    }
-    let rest = s.strip_prefix("</").or_else(|| s.strip_prefix('<'))?;
-    let name = rest.bytes().take_while(|b| b.is_ascii_alphanumeric() || *b == b'_' || *b == b'-').count();
-    (name > 0 && rest.as_bytes().get(name) == Some(&b'>')).then(|| s.len() - rest.len() + name + 1)
 }
 
 /// Normalises text with no protected span in it: each recognised token is rewritten in place.
@@ -97,10 +85,9 @@ fn rewrite(s: &str) -> Option<(String, usize)> {
     let mut words = if negative { String::from("minus ") } else { String::new() };
     let year = !negative && number.is_year() && !after.starts_with('%') && unit_at(after).is_none();
     words.push_str(&if year { year_words(number.integer()?)? } else { number.words()? });
-    if let Some(rest) = after.strip_prefix('%') {
+    if after.starts_with('%') {
         words.push_str(" percent");
         used += 1;
-        let _ = rest;
     } else if let Some((unit, len)) = unit_at(after) {
         words.push(' ');
         words.push_str(if number.is_one() { unit.singular } else { unit.plural });

@@ -17,7 +17,7 @@
 
 use std::ops::Range;
 
-use super::text::{MAX_SPEAKER_ID, speaker_tag_at};
+use super::text::{MAX_SPEAKER_ID, markup_len, speaker_tag_at};
 
 /// How to cut.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -202,21 +202,17 @@ fn punctuation(c: char) -> Option<Strength> {
 /// The length of the atom at the start of `s` (0: none): a `<|…|>` token, a closed `[…]`, or a
 /// `<name>…</name>` span (or a lone `<name>`).
 fn atom_len(s: &str) -> usize {
-    if s.starts_with("<|") {
-        return s.find("|>").map_or(0, |end| end + 2);
-    }
-    if s.starts_with('[') {
-        return s.find(']').map_or(0, |end| end + 1);
-    }
-    if let Some(rest) = s.strip_prefix('<') {
-        let name_len = rest.bytes().take_while(|b| b.is_ascii_alphanumeric() || *b == b'_' || *b == b'-').count();
-        if name_len > 0 && rest.as_bytes().get(name_len) == Some(&b'>') {
-            let open = name_len + 2;
-            let close = format!("</{}>", &rest[..name_len]);
-            return s[open..].find(&close).map_or(open, |at| open + at + close.len());
+    // A closing tag on its own is plain text here (a paired one lies inside its span).
+    let Some(len) = markup_len(s).filter(|_| !s.starts_with("</")) else { return 0 };
+    // An opening word tag takes everything up to its closing tag with it.
+    let opening = s[..len].strip_prefix('<').and_then(|t| t.strip_suffix('>')).filter(|n| !n.starts_with(['|', '/']));
+    match opening {
+        Some(name) => {
+            let close = format!("</{name}>");
+            s[len..].find(&close).map_or(len, |at| len + at + close.len())
         }
+        None => len,
     }
-    0
 }
 
 #[cfg(test)]

@@ -139,6 +139,21 @@ impl Direction {
     }
 }
 
+/// The length of the markup at the start of `s`, if it starts with some: a `<|…|>` token, a
+/// closed `[…]` direction, or a `<name>` / `</name>` word tag. Text rewriting (`split`,
+/// `normalize`) never looks inside it.
+pub fn markup_len(s: &str) -> Option<usize> {
+    if s.starts_with("<|") {
+        return s.find("|>").map(|end| end + 2);
+    }
+    if s.starts_with('[') {
+        return s.find(']').map(|end| end + 1);
+    }
+    let rest = s.strip_prefix("</").or_else(|| s.strip_prefix('<'))?;
+    let name = rest.bytes().take_while(|b| b.is_ascii_alphanumeric() || *b == b'_' || *b == b'-').count();
+    (name > 0 && rest.as_bytes().get(name) == Some(&b'>')).then(|| s.len() - rest.len() + name + 1)
+}
+
 /// A well-formed speaker tag at the start of `s`: its length in bytes and its speaker id.
 /// Well-formed means `<|speaker:` + ASCII digits spelling 0..15 without a leading zero + `|>`.
 pub fn speaker_tag_at(s: &str) -> Option<(usize, u32)> {
