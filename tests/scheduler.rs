@@ -609,10 +609,11 @@ async fn a_stalled_client_never_stalls_the_batch() {
 #[test]
 fn the_codec_thread_warms_up_every_group_size() {
     use limelight::backend::cpu::Cpu;
+    use limelight::engine::audio::group_sizes;
     use limelight::engine::generate::ResidentModel;
     use limelight::model::load::Checkpoint;
-    use limelight::scheduler::{CodecThread, warm_up_groups};
-    assert_eq!(warm_up_groups(), [1, 2, 4, 8]);
+    use limelight::scheduler::CodecThread;
+    assert_eq!(group_sizes(), [1, 2, 4, 8]);
     let dir = common::tiny_checkpoint();
     let ckpt = Checkpoint::open(dir.path()).unwrap();
     let model = ResidentModel::load(&ckpt, &Cpu).unwrap();

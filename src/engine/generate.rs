@@ -7,12 +7,14 @@
 
 use std::ops::ControlFlow;
 
+use super::audio::AudioOut;
+pub use super::audio::{MAX_CODEC_GROUP, codec_group, frames_to_largest_group};
 use super::batch::{DeviceDraws, Stream};
 use super::prefix::{PrefixCache, SharedPrefix};
 use crate::backend::Backend;
 use crate::backend::tower::TowerError;
 use crate::model::backbone::{Backbone, BackboneConfig, BackboneError};
-use crate::model::codec::{CodecError, CodecModel, StreamingDecoder};
+use crate::model::codec::{CodecError, CodecModel};
 use crate::model::frame::Rows;
 use crate::model::load::Checkpoint;
 use crate::model::sampling::{MainCandidates, SamplingError, SamplingParams};
@@ -117,21 +119,6 @@ impl<F: FnMut(&[f32]) -> ControlFlow<()>> AudioSink for F {
     fn audio(&mut self, pcm: &[f32]) -> ControlFlow<()> {
         self(pcm)
     }
-}
-
-/// Frames decoded per codec call: the first frame alone for the earliest audio, then groups
-/// that double up to `MAX_GROUP` (fewer calls, same samples: streaming is exact).
-pub fn codec_group(groups_emitted: usize) -> usize {
-    (1usize << groups_emitted.min(3)).min(MAX_CODEC_GROUP)
-}
-
-/// The largest group of frames one codec call decodes for a stream.
-pub const MAX_CODEC_GROUP: usize = 8;
-
-/// Frames a stream produces until its codec has decoded a group of [`MAX_CODEC_GROUP`] frames
-/// (1 + 2 + 4 + 8): a warm-up that runs this long has run every group size.
-pub fn frames_to_largest_group() -> usize {
-    (0..).map(codec_group).take_while(|&g| g < MAX_CODEC_GROUP).sum::<usize>() + MAX_CODEC_GROUP
 }
 
 /// Weights made resident on backend `B`, owned for as long as an [`Engine`] borrows them.
@@ -329,7 +316,7 @@ impl<'w, B: Backend> Engine<'w, B> {
         opts: &GenerateOptions,
     ) -> Result<(), GenerateError> {
         assert!(generation.done, "continue_prompt on a generation that has not ended");
-        debug_assert_eq!(generation.audio.pending_frames, 0, "the ended chunk's audio was flushed");
+        debug_assert!(!generation.audio.due(true), "the ended chunk's audio was flushed");
         generation.source = self.source(rows, prefix, opts)?;
         generation.done = false;
         generation.produced = Rows::new(rows.codebooks());
@@ -563,7 +550,7 @@ impl<B: Backend> Generation<'_, B> {
     /// the first step.
     pub fn detach_audio(&mut self) {
         assert!(self.produced.is_empty(), "detach_audio after frames were produced");
-        self.audio.decoder = None;
+        self.audio.detach();
     }
 
     /// Ends it before its last frame: the audio of frames produced but not yet decoded (PCM,
@@ -597,72 +584,5 @@ struct HostFrames<'e, 'w, B: Backend> {
 impl<B: Backend> FrameSource for HostFrames<'_, '_, B> {
     fn next_frame(&mut self, _last: bool) -> Result<Vec<u32>, GenerateError> {
         self.engine.next_frames(&mut [&mut self.stream]).pop().expect("one result per stream")
-    }
-}
-
-/// Groups a generation's frames for the streaming codec: the first frame alone, then groups
-/// of [`codec_group`] frames. Its decoder is `None` when the audio is detached (the caller
-/// decodes the groups).
-struct AudioOut<'m, B: Backend> {
-    decoder: Option<StreamingDecoder<'m, B>>,
-    pending: Vec<u32>,
-    pending_frames: usize,
-    groups: usize,
-}
-
-impl<'m, B: Backend> AudioOut<'m, B> {
-    fn new(codec: &'m CodecModel<B>, backend: &'m B) -> Self {
-        AudioOut {
-            decoder: Some(StreamingDecoder::new(codec, backend)),
-            pending: Vec::new(),
-            pending_frames: 0,
-            groups: 0,
-        }
-    }
-
-    /// Whether it decodes its own groups.
-    fn attached(&self) -> bool {
-        self.decoder.is_some()
-    }
-
-    /// The pending frames' codes, as one group (detached audio).
-    fn take_codes(&mut self) -> Vec<u32> {
-        if self.pending_frames > 0 {
-            self.pending_frames = 0;
-            self.groups += 1;
-        }
-        std::mem::take(&mut self.pending)
-    }
-
-    /// Adds one frame's codes.
-    fn add(&mut self, codes: &[u32]) {
-        self.pending.extend_from_slice(codes);
-        self.pending_frames += 1;
-    }
-
-    /// Whether pending frames should be decoded now: a whole group, or any at the end.
-    fn due(&self, at_end: bool) -> bool {
-        self.pending_frames > 0 && (at_end || self.pending_frames >= codec_group(self.groups))
-    }
-
-    /// Decodes the pending frames of each of `outs` (all attached) together (one codec pass over
-    /// all of them); each gets its own PCM (empty where nothing was pending) or its own error.
-    fn decode(outs: &mut [&mut AudioOut<'m, B>]) -> Vec<Result<Vec<f32>, CodecError>> {
-        let codes: Vec<Vec<u32>> = outs.iter_mut().map(|o| o.take_codes()).collect();
-        let code_refs: Vec<&[u32]> = codes.iter().map(Vec::as_slice).collect();
-        let mut decoders: Vec<&mut StreamingDecoder<'m, B>> =
-            outs.iter_mut().map(|o| o.decoder.as_mut().expect("decode of attached audio")).collect();
-        StreamingDecoder::push_many(&mut decoders, &code_refs)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn first_frame_alone_then_doubling_groups() {
-        let sizes: Vec<usize> = (0..6).map(codec_group).collect();
-        assert_eq!(sizes, vec![1, 2, 4, 8, 8, 8]);
     }
 }

@@ -4,6 +4,7 @@
 //! every stage. The sampler and its counter-based randomness
 //! live in `model::sampling` and `model::rng`, below the backends that also draw.
 
+pub mod audio;
 pub mod batch;
 #[cfg(feature = "cuda")]
 pub mod cuda_draws;

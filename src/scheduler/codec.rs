@@ -14,7 +14,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::mpsc::{Receiver, Sender, TryRecvError};
 
 use crate::backend::codec::CodecOps;
-use crate::engine::generate::{MAX_CODEC_GROUP, codec_group};
+use crate::engine::audio::group_sizes;
 use crate::model::codec::{CodecModel, StreamingDecoder};
 
 /// What the worker sends the codec thread.
@@ -76,7 +76,7 @@ impl<'m, B: CodecOps> CodecThread<'m, B> {
     pub fn warm_up(&self) -> Result<(), String> {
         let mut decoders: Vec<StreamingDecoder<'m, B>> =
             (0..self.max_streams).map(|_| StreamingDecoder::new(self.model, self.backend)).collect();
-        for group in warm_up_groups() {
+        for group in group_sizes() {
             let codes = vec![0u32; group * self.model.codes_per_frame()];
             let codes: Vec<&[u32]> = (0..decoders.len()).map(|_| codes.as_slice()).collect();
             let mut refs: Vec<&mut StreamingDecoder<'m, B>> = decoders.iter_mut().collect();
@@ -127,13 +127,6 @@ where
             }
         }
     }
-}
-
-/// The group sizes a stream's codec decodes, each once, up to the largest (1, 2, 4, 8).
-pub fn warm_up_groups() -> Vec<usize> {
-    let mut sizes: Vec<usize> = (0..).map(codec_group).take_while(|&g| g < MAX_CODEC_GROUP).collect();
-    sizes.push(MAX_CODEC_GROUP);
-    sizes
 }
 
 /// The codec thread's state: queued groups per stream (keys rise with arrival, so the map's

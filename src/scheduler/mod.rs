@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use tokio::sync::{Notify, watch};
 
-pub use codec::{AudioCodec, CodecCommand, CodecLink, CodecThread, Decoded, warm_up_groups};
+pub use codec::{AudioCodec, CodecCommand, CodecLink, CodecThread, Decoded};
 pub use engines::{BatchLimits, BatchOptions, DEFAULT_VOICE_CACHE_BYTES, EngineModel, GpuOptions, cpu_loader};
 pub use gpu::{cuda_loader, gpu_present};
 pub use job::{ChunkPrompt, EncodeJob, Encoded, Job, JobEvent, JobStream, MoreChunks, REPLY_CAPACITY, chunk_seed};
