@@ -25,15 +25,17 @@ use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, SyncSender, TryRecvError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tracing::{debug, error, info, warn};
 
 mod active;
+mod lane;
 
 use self::active::Active;
-use super::codec::{CodecCommand, CodecLink, Decoded};
+use self::lane::CodecLane;
+use super::codec::CodecLink;
 use super::job::{Command, JobEvent, Queued, QueuedEncode, chunk_seed};
 use super::{LoadState, Loader, ModelHost, ModelInfo, Opened, Shared, StreamId, Synthesizer, WorkerConfig};
 use crate::engine::generate::{FinishReason, GenerateOptions, Stepped};
@@ -92,12 +94,6 @@ struct Host {
     codec: Option<CodecLane>,
     /// The key of the next job's stream on the codec thread (keys rise: its oldest-first order).
     next_key: Cell<u64>,
-}
-
-/// The worker's ends of the codec thread's channels.
-struct CodecLane {
-    commands: Sender<CodecCommand>,
-    decoded: Receiver<Decoded>,
 }
 
 impl ModelHost for Host {
@@ -489,17 +485,10 @@ impl Host {
             return;
         }
         let lane = self.codec.as_ref().expect("codes come only from an engine with a codec thread");
-        // A send fails only once the codec thread is gone, which `collect_decoded` reports.
-        if lane.commands.send(CodecCommand::Decode { key: job.audio_key, codes: stepped.codes }).is_ok() {
-            job.codec_pending += 1;
-            job.awaiting_first_audio = !job.codec_used;
-            job.codec_used = true;
-        }
+        lane.send(job, stepped.codes);
     }
 
-    /// Takes the PCM the codec thread has decoded into its jobs' outboxes. Waits for the first
-    /// group of a stream (its first audio goes out before the next step, as with the codec in
-    /// the step), and, when `idle` (no stream could step), up to [`IDLE_POLL`] for any.
+    /// Takes the PCM the codec thread has decoded into its jobs' outboxes (`CodecLane::collect`).
     /// `Err`: the codec thread is gone.
     fn collect_decoded(
         &self,
@@ -508,31 +497,7 @@ impl Host {
         failed: &mut bool,
         idle: bool,
     ) -> Result<(), String> {
-        let Some(lane) = &self.codec else { return Ok(()) };
-        let gone = || String::from("the codec thread stopped");
-        let mut idle_wait = idle && batch.iter().any(|job| job.codec_pending > 0);
-        loop {
-            let decoded = if batch.iter().any(|job| job.awaiting_first_audio) {
-                // The codec thread answers every group it is sent, so this returns.
-                lane.decoded.recv().map_err(|_| gone())?
-            } else if std::mem::take(&mut idle_wait) {
-                match lane.decoded.recv_timeout(IDLE_POLL) {
-                    Ok(decoded) => decoded,
-                    Err(RecvTimeoutError::Timeout) => return Ok(()),
-                    Err(RecvTimeoutError::Disconnected) => return Err(gone()),
-                }
-            } else {
-                match lane.decoded.try_recv() {
-                    Ok(decoded) => decoded,
-                    Err(TryRecvError::Empty) => return Ok(()),
-                    Err(TryRecvError::Disconnected) => return Err(gone()),
-                }
-            };
-            // A job that already left has nothing to take it.
-            if let Some(job) = batch.iter_mut().find(|job| job.audio_key == decoded.key) {
-                *failed |= job.decoded(model, decoded.pcm);
-            }
-        }
+        self.codec.as_ref().map_or(Ok(()), |lane| lane.collect(model, batch, failed, idle))
     }
 
     /// Drops jobs that are over: ended with every event delivered, or whose client is gone.
@@ -542,10 +507,8 @@ impl Host {
             let over = job.gone || (job.ended && job.outbox.is_empty());
             if over {
                 job.close(model);
-                if job.codec_used
-                    && let Some(lane) = &self.codec
-                {
-                    let _ = lane.commands.send(CodecCommand::End { key: job.audio_key });
+                if let Some(lane) = &self.codec {
+                    lane.end(job);
                 }
                 // A slot frees when a job ends: `Retry-After` follows their wall time.
                 self.shared.record_job_secs(job.joined.elapsed().as_secs_f64());
