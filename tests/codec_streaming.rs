@@ -174,3 +174,14 @@ fn streams_decoded_together_equal_their_whole_decodes() {
         assert_bit_identical(&format!("stream {s} decoded with others"), got, whole);
     }
 }
+
+/// The codec thread's warm-up (run on the GPU at start) decodes every group size once, for
+/// as many streams as a round takes; on the CPU it must simply work.
+#[test]
+fn the_codec_thread_warms_up_every_group_size() {
+    use limelight::engine::audio::group_sizes;
+    use limelight::scheduler::CodecThread;
+    assert_eq!(group_sizes(), [1, 2, 4, 8]);
+    let (_dir, model) = model();
+    CodecThread::new(&model, &Cpu, 3).warm_up().expect("the warm-up decodes");
+}

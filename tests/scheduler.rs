@@ -603,19 +603,3 @@ async fn a_stalled_client_never_stalls_the_batch() {
     .await
     .expect("bounded");
 }
-
-/// The codec thread's warm-up (run on the GPU at start) decodes every group size once, for
-/// as many streams as a round takes; on the CPU it must simply work.
-#[test]
-fn the_codec_thread_warms_up_every_group_size() {
-    use limelight::backend::cpu::Cpu;
-    use limelight::engine::audio::group_sizes;
-    use limelight::engine::generate::ResidentModel;
-    use limelight::model::load::Checkpoint;
-    use limelight::scheduler::CodecThread;
-    assert_eq!(group_sizes(), [1, 2, 4, 8]);
-    let dir = common::tiny_checkpoint();
-    let ckpt = Checkpoint::open(dir.path()).unwrap();
-    let model = ResidentModel::load(&ckpt, &Cpu).unwrap();
-    CodecThread::new(&model.codec, &Cpu, 3).warm_up().expect("the warm-up decodes");
-}
