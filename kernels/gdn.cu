@@ -178,6 +178,9 @@ __device__ __forceinline__ void gdn_chunk_gram(const float* X, const float* K, c
     for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int h = 0; h < H; ++h) acc[r][h] = 0.f;
+    // Unrolled so that two d's loads are in flight at once (more spills at two CTAs per SM); each
+    // sum still runs in d order.
+#pragma unroll 2
     for (int d = 0; d < dk; ++d) {
         float k[H];
 #pragma unroll
@@ -210,6 +213,7 @@ template <int R>
 __device__ __forceinline__ void gdn_rows_times_state(const float* X, const float* S, int n, int dk, int ks,
                                                      float (&acc)[GDN_CHUNK_ROWS_PER_WARP]) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll 4
     for (int d = 0; d < dk; ++d) {
         const float s = S[d * GDN_BV + lane];
 #pragma unroll
@@ -218,6 +222,70 @@ __device__ __forceinline__ void gdn_rows_times_state(const float* X, const float
             if (i < n) acc[r] = fmaf(X[gdn_swz(i, d, ks)], s, acc[r]);
         }
     }
+}
+
+// Copies chunk rows [0, n) × columns [0, cols) of a row-major global matrix (row stride `stride`)
+// into shared memory at dst(i, d). The chunk's loads are flattened over (row, column) and issued
+// GDN_LOAD_BATCH at a time before any store, so a thread waits for one global round trip per
+// batch, not one per row: loaded row by row, a chunk's K, V and Q tiles cost a warp eight
+// dependent trips each (about 30 µs of a 64-row chunk's 105 µs on the H200, run 1 of
+// docs/perf/2026-12-04-one-stream.md). Copies only: no arithmetic, so no bit changes.
+#define GDN_LOAD_BATCH 16
+template <typename Dst>
+__device__ __forceinline__ void gdn_load_tile(const float* __restrict__ src, size_t stride, int n, int cols, Dst dst) {
+    const int total = n * cols;
+    for (int e0 = threadIdx.x; e0 < total; e0 += GDN_LOAD_BATCH * GDN_THREADS) {
+        float v[GDN_LOAD_BATCH];
+#pragma unroll
+        for (int u = 0; u < GDN_LOAD_BATCH; ++u) {
+            const int e = e0 + u * GDN_THREADS;
+            v[u] = e < total ? __ldg(src + (size_t)(e / cols) * stride + e % cols) : 0.f;
+        }
+#pragma unroll
+        for (int u = 0; u < GDN_LOAD_BATCH; ++u) {
+            const int e = e0 + u * GDN_THREADS;
+            if (e < total) dst(e / cols, e % cols, v[u]);
+        }
+    }
+}
+
+// x − Σ_{m<i} a[m] · col(m), the terms added in increasing m exactly as the plain loop
+// `for m: x = fmaf(−a[m], col(m), x)` adds them: the loads of eight terms are issued together
+// ahead of their FMAs, so the chain waits on shared-memory latency once per eight terms rather
+// than once per term (the forward substitution's 2016-term chains per column were latency-bound).
+template <typename Col>
+__device__ __forceinline__ float gdn_sub_chain(const float* a, int i, float x, Col col) {
+    int m = 0;
+    for (; m + 8 <= i; m += 8) {
+        float av[8], cv[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            av[u] = a[m + u];
+            cv[u] = col(m + u);
+        }
+#pragma unroll
+        for (int u = 0; u < 8; ++u) x = fmaf(-av[u], cv[u], x);
+    }
+    for (; m < i; ++m) x = fmaf(-a[m], col(m), x);
+    return x;
+}
+
+// o + Σ_{m≤i} c[m] · col(m) in increasing m, batched as gdn_sub_chain (same bits as the plain loop).
+template <typename Col>
+__device__ __forceinline__ float gdn_add_chain(const float* c, int i, float o, Col col) {
+    int m = 0;
+    for (; m + 8 <= i + 1; m += 8) {
+        float cv[8], xv[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            cv[u] = c[m + u];
+            xv[u] = col(m + u);
+        }
+#pragma unroll
+        for (int u = 0; u < 8; ++u) o = fmaf(cv[u], xv[u], o);
+    }
+    for (; m <= i; ++m) o = fmaf(c[m], col(m), o);
+    return o;
 }
 
 // Chunked prefill core (`backbone.md` §3.7): for each 64-token chunk, with γ the cumulative
@@ -234,7 +302,8 @@ __device__ __forceinline__ void gdn_rows_times_state(const float* X, const float
 // Dynamic shared memory (floats), ks = Dk rounded up to 32:
 //   S [Dk][32] | K [64][ks] | QW [64][ks] (W, later the chunk's Q) | U [64][32] (βV → U → V_new)
 //   | A [tri 64] (A, later the decayed Q Kᵀ) | γ, β, e^γ, e^{γ_n−γ} [64 each]
-extern "C" __global__ void __launch_bounds__(GDN_THREADS)
+// Two CTAs per SM (≤ 128 registers): several prompts' heads share a launch (grid.z).
+extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
     gdn_chunk_core(const float* __restrict__ prep, const float* __restrict__ gates, float* __restrict__ state,
                    float* __restrict__ out, int rows, int key_heads, int value_heads, int key_dim, int value_dim,
                    const unsigned long long* __restrict__ states, const int* __restrict__ seq_starts) {
@@ -275,11 +344,15 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS)
 
     for (int t0 = t_begin; t0 < t_end; t0 += GDN_CHUNK) {
         const int n = min(GDN_CHUNK, t_end - t0);
-        for (int i = warp; i < n; i += GDN_WARPS) {
-            const size_t row = (size_t)(t0 + i) * channels;
-            for (int d = lane; d < dk; d += 32) K[gdn_swz(i, d, ks)] = k_in[row + d];
-            U[i * GDN_BV + lane] = v_ok ? v_in[row + v] : 0.f;
-        }
+        const size_t row0 = (size_t)t0 * channels;
+        gdn_load_tile(k_in + row0, channels, n, dk, [&](int i, int d, float x) { K[gdn_swz(i, d, ks)] = x; });
+        // The tile's value columns; those past dv (a last, partial tile) are zeros.
+        const int v_cols = min(GDN_BV, dv - (int)blockIdx.y * GDN_BV);
+        gdn_load_tile(v_in + row0 + blockIdx.y * GDN_BV, channels, n, v_cols,
+                      [&](int i, int c, float x) { U[i * GDN_BV + c] = x; });
+        if (v_cols < GDN_BV)
+            for (int i = warp; i < n; i += GDN_WARPS)
+                if (lane >= v_cols) U[i * GDN_BV + lane] = 0.f;
         if (threadIdx.x < n) {
             const size_t idx = (size_t)(t0 + threadIdx.x) * value_heads + j;
             beta[threadIdx.x] = gates[idx];
@@ -287,8 +360,17 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS)
         }
         __syncthreads();
         if (threadIdx.x == 0) {
+            // The running sum in row order, eight loads issued ahead of their adds (the same
+            // adds as the plain loop).
             float acc = 0.f;
-            for (int i = 0; i < n; ++i) gam[i] = acc += gam[i];
+            for (int i0 = 0; i0 < n; i0 += 8) {
+                float g[8];
+#pragma unroll
+                for (int u = 0; u < 8; ++u) g[u] = i0 + u < n ? gam[i0 + u] : 0.f;
+#pragma unroll
+                for (int u = 0; u < 8; ++u)
+                    if (i0 + u < n) gam[i0 + u] = acc += g[u];
+            }
         }
         __syncthreads();
         if (threadIdx.x < n) {
@@ -302,18 +384,16 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS)
         for (int c = threadIdx.x; c < dk + GDN_BV; c += blockDim.x) {
             if (c < dk) {
                 for (int i = 0; i < n; ++i) {
-                    const float* a_row = A + gdn_tri(i, 0);
-                    float x = beta[i] * egam[i] * K[gdn_swz(i, c, ks)];
-                    for (int m = 0; m < i; ++m) x = fmaf(-a_row[m], QW[gdn_swz(m, c, ks)], x);
-                    QW[gdn_swz(i, c, ks)] = x;
+                    const float x = beta[i] * egam[i] * K[gdn_swz(i, c, ks)];
+                    QW[gdn_swz(i, c, ks)] =
+                        gdn_sub_chain(A + gdn_tri(i, 0), i, x, [&](int m) { return QW[gdn_swz(m, c, ks)]; });
                 }
             } else {
                 const int col = c - dk;
                 for (int i = 0; i < n; ++i) {
-                    const float* a_row = A + gdn_tri(i, 0);
-                    float x = beta[i] * U[i * GDN_BV + col];
-                    for (int m = 0; m < i; ++m) x = fmaf(-a_row[m], U[m * GDN_BV + col], x);
-                    U[i * GDN_BV + col] = x;
+                    const float x = beta[i] * U[i * GDN_BV + col];
+                    U[i * GDN_BV + col] =
+                        gdn_sub_chain(A + gdn_tri(i, 0), i, x, [&](int m) { return U[m * GDN_BV + col]; });
                 }
             }
         }
@@ -331,10 +411,7 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS)
         }
         __syncthreads();
 
-        for (int i = warp; i < n; i += GDN_WARPS) {
-            const size_t row = (size_t)(t0 + i) * channels;
-            for (int d = lane; d < dk; d += 32) QW[gdn_swz(i, d, ks)] = q_in[row + d];
-        }
+        gdn_load_tile(q_in + row0, channels, n, dk, [&](int i, int d, float x) { QW[gdn_swz(i, d, ks)] = x; });
         __syncthreads();
         gdn_by_rows(n, [&](auto rows) { gdn_chunk_gram<true, decltype(rows)::value>(QW, K, gam, nullptr, A, n, dk, ks); });
         __syncthreads();
@@ -347,9 +424,8 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS)
             for (int r = 0; r < GDN_CHUNK_ROWS_PER_WARP; ++r) {
                 const int i = warp + GDN_WARPS * r;
                 if (i >= n) continue;
-                float o = acc[r] * egam[i];
-                const float* c_row = A + gdn_tri(i, 0);
-                for (int m = 0; m <= i; ++m) o = fmaf(c_row[m], U[m * GDN_BV + lane], o);
+                const float o = gdn_add_chain(A + gdn_tri(i, 0), i, acc[r] * egam[i],
+                                              [&](int m) { return U[m * GDN_BV + lane]; });
                 if (v_ok) out[((size_t)(t0 + i) * value_heads + j) * dv + v] = o;
             }
         }

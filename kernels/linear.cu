@@ -364,8 +364,8 @@ extern "C" __global__ void __launch_bounds__(256) restricted_logits(const bf16* 
 // A tiled GEMM in the Ampere style on mma.sync m16n8k16 bf16 (f32 accumulate): a block owns BM
 // input rows (the MMA's A rows) × 128 output features (its B columns), 8 warps as 2 × 4, each
 // warp BM/2 rows × 32 features (BM/32 m16 tiles × 4 n8 tiles). K runs in 64-wide stages staged
-// in shared memory by cp.async (3 stages, 2 loading while one is computed; rows, features and k
-// past the matrix are zero-filled), fragments read with ldmatrix. Shared rows are 128 bytes
+// in shared memory by cp.async (STAGES − 1 loading while one is computed: 4 at BM = 64, 3 at 128;
+// rows, features and k past the matrix are zero-filled), fragments read with ldmatrix. Shared rows are 128 bytes
 // (eight 16-byte chunks); chunk q of row r sits at q ^ (r & 7), so the 8 rows an ldmatrix reads
 // hit 8 distinct 16-byte bank groups.
 //
@@ -378,8 +378,8 @@ extern "C" __global__ void __launch_bounds__(256) restricted_logits(const bf16* 
 // row count on one path.) No split-K, no atomics.
 //
 // Launch: 256 threads, grid (ceil(n / 128), ceil(rows / BM)). Needs k % 8 == 0 (16-byte chunks,
-// each wholly in or out of the matrix). Dynamic shared memory 3 · (BM + 128) · 128 bytes (72 KiB
-// at BM = 64, 96 KiB at 128; linear.rs `gemm_smem_bytes`).
+// each wholly in or out of the matrix). Dynamic shared memory STAGES · (BM + 128) · 128 bytes
+// (96 KiB at both BM = 64 and 128; linear.rs `gemm_smem_bytes`).
 //
 // Floor (H200): FLOPs 2·rows·n·k at the mma.sync rate; at 64 prompts × 85 rows every dense
 // projection of the prefill is ≈ 15 TFLOP, ≈ 25 ms at 600 TFLOP/s. The weights are re-read per
@@ -387,15 +387,18 @@ extern "C" __global__ void __launch_bounds__(256) restricted_logits(const bf16* 
 // the mma.sync floor (a plain 3-stage pipeline, no warp specialisation), against the ≈ 194 ms
 // that one cuBLASLt call per prompt took (run 13). Run 20 (32-wide stages): 130 launches of 5440
 // rows took 44 ms; 84-row launches were latency-bound (a block's K loop with 2 × 24 KiB in
-// flight), hence 64-wide stages: twice the bytes in flight per block.
+// flight), hence 64-wide stages: twice the bytes in flight per block. A prompt's prefill runs in
+// 256-row chunks (4 blocks of 64 rows), so most launches have few blocks per weight, each walking
+// the whole of k: their time is k / 64 stage latencies, hence a fourth stage at BM = 64 (issue 14:
+// one more stage in flight per block; the stage count changes no bit).
 namespace gemm {
-constexpr int BN = 128, BK = 64, STAGES = 3, THREADS = 256;
+constexpr int BN = 128, BK = 64, THREADS = 256;
 }
 
 // The bf16 offset of 16-byte chunk q (0..7) of shared row r (128-byte rows, swizzled).
 __device__ __forceinline__ int gemm_slot(int r, int q) { return r * gemm::BK + ((q ^ (r & 7)) << 3); }
 
-template <int BM>
+template <int BM, int STAGES>
 __device__ __forceinline__ void linear_gemm(const bf16* __restrict__ x, const bf16* __restrict__ w,
                                             bf16* __restrict__ y, int rows, int n, int k) {
     using namespace gemm;
@@ -496,8 +499,8 @@ __device__ __forceinline__ void linear_gemm(const bf16* __restrict__ x, const bf
 }
 
 extern "C" __global__ void __launch_bounds__(256, 2) linear_gemm_r64(const bf16* x, const bf16* w, bf16* y, int rows, int n, int k) {
-    linear_gemm<64>(x, w, y, rows, n, k);
+    linear_gemm<64, 4>(x, w, y, rows, n, k);
 }
 extern "C" __global__ void __launch_bounds__(256, 2) linear_gemm_r128(const bf16* x, const bf16* w, bf16* y, int rows, int n, int k) {
-    linear_gemm<128>(x, w, y, rows, n, k);
+    linear_gemm<128, 3>(x, w, y, rows, n, k);
 }

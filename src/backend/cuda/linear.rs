@@ -64,10 +64,12 @@ pub struct LinearKernels {
     restricted_logits: Kernel,
 }
 
-/// Dynamic shared memory of `linear_gemm_*` with `rows_per_block` rows: 3 stages of the block's
-/// x and W rows, 64 bf16 each (`gemm::STAGES`, `gemm::BK` in the .cu).
+/// Dynamic shared memory of `linear_gemm_*` with `rows_per_block` rows: its stages (4 at 64 rows,
+/// 3 at 128: the `STAGES` each kernel instantiates in the .cu) of the block's x and W rows, 64 bf16
+/// each (`gemm::BK`).
 fn gemm_smem_bytes(rows_per_block: usize) -> usize {
-    3 * (rows_per_block + GEMM_BLOCK_FEATURES) * 64 * 2
+    let stages = if rows_per_block == GEMM_R64_ROWS { 4 } else { 3 };
+    stages * (rows_per_block + GEMM_BLOCK_FEATURES) * 64 * 2
 }
 
 impl LinearKernels {
@@ -75,7 +77,7 @@ impl LinearKernels {
         let m = Module::load(ctx, "linear", embedded::LINEAR)?;
         let gemm = |name: &'static str, rows_per_block: usize| -> Result<Kernel, KernelError> {
             let kernel = m.kernel(name)?;
-            // 72 and 96 KiB: within every supported GPU's per-block limit (≥ 99 KiB from sm_80).
+            // 96 KiB: within every supported GPU's per-block limit (≥ 99 KiB from sm_80).
             kernel.allow_shared_bytes(gemm_smem_bytes(rows_per_block) as u32).map_err(|source| KernelError {
                 module: "linear",
                 kernel: Some(name),
