@@ -150,6 +150,9 @@ pub struct BenchEngineArgs {
     /// Positions the caches are sized for.
     #[arg(long, default_value_t = 4096)]
     pub context_length: usize,
+    /// Prompt rows per prefill chunk of the timed (graph) path, as `serve --prefill-chunk`.
+    #[arg(long, default_value_t = crate::engine::generate::PREFILL_CHUNK)]
+    pub prefill_chunk: usize,
     /// Hard cap on GPU memory; default: free memory at start minus 1 GiB.
     #[arg(long, value_parser = parse_bytes)]
     pub gpu_memory_budget: Option<u64>,

@@ -32,6 +32,8 @@ pub struct EngineBench {
     pub load_s: f64,
     pub graph_capture_ms: f64,
     pub prompt_rows: usize,
+    /// Prompt rows per prefill chunk of the timed path.
+    pub prefill_chunk: usize,
     /// Backbone + tower prefill of the prompt, to the first frame's inputs (synced).
     pub prompt_ms: f64,
     pub frames: usize,
@@ -68,7 +70,8 @@ pub fn bench_engine(args: &BenchEngineArgs) -> anyhow::Result<EngineBench> {
 
     let host_loop = Engine::new(&cuda, &ckpt, &model)?;
     let t = Instant::now();
-    let frames = CudaFrames::for_model(&cuda, &ckpt, &model)?;
+    anyhow::ensure!(args.prefill_chunk > 0, "--prefill-chunk must be at least 1");
+    let frames = CudaFrames::for_model(&cuda, &ckpt, &model)?.with_prefill_chunk(args.prefill_chunk);
     let graph_capture_ms = t.elapsed().as_secs_f64() * 1e3;
     let graph = Engine::new(&cuda, &ckpt, &model)?.with_device_frames(&frames);
 
@@ -98,6 +101,7 @@ pub fn bench_engine(args: &BenchEngineArgs) -> anyhow::Result<EngineBench> {
         load_s,
         graph_capture_ms,
         prompt_rows: prompt.len(),
+        prefill_chunk: args.prefill_chunk,
         prompt_ms: timed.prompt_ms,
         frames: args.frames,
         graph_ms_per_frame: timed.ms_per_frame,
@@ -182,7 +186,7 @@ impl EngineBench {
     pub fn summary(&self) -> String {
         format!(
             "GPU {gpu}; context {ctx}; loaded in {load:.1} s; graph captured in {cap:.1} ms\n\
-             prompt {rows} rows: {pm:.1} ms\n\
+             prompt {rows} rows in chunks of {chunk}: {pm:.1} ms\n\
              frame step over {frames} frames: {g:.3} ms/frame as a CUDA graph, {h:.3} ms/frame as the host loop\n\
              step floor: {bytes} bytes/frame at {bw:.0} GB/s = {floor:.3} ms; graph/floor = {ratio:.1}\n\
              codec: first frame {cf:.2} ms; ms/frame by group size: {cg}\n\
@@ -192,6 +196,7 @@ impl EngineBench {
             load = self.load_s,
             cap = self.graph_capture_ms,
             rows = self.prompt_rows,
+            chunk = self.prefill_chunk,
             pm = self.prompt_ms,
             frames = self.frames,
             g = self.graph_ms_per_frame,

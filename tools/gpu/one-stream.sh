@@ -6,10 +6,12 @@
 #
 # On the full random checkpoint:
 # 1. `bench engine --prompt-rows 200`: the 200-row prompt, the graph step, the codec's first frame;
-# 2. `bench engine --prompt-rows 1000`: the 1000-row prompt;
+# 2. `bench engine --prompt-rows 1000`: the 1000-row prompt, in the default 256-row prefill chunks
+#    and in one chunk (`--prefill-chunk 1024`);
 # 3. `bench batch --batch 1 --prompt-rows 200 --profile 1`: the same prompt and the batch path's
 #    step at B = 1, per kernel (CUDA events around every launch).
-# REPORT_DIR gets engine-200.{txt,json}, engine-1000.{txt,json}, batch-1.{txt,json}.
+# REPORT_DIR gets engine-200.{txt,json}, engine-1000.{txt,json}, engine-1000-chunk1024.{txt,json},
+# batch-1.{txt,json}.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 tools/gpu/unpack.sh
@@ -26,7 +28,10 @@ status=0
     --json "$report_dir/engine-200.json" >"$report_dir/engine-200.txt" 2>&1 || status=$?
 .gpu/bin/limelight bench engine --model "$ckpt" --prompt-rows 1000 --frames 16 --context-length 2048 \
     --json "$report_dir/engine-1000.json" >"$report_dir/engine-1000.txt" 2>&1 || status=$?
+.gpu/bin/limelight bench engine --model "$ckpt" --prompt-rows 1000 --frames 16 --context-length 2048 \
+    --prefill-chunk 1024 --json "$report_dir/engine-1000-chunk1024.json" >"$report_dir/engine-1000-chunk1024.txt" 2>&1 ||
+    status=$?
 .gpu/bin/limelight bench batch --model "$ckpt" --batch 1 --frames 24 --prompt-rows 200 --profile 1 \
     --json "$report_dir/batch-1.json" >"$report_dir/batch-1.txt" 2>&1 || status=$?
-cat "$report_dir/engine-200.txt" "$report_dir/engine-1000.txt"
+cat "$report_dir/engine-200.txt" "$report_dir/engine-1000.txt" "$report_dir/engine-1000-chunk1024.txt"
 exit $status
