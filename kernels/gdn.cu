@@ -129,15 +129,26 @@ extern "C" __global__ void gdn_conv_state_update(float* state, const bf16* qkv, 
     }
 }
 
-// Row `row`, column `col` of a chunk matrix with row stride ks (a multiple of 32): columns are
-// XOR-swizzled by the row so that both a row read across lanes and a column read across lanes
-// (lane = row) hit 32 distinct banks.
-__device__ __forceinline__ int gdn_swz(int row, int col, int ks) { return row * ks + (col ^ (row & 31)); }
+// Element (row, col) of a chunk matrix with row stride ks (a multiple of 32 floats). Its 16-byte
+// chunks are XOR-swizzled by the row (chunk q of row r sits at q ^ (r & 7)), so that a float4
+// read of one row's chunk across lanes (lane = chunk), and of one chunk across eight consecutive
+// rows (lane = row, a quarter-warp per phase), hit distinct banks.
+__device__ __forceinline__ int gdn_swz(int row, int col, int ks) {
+    return row * ks + ((((col >> 2) ^ (row & 7)) << 2) | (col & 3));
+}
+// The float4 of chunk q (columns 4q..4q+3) of a row at `row_base` (= a row start of the matrix).
+__device__ __forceinline__ float4 gdn_chunk4(const float* row_base, int row, int q) {
+    return *reinterpret_cast<const float4*>(row_base + ((q ^ (row & 7)) << 2));
+}
 
-// Packed lower triangle (diagonal included) of a GDN_CHUNK × GDN_CHUNK matrix.
-__device__ __forceinline__ int gdn_tri(int i, int m) { return i * (i + 1) / 2 + m; }
-
-#define GDN_TRI_SIZE (GDN_CHUNK * (GDN_CHUNK + 1) / 2)
+// Lower triangle (diagonal included) of a GDN_CHUNK × GDN_CHUNK matrix, each row's start padded to
+// a multiple of 4 floats so that a row reads as float4s: row i = 4q + s starts at 4(q+1)(2q+s)
+// (rows before it hold 4·ceil((j+1)/4) floats each).
+__device__ __forceinline__ int gdn_tri(int i) {
+    const int q = i >> 2, s = i & 3;
+    return 4 * (q + 1) * (2 * q + s);
+}
+#define GDN_TRI_SIZE (4 * (GDN_CHUNK / 4 + 1) * (GDN_CHUNK / 2))
 
 // A compile-time count of chunk rows per warp: warp w holds rows w, w+8, …, so R = ceil(n / 8)
 // slots cover a chunk of n rows. The chunk products below run R slots, not GDN_CHUNK_ROWS_PER_WARP:
@@ -164,10 +175,18 @@ __device__ __forceinline__ void gdn_by_rows(int n, F&& f) {
     }
 }
 
+// Why the chunk products read float4s (issue 14): ncu on the 200-row prefill at the real shape
+// (docs/perf/2026-12-04-one-stream.md, run 9) found the core issue-bound at one CTA of 8 warps per
+// SM, 35 k warp instructions per warp per chunk, integer address arithmetic the busiest pipe: a
+// scalar shared load and its swizzled address for every FMA. Each product below reads four
+// consecutive d (or m) per load and sums them into each output in the same increasing order as
+// the scalar loops it replaces, so every output keeps its bits. Rows past n hold stale values;
+// they are read but their results are never stored.
+
 // The lower triangle of X Kᵀ over one chunk (n rows, both swizzled [GDN_CHUNK, ks]) into `tri_out`,
 // each entry scaled by e^{γ_i − γ_m} and, when `beta` is given, by β_i. kDiag includes m = i.
 // Warp w owns rows i = w, w+8, … (R slots); lane l owns columns m = l and, when R > 4 (n > 32),
-// l+32: X reads are broadcasts, K reads conflict-free. Entries outside the triangle are not written.
+// l+32. Per four d: a broadcast float4 of each X row, a float4 of each K row. dk % 4 == 0.
 template <bool kDiag, int R>
 __device__ __forceinline__ void gdn_chunk_gram(const float* X, const float* K, const float* gam, const float* beta,
                                                float* tri_out, int n, int dk, int ks) {
@@ -178,19 +197,21 @@ __device__ __forceinline__ void gdn_chunk_gram(const float* X, const float* K, c
     for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int h = 0; h < H; ++h) acc[r][h] = 0.f;
-    // Unrolled so that two d's loads are in flight at once (more spills at two CTAs per SM); each
-    // sum still runs in d order.
-#pragma unroll 2
-    for (int d = 0; d < dk; ++d) {
-        float k[H];
+    for (int q = 0; q < dk / 4; ++q) {
+        float4 k[H];
 #pragma unroll
-        for (int h = 0; h < H; ++h) k[h] = lane + 32 * h < n ? K[gdn_swz(lane + 32 * h, d, ks)] : 0.f;
+        for (int h = 0; h < H; ++h) k[h] = gdn_chunk4(K + (lane + 32 * h) * ks, lane + 32 * h, q);
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             const int i = warp + GDN_WARPS * r;
-            const float x = i < n ? X[gdn_swz(i, d, ks)] : 0.f;
+            const float4 x = gdn_chunk4(X + i * ks, i, q);
 #pragma unroll
-            for (int h = 0; h < H; ++h) acc[r][h] = fmaf(x, k[h], acc[r][h]);
+            for (int h = 0; h < H; ++h) {
+                acc[r][h] = fmaf(x.x, k[h].x, acc[r][h]);
+                acc[r][h] = fmaf(x.y, k[h].y, acc[r][h]);
+                acc[r][h] = fmaf(x.z, k[h].z, acc[r][h]);
+                acc[r][h] = fmaf(x.w, k[h].w, acc[r][h]);
+            }
         }
     }
 #pragma unroll
@@ -201,25 +222,30 @@ __device__ __forceinline__ void gdn_chunk_gram(const float* X, const float* K, c
             const int m = lane + 32 * h;
             if (i < n && (kDiag ? m <= i : m < i)) {
                 const float decayed = acc[r][h] * expf(gam[i] - gam[m]);
-                tri_out[gdn_tri(i, m)] = beta ? beta[i] * decayed : decayed;
+                tri_out[gdn_tri(i) + m] = beta ? beta[i] * decayed : decayed;
             }
         }
     }
 }
 
-// acc[r] = Σ_d X[i, d] · S[d, lane] over d in order, for the warp's rows i = warp + 8r < n
-// (r < R; slots past R are left as they are).
+// acc[r] = Σ_d X[i, d] · S[d, lane] over d in order, for the warp's rows i = warp + 8r
+// (r < R; slots past R are left as they are). Per four d: a broadcast float4 of each X row and
+// four state loads. dk % 4 == 0.
 template <int R>
-__device__ __forceinline__ void gdn_rows_times_state(const float* X, const float* S, int n, int dk, int ks,
+__device__ __forceinline__ void gdn_rows_times_state(const float* X, const float* S, int dk, int ks,
                                                      float (&acc)[GDN_CHUNK_ROWS_PER_WARP]) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll 4
-    for (int d = 0; d < dk; ++d) {
-        const float s = S[d * GDN_BV + lane];
+    for (int q = 0; q < dk / 4; ++q) {
+        const float* s_rows = S + 4 * q * GDN_BV + lane;
+        const float s0 = s_rows[0], s1 = s_rows[GDN_BV], s2 = s_rows[2 * GDN_BV], s3 = s_rows[3 * GDN_BV];
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             const int i = warp + GDN_WARPS * r;
-            if (i < n) acc[r] = fmaf(X[gdn_swz(i, d, ks)], s, acc[r]);
+            const float4 x = gdn_chunk4(X + i * ks, i, q);
+            acc[r] = fmaf(x.x, s0, acc[r]);
+            acc[r] = fmaf(x.y, s1, acc[r]);
+            acc[r] = fmaf(x.z, s2, acc[r]);
+            acc[r] = fmaf(x.w, s3, acc[r]);
         }
     }
 }
@@ -227,9 +253,7 @@ __device__ __forceinline__ void gdn_rows_times_state(const float* X, const float
 // Copies chunk rows [0, n) × columns [0, cols) of a row-major global matrix (row stride `stride`)
 // into shared memory at dst(i, d). The chunk's loads are flattened over (row, column) and issued
 // GDN_LOAD_BATCH at a time before any store, so a thread waits for one global round trip per
-// batch, not one per row: loaded row by row, a chunk's K, V and Q tiles cost a warp eight
-// dependent trips each (about 30 µs of a 64-row chunk's 105 µs on the H200, run 1 of
-// docs/perf/2026-12-04-one-stream.md). Copies only: no arithmetic, so no bit changes.
+// batch rather than one per row. Copies only: no arithmetic.
 #define GDN_LOAD_BATCH 16
 template <typename Dst>
 __device__ __forceinline__ void gdn_load_tile(const float* __restrict__ src, size_t stride, int n, int cols, Dst dst) {
@@ -249,43 +273,30 @@ __device__ __forceinline__ void gdn_load_tile(const float* __restrict__ src, siz
     }
 }
 
-// x − Σ_{m<i} a[m] · col(m), the terms added in increasing m exactly as the plain loop
-// `for m: x = fmaf(−a[m], col(m), x)` adds them: the loads of eight terms are issued together
-// ahead of their FMAs, so the chain waits on shared-memory latency once per eight terms rather
-// than once per term (the forward substitution's 2016-term chains per column were latency-bound).
-template <typename Col>
-__device__ __forceinline__ float gdn_sub_chain(const float* a, int i, float x, Col col) {
-    int m = 0;
-    for (; m + 8 <= i; m += 8) {
-        float av[8], cv[8];
-#pragma unroll
-        for (int u = 0; u < 8; ++u) {
-            av[u] = a[m + u];
-            cv[u] = col(m + u);
+// Forward substitution of four columns of one chunk matrix M (row stride `stride` floats, the
+// columns' float4 at `at(row)`): for i in order, M[i] ← init(i) − Σ_{m<i} A[i, m] · M[m], each
+// column's terms added in increasing m (as the scalar loop `x = fmaf(−a, M[m][c], x)` adds them).
+template <typename At, typename Init>
+__device__ __forceinline__ void gdn_substitute4(const float* A, int n, At at, Init init) {
+    for (int i = 0; i < n; ++i) {
+        float4 x = init(i);
+        const float* a_row = A + gdn_tri(i);
+        int m = 0;
+        for (; m + 4 <= i; m += 4) {
+            const float4 a = *reinterpret_cast<const float4*>(a_row + m);
+            const float4 c0 = at(m), c1 = at(m + 1), c2 = at(m + 2), c3 = at(m + 3);
+            x.x = fmaf(-a.x, c0.x, x.x), x.y = fmaf(-a.x, c0.y, x.y), x.z = fmaf(-a.x, c0.z, x.z), x.w = fmaf(-a.x, c0.w, x.w);
+            x.x = fmaf(-a.y, c1.x, x.x), x.y = fmaf(-a.y, c1.y, x.y), x.z = fmaf(-a.y, c1.z, x.z), x.w = fmaf(-a.y, c1.w, x.w);
+            x.x = fmaf(-a.z, c2.x, x.x), x.y = fmaf(-a.z, c2.y, x.y), x.z = fmaf(-a.z, c2.z, x.z), x.w = fmaf(-a.z, c2.w, x.w);
+            x.x = fmaf(-a.w, c3.x, x.x), x.y = fmaf(-a.w, c3.y, x.y), x.z = fmaf(-a.w, c3.z, x.z), x.w = fmaf(-a.w, c3.w, x.w);
         }
-#pragma unroll
-        for (int u = 0; u < 8; ++u) x = fmaf(-av[u], cv[u], x);
-    }
-    for (; m < i; ++m) x = fmaf(-a[m], col(m), x);
-    return x;
-}
-
-// o + Σ_{m≤i} c[m] · col(m) in increasing m, batched as gdn_sub_chain (same bits as the plain loop).
-template <typename Col>
-__device__ __forceinline__ float gdn_add_chain(const float* c, int i, float o, Col col) {
-    int m = 0;
-    for (; m + 8 <= i + 1; m += 8) {
-        float cv[8], xv[8];
-#pragma unroll
-        for (int u = 0; u < 8; ++u) {
-            cv[u] = c[m + u];
-            xv[u] = col(m + u);
+        for (; m < i; ++m) {
+            const float a = a_row[m];
+            const float4 c = at(m);
+            x.x = fmaf(-a, c.x, x.x), x.y = fmaf(-a, c.y, x.y), x.z = fmaf(-a, c.z, x.z), x.w = fmaf(-a, c.w, x.w);
         }
-#pragma unroll
-        for (int u = 0; u < 8; ++u) o = fmaf(cv[u], xv[u], o);
+        *reinterpret_cast<float4*>(const_cast<float*>(&at(i).x)) = x;
     }
-    for (; m <= i; ++m) o = fmaf(c[m], col(m), o);
-    return o;
 }
 
 // Chunked prefill core (`backbone.md` §3.7): for each 64-token chunk, with γ the cumulative
@@ -298,16 +309,16 @@ __device__ __forceinline__ float gdn_add_chain(const float* c, int i, float o, C
 // one sequence (the delta rule never mixes value columns, so each column tile runs the recurrence
 // on its own); the CTA walks its sequence's chunks in order with its state tile in shared memory.
 // The prompts of several streams run in one launch (grid.z), which fills the GPU where one
-// prompt's Hv·Dv/32 CTAs do not. Requires Dk ≤ 128 and Hv % Hk == 0.
+// prompt's Hv·Dv/32 CTAs do not. Requires Dk ≤ 128, Dk % 4 == 0 and Hv % Hk == 0.
 // Dynamic shared memory (floats), ks = Dk rounded up to 32:
 //   S [Dk][32] | K [64][ks] | QW [64][ks] (W, later the chunk's Q) | U [64][32] (βV → U → V_new)
-//   | A [tri 64] (A, later the decayed Q Kᵀ) | γ, β, e^γ, e^{γ_n−γ} [64 each]
+//   | A [GDN_TRI_SIZE] (A, later the decayed Q Kᵀ) | γ, β, e^γ, e^{γ_n−γ} [64 each]
 // Two CTAs per SM (≤ 128 registers): several prompts' heads share a launch (grid.z).
 extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
     gdn_chunk_core(const float* __restrict__ prep, const float* __restrict__ gates, float* __restrict__ state,
                    float* __restrict__ out, int rows, int key_heads, int value_heads, int key_dim, int value_dim,
                    const unsigned long long* __restrict__ states, const int* __restrict__ seq_starts) {
-    extern __shared__ float smem[];
+    extern __shared__ __align__(16) float smem[];
     const int dk = key_dim, dv = value_dim, ks = (key_dim + 31) & ~31;
     const int j = blockIdx.x, kh = j / (value_heads / key_heads);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -380,21 +391,27 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
         gdn_by_rows(n, [&](auto rows) { gdn_chunk_gram<false, decltype(rows)::value>(K, K, gam, beta, A, n, dk, ks); });
         __syncthreads();
 
-        // Forward substitution, one thread per column of [W | U]; a column depends only on itself.
-        for (int c = threadIdx.x; c < dk + GDN_BV; c += blockDim.x) {
-            if (c < dk) {
-                for (int i = 0; i < n; ++i) {
-                    const float x = beta[i] * egam[i] * K[gdn_swz(i, c, ks)];
-                    QW[gdn_swz(i, c, ks)] =
-                        gdn_sub_chain(A + gdn_tri(i, 0), i, x, [&](int m) { return QW[gdn_swz(m, c, ks)]; });
-                }
-            } else {
-                const int col = c - dk;
-                for (int i = 0; i < n; ++i) {
-                    const float x = beta[i] * U[i * GDN_BV + col];
-                    U[i * GDN_BV + col] =
-                        gdn_sub_chain(A + gdn_tri(i, 0), i, x, [&](int m) { return U[m * GDN_BV + col]; });
-                }
+        // Forward substitution: thread t < dk/4 owns W's columns 4t..4t+3, the next 8 threads U's
+        // 32 columns four each; a column depends only on itself.
+        {
+            const int t = threadIdx.x, wq = dk / 4;
+            if (t < wq) {
+                gdn_substitute4(
+                    A, n, [&](int m) -> float4& { return *reinterpret_cast<float4*>(QW + m * ks + ((t ^ (m & 7)) << 2)); },
+                    [&](int i) {
+                        const float be = beta[i] * egam[i];
+                        const float4 k = gdn_chunk4(K + i * ks, i, t);
+                        return make_float4(be * k.x, be * k.y, be * k.z, be * k.w);
+                    });
+            } else if (t < wq + GDN_BV / 4) {
+                const int u = t - wq;
+                gdn_substitute4(
+                    A, n, [&](int m) -> float4& { return *reinterpret_cast<float4*>(U + m * GDN_BV + 4 * u); },
+                    [&](int i) {
+                        const float b = beta[i];
+                        const float4 x = *reinterpret_cast<const float4*>(U + i * GDN_BV + 4 * u);
+                        return make_float4(b * x.x, b * x.y, b * x.z, b * x.w);
+                    });
             }
         }
         __syncthreads();
@@ -402,7 +419,7 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
         // V_new = U − W S: warp w owns rows w, w+8, …, lane its value column.
         {
             float acc[GDN_CHUNK_ROWS_PER_WARP] = {};
-            gdn_by_rows(n, [&](auto rows) { gdn_rows_times_state<decltype(rows)::value>(QW, S, n, dk, ks, acc); });
+            gdn_by_rows(n, [&](auto rows) { gdn_rows_times_state<decltype(rows)::value>(QW, S, dk, ks, acc); });
 #pragma unroll
             for (int r = 0; r < GDN_CHUNK_ROWS_PER_WARP; ++r) {
                 const int i = warp + GDN_WARPS * r;
@@ -419,38 +436,55 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
         // O_i = e^{γ_i} q_iᵀ S + Σ_{m≤i} (q_i·k_m) e^{γ_i−γ_m} V_new[m], with S the chunk-start state.
         {
             float acc[GDN_CHUNK_ROWS_PER_WARP] = {};
-            gdn_by_rows(n, [&](auto rows) { gdn_rows_times_state<decltype(rows)::value>(QW, S, n, dk, ks, acc); });
+            gdn_by_rows(n, [&](auto rows) { gdn_rows_times_state<decltype(rows)::value>(QW, S, dk, ks, acc); });
 #pragma unroll
             for (int r = 0; r < GDN_CHUNK_ROWS_PER_WARP; ++r) {
                 const int i = warp + GDN_WARPS * r;
                 if (i >= n) continue;
-                const float o = gdn_add_chain(A + gdn_tri(i, 0), i, acc[r] * egam[i],
-                                              [&](int m) { return U[m * GDN_BV + lane]; });
+                float o = acc[r] * egam[i];
+                const float* c_row = A + gdn_tri(i);
+                int m = 0;
+                for (; m + 4 <= i + 1; m += 4) {
+                    const float4 c = *reinterpret_cast<const float4*>(c_row + m);
+                    o = fmaf(c.x, U[m * GDN_BV + lane], o);
+                    o = fmaf(c.y, U[(m + 1) * GDN_BV + lane], o);
+                    o = fmaf(c.z, U[(m + 2) * GDN_BV + lane], o);
+                    o = fmaf(c.w, U[(m + 3) * GDN_BV + lane], o);
+                }
+                for (; m <= i; ++m) o = fmaf(c_row[m], U[m * GDN_BV + lane], o);
                 if (v_ok) out[((size_t)(t0 + i) * value_heads + j) * dv + v] = o;
             }
         }
         __syncthreads();
 
-        // S ← e^{γ_n} S + Σ_i e^{γ_n−γ_i} k_i V_new[i]ᵀ: warp w owns rows d = w, w+8, … of the tile.
+        // S ← e^{γ_n} S + Σ_i e^{γ_n−γ_i} k_i V_new[i]ᵀ: warp w owns the 16 consecutive rows
+        // d = 16w.. of the tile (four float4 chunks of each k_i, read as broadcasts).
         {
+            static_assert(GDN_ROWS_PER_WARP == 16, "four chunks of k per warp");
             float s[GDN_ROWS_PER_WARP];
             const float e_last = egam[n - 1];
+            const int d0 = warp * GDN_ROWS_PER_WARP;
 #pragma unroll
             for (int r = 0; r < GDN_ROWS_PER_WARP; ++r) {
-                const int d = warp + GDN_WARPS * r;
+                const int d = d0 + r;
                 s[r] = d < dk ? S[d * GDN_BV + lane] * e_last : 0.f;
             }
-            for (int i = 0; i < n; ++i) {
-                const float u = U[i * GDN_BV + lane], f = fdec[i];
+            if (d0 < dk) {
+                for (int i = 0; i < n; ++i) {
+                    const float u = U[i * GDN_BV + lane], f = fdec[i];
 #pragma unroll
-                for (int r = 0; r < GDN_ROWS_PER_WARP; ++r) {
-                    const int d = warp + GDN_WARPS * r;
-                    if (d < dk) s[r] = fmaf(f * K[gdn_swz(i, d, ks)], u, s[r]);
+                    for (int c = 0; c < 4; ++c) {
+                        const float4 k = gdn_chunk4(K + i * ks, i, d0 / 4 + c);
+                        s[4 * c] = fmaf(f * k.x, u, s[4 * c]);
+                        s[4 * c + 1] = fmaf(f * k.y, u, s[4 * c + 1]);
+                        s[4 * c + 2] = fmaf(f * k.z, u, s[4 * c + 2]);
+                        s[4 * c + 3] = fmaf(f * k.w, u, s[4 * c + 3]);
+                    }
                 }
             }
 #pragma unroll
             for (int r = 0; r < GDN_ROWS_PER_WARP; ++r) {
-                const int d = warp + GDN_WARPS * r;
+                const int d = d0 + r;
                 if (d < dk) S[d * GDN_BV + lane] = s[r];
             }
         }

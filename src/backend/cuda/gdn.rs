@@ -44,7 +44,7 @@ impl GdnKernels {
     pub fn load(ctx: &Arc<CudaContext>) -> Result<GdnKernels, KernelError> {
         let m = Module::load(ctx, "gdn", embedded::GDN)?;
         let chunk_core = m.kernel("gdn_chunk_core")?;
-        // 97 KiB at Dk = 128: within the opt-in limit of every target (99 KiB on sm_89/sm_120).
+        // 97.5 KiB at Dk = 128: within the opt-in limit of every target (99 KiB on sm_89/sm_120).
         chunk_core.allow_shared_bytes(chunk_shared_bytes(MAX_KEY_DIM)).map_err(|source| KernelError {
             module: "gdn",
             kernel: Some("gdn_chunk_core"),
@@ -64,7 +64,9 @@ impl GdnKernels {
 /// Dynamic shared memory of `gdn_chunk_core` for key dim `dk` (the layout above the kernel).
 fn chunk_shared_bytes(dk: usize) -> u32 {
     let ks = dk.next_multiple_of(32);
-    let floats = dk * VALUE_TILE + 2 * CHUNK * ks + CHUNK * VALUE_TILE + CHUNK * (CHUNK + 1) / 2 + 4 * CHUNK;
+    // The chunk's lower triangle, each row padded to whole float4s (`GDN_TRI_SIZE`).
+    let triangle = 4 * (CHUNK / 4 + 1) * (CHUNK / 2);
+    let floats = dk * VALUE_TILE + 2 * CHUNK * ks + CHUNK * VALUE_TILE + triangle + 4 * CHUNK;
     u32::try_from(floats * 4).expect("shared memory size")
 }
 
@@ -441,6 +443,8 @@ fn check_shape(shape: &GdnShape) {
         "GDN key dim {} (the GPU cores hold at most {MAX_KEY_DIM})",
         shape.key_dim
     );
+    // The chunked core reads q and k rows as float4s.
+    assert!(shape.key_dim.is_multiple_of(4), "GDN key dim {} (the GPU cores need a multiple of 4)", shape.key_dim);
     assert!(shape.value_dim > 0 && shape.conv_kernel > 0, "GDN shape {shape:?}");
     assert!(
         shape.key_heads > 0 && shape.value_heads.is_multiple_of(shape.key_heads),
