@@ -7,8 +7,9 @@
 # Starts `limelight serve --device cuda` on the full random checkpoint, uploads a 10 s reference
 # clip as two voices (alice, bob), then:
 # 1. a short two-speaker text and a SCRIPT_CHARS-character (default 20 000) two-speaker script,
-#    each streamed as pcm with `voices` {0: alice, 1: bob}: curl's time to the first byte (the
-#    script's must be no later than the short text's), total time, audio seconds, and the
+#    each streamed twice as pcm with `voices` {0: alice, 1: bob}: curl's time to the first byte
+#    (the script's must be no later than the short text's; the second requests compare like for
+#    like, the voices' prefixes kept), total time, audio seconds, and the
 #    server's request line (chunks run as one stream; finish reason, frames);
 # 2. the same script twice with one seed: the same bytes;
 # 3. `bench serve` with LOAD_CLIENTS (default 33) closed-loop clients each streaming a
@@ -69,7 +70,10 @@ speak() {  # name json-text
         awk -v n="$1" -v c="$chars" -F'\t' '{ printf "%s\t%s\t%s\t%s\t%.1f\t%s\t%s\n", n, c, $1, $2, $2 / 48000, $3, $4 }' \
             >>"$report_dir/requests.tsv"
 }
+# Each text twice: the first request of a form pays for its voices' prefix (then kept); the second
+# is the like-for-like comparison of first audio.
 speak short "$(script 160)"
+speak short-again "$(script 160)"
 speak script "$(script "${SCRIPT_CHARS:-20000}")"
 speak script-again "$(script "${SCRIPT_CHARS:-20000}")"
 cat "$report_dir/requests.tsv"
@@ -84,4 +88,4 @@ load_text=$(script "${LOAD_CHARS:-1500}" | python3 -c 'import json,sys; print(js
 cat "$report_dir/load.txt"
 curl -sf "$base/metrics" >"$report_dir/metrics.txt" || true
 grep -E "limelight_chunks_cut_total|limelight_device_allocations_after_warm_up" "$report_dir/metrics.txt" || true
-rm -f /tmp/short.pcm /tmp/script.pcm /tmp/script-again.pcm
+rm -f /tmp/short.pcm /tmp/short-again.pcm /tmp/script.pcm /tmp/script-again.pcm
