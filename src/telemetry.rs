@@ -31,6 +31,9 @@ pub const FRAMES_GENERATED: &str = "limelight_frames_generated_total";
 /// Chunks of long requests that ran to their frame bound (the runaway guard's, or `max_frames`
 /// where lower).
 pub const CHUNKS_CUT: &str = "limelight_chunks_cut_total";
+/// Chunks after a long request's first that the runaway guard cut and that were generated once
+/// more with another seed, their first take dropped unheard.
+pub const CHUNKS_RETRIED: &str = "limelight_chunks_retried_total";
 /// Bytes the resident model holds on its device (on the CPU: weights as stored).
 pub const MEMORY_IN_USE_BYTES: &str = "limelight_memory_in_use_bytes";
 /// Bytes serving is budgeted to need: weights plus one request's caches at the longest context.
@@ -141,6 +144,10 @@ fn describe() {
     metrics::describe_counter!(
         CHUNKS_CUT,
         "Chunks of long requests that ran to their frame bound (the runaway guard's, or max_frames)."
+    );
+    metrics::describe_counter!(
+        CHUNKS_RETRIED,
+        "Later chunks of long requests cut by the runaway guard and generated again with another seed."
     );
     metrics::describe_gauge!(
         MEMORY_IN_USE_BYTES,

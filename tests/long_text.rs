@@ -310,3 +310,88 @@ async fn the_runaway_guard_cuts_a_chunk_at_its_bound() {
     .await
     .expect("bounded");
 }
+
+/// One chunked request of LONG driven through the engine by hand under the stated retry policy
+/// (with `retry`; without it, every take is kept): a later chunk the guard cut is run again from
+/// the same prompt with `retry_seed`, its first take dropped before the decoder. Returns (the PCM
+/// bits, the frames heard, the prompt rows run, the takes dropped, the held takes kept).
+fn by_hand(engine: &Engine<'_, Cpu>, job: &Job, seed: u64, retry: bool) -> (Vec<u32>, usize, usize, usize, usize) {
+    use limelight::scheduler::retry_seed;
+    let (first, first_frames, more) =
+        ChunkedText::start(common::tiny_prompt_builder(), ChunkVoices::All(Vec::new()), false, texts(), 2048).unwrap();
+    let mut more = more.expect("three chunks");
+    let opts = |seed, max_frames| GenerateOptions { params: job.options.params, seed, max_frames };
+    let mut generation = engine.start(&first.rows, &opts(seed, first_frames)).unwrap();
+    let (mut pcm, mut frames, mut prompt_rows, mut dropped, mut kept) = (Vec::new(), 0, first.rows.len(), 0, 0);
+    run_chunk(engine, &mut generation, &mut pcm);
+    for chunk in 1.. {
+        frames += generation.produced().len();
+        let Some(next) = more.next(&generation.produced().clone()) else { break };
+        let next = next.unwrap();
+        assert!(next.guarded, "max_frames 2048 is above every chunk's guard bound");
+        engine
+            .continue_prompt(&mut generation, &next.rows, next.prefix, &opts(chunk_seed(seed, chunk), next.max_frames))
+            .unwrap();
+        prompt_rows += next.rows.len();
+        if !retry {
+            run_chunk(engine, &mut generation, &mut pcm);
+            continue;
+        }
+        generation.hold_audio();
+        let mut held = Vec::new();
+        run_chunk(engine, &mut generation, &mut held);
+        assert!(held.is_empty(), "a held chunk decodes nothing");
+        if generation.produced().len() == next.max_frames {
+            assert!(generation.settle_audio(false).unwrap().pcm.is_empty(), "a dropped take is not heard");
+            dropped += 1;
+            let options = opts(retry_seed(seed, chunk), next.max_frames);
+            engine.continue_prompt(&mut generation, &next.rows, next.prefix, &options).unwrap();
+            prompt_rows += next.rows.len();
+            run_chunk(engine, &mut generation, &mut pcm);
+        } else {
+            kept += 1;
+            pcm.extend(generation.settle_audio(true).unwrap().pcm);
+        }
+    }
+    (pcm.iter().map(|x| x.to_bits()).collect(), frames, prompt_rows, dropped, kept)
+}
+
+/// The guard's retry (`scheduler::worker::chunks`): with top-k 2 sampling on the tiny checkpoint
+/// a later chunk reaches its guard bound (a runaway), is dropped unheard and run again with its
+/// retry seed, while the other stops on its own and its held audio is kept. The served request is, bit for bit, the same request
+/// driven by hand under that policy (with the codec on its own thread and inside the step), and
+/// differs from the request that kept every first take; usage counts the retried prompts.
+#[tokio::test]
+async fn a_cut_later_chunk_is_retried_unheard_with_its_retry_seed() {
+    let dir = common::tiny_checkpoint();
+    let ckpt = Checkpoint::open(dir.path()).unwrap();
+    let model = ResidentModel::load(&ckpt, &Cpu).unwrap();
+    let engine = Engine::new(&Cpu, &ckpt, &model).unwrap();
+    let job = || {
+        let mut job = chunked_job(5, 2048);
+        job.options.params = SamplingParams { top_k: Some(2), ..SamplingParams::default() };
+        job
+    };
+    let (want, frames_want, rows_want, dropped, kept) = by_hand(&engine, &job(), 5, true);
+    let (kept_all, ..) = by_hand(&engine, &job(), 5, false);
+    // Seed 5 exercises both paths: one later chunk runs away and is retried, the other stops on
+    // its own and its held audio is kept.
+    assert_eq!((dropped, kept), (1, 1), "one later chunk retried, one kept");
+    assert_ne!(want, kept_all, "the retries' audio is not the first takes'");
+    tokio::time::timeout(LIMIT, async {
+        for codec_thread in [true, false] {
+            let scheduler =
+                Scheduler::start_with(config(dir.path().to_owned()), loader(dir.path().into(), codec_thread));
+            scheduler.loaded().await.expect("loads");
+            let (events, pcm) = events(&scheduler, job()).await;
+            let [JobEvent::Started { .. }, JobEvent::Finished { reason, frames, prompt_rows }] = events[..] else {
+                panic!("events {events:?}")
+            };
+            assert_eq!((frames, prompt_rows), (frames_want, rows_want), "codec thread {codec_thread}");
+            assert_eq!(reason, FinishReason::Length);
+            assert!(pcm == want, "codec thread {codec_thread}: the served bytes are the policy's");
+        }
+    })
+    .await
+    .expect("bounded");
+}

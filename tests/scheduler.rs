@@ -113,8 +113,12 @@ impl Synthesizer for Faulty<'_> {
         rows: &Rows,
         prefix: SharedPrefix,
         options: &GenerateOptions,
+        hold: bool,
     ) -> Result<Opened, SynthError> {
-        self.inner.continue_stream(id, rows, prefix, options)
+        self.inner.continue_stream(id, rows, prefix, options, hold)
+    }
+    fn settle_chunk(&self, id: StreamId, keep: bool) -> Result<Stepped, SynthError> {
+        self.inner.settle_chunk(id, keep)
     }
     fn produced(&self, id: StreamId) -> Rows {
         self.inner.produced(id)

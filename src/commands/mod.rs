@@ -35,7 +35,7 @@ use crate::request::normalize::normalize;
 use crate::request::prompt::{PromptBuilder, Reference};
 use crate::request::split::SplitLimits;
 use crate::request::text::{CallerText, Field};
-use crate::scheduler::{MoreChunks, chunk_seed};
+use crate::scheduler::{ChunkPrompt, MoreChunks, chunk_seed, retries_chunk, retry_seed};
 use crate::voice::clip::{self, ClipLimits};
 use crate::voice::store::{StoreLimits, VoiceStore};
 
@@ -56,12 +56,15 @@ pub fn say(args: &SayArgs) -> anyhow::Result<Finished> {
             .context("`--text` or the reference")?;
     let params = SamplingParams { temperature: args.temperature, top_p: args.top_p, top_k: args.top_k };
     params.validate().context("sampling parameters")?;
-    let opts =
-        |chunk: usize, max_frames: usize| GenerateOptions { params, seed: chunk_seed(args.seed, chunk), max_frames };
-    // The served engine's prompt chunks (restarting after the voice's rows), so the bytes are the same.
-    let mut generation = engine.start_prompt(&prompt.rows, prompt.voice_prefix(false), &opts(0, first_frames))?;
+    let opts = |seed: u64, max_frames: usize| GenerateOptions { params, seed, max_frames };
+    // The served engine's prompt chunks (restarting after the voice's rows), so the bytes are the
+    // same; and its chunk policy (`scheduler::worker::chunks`): a later chunk's audio is held
+    // until it ends, and one the runaway guard cut is generated once more with its retry seed.
+    let mut generation =
+        engine.start_prompt(&prompt.rows, prompt.voice_prefix(false), &opts(chunk_seed(args.seed, 0), first_frames))?;
     let (mut pcm, mut rows, mut cut) = (Vec::new(), Rows::new(ckpt.dims.codebooks), false);
-    for chunk in 1usize.. {
+    let (mut chunk, mut current, mut retried): (usize, Option<ChunkPrompt>, bool) = (0, None, false);
+    loop {
         while !engine.prefill_generation(&mut generation, PREFILL_CHUNK)? {}
         let reason = loop {
             let stepped = engine.step(&mut [&mut generation]).pop().expect("one result per generation")?;
@@ -70,6 +73,19 @@ pub fn say(args: &SayArgs) -> anyhow::Result<Finished> {
                 break reason;
             }
         };
+        let held = current.as_ref().is_some_and(|p| p.guarded) && !retried;
+        let retry = retries_chunk(reason, chunk, held, retried);
+        if held {
+            pcm.extend(generation.settle_audio(!retry)?.pcm);
+        }
+        if retry {
+            let again = current.as_ref().expect("a later chunk keeps its prompt");
+            let options = opts(retry_seed(args.seed, chunk), again.max_frames);
+            engine.continue_prompt(&mut generation, &again.rows, again.prefix, &options)?;
+            retried = true;
+            continue;
+        }
+        retried = false;
         cut |= reason == FinishReason::Length;
         let produced = generation.produced().clone();
         (0..produced.len()).for_each(|t| rows.push_row(produced.row(t)));
@@ -82,9 +98,18 @@ pub fn say(args: &SayArgs) -> anyhow::Result<Finished> {
                 return Ok(Finished { reason, frames: rows.len(), rows });
             }
         };
-        engine.continue_prompt(&mut generation, &next.rows, next.prefix, &opts(chunk, next.max_frames))?;
+        chunk += 1;
+        engine.continue_prompt(
+            &mut generation,
+            &next.rows,
+            next.prefix,
+            &opts(chunk_seed(args.seed, chunk), next.max_frames),
+        )?;
+        if next.guarded {
+            generation.hold_audio();
+        }
+        current = Some(next);
     }
-    unreachable!("`1usize..` ends only by returning")
 }
 
 /// The voice `say` speaks in: a stored voice, a reference clip encoded here, or none.

@@ -316,6 +316,7 @@ impl<'w, B: Backend> Engine<'w, B> {
         opts: &GenerateOptions,
     ) -> Result<(), GenerateError> {
         assert!(generation.done, "continue_prompt on a generation that has not ended");
+        assert!(!generation.audio.holding(), "continue_prompt before the held chunk was settled");
         debug_assert!(!generation.audio.due(true), "the ended chunk's audio was flushed");
         generation.source = self.source(rows, prefix, opts)?;
         generation.done = false;
@@ -553,10 +554,37 @@ impl<B: Backend> Generation<'_, B> {
         self.audio.detach();
     }
 
+    /// Holds the audio of the frames it produces from now on (a long request's chunk after the
+    /// first, which the runaway guard may cut and generate again): none of it is decoded or
+    /// handed out until [`Generation::settle_audio`]. Call it with no frame pending (after
+    /// [`Engine::continue_prompt`]).
+    pub fn hold_audio(&mut self) {
+        self.audio.hold();
+    }
+
+    /// Settles held audio: `keep` lets it go to the codec now (the returned PCM, or with its
+    /// audio detached, codes), else it is dropped unheard, as if those frames had never been
+    /// produced for the decoder (an empty result).
+    pub fn settle_audio(&mut self, keep: bool) -> Result<Stepped, GenerateError> {
+        if keep {
+            self.audio.release();
+            self.flush()
+        } else {
+            self.audio.discard();
+            Ok(Stepped::default())
+        }
+    }
+
     /// Ends it before its last frame: the audio of frames produced but not yet decoded (PCM,
     /// or with its audio detached, their codes).
     pub fn cancel(&mut self) -> Result<Stepped, GenerateError> {
         self.done = true;
+        self.flush()
+    }
+
+    /// The audio of every pending frame, decoded here (in pieces of at most a codec group) or,
+    /// detached, as codes.
+    fn flush(&mut self) -> Result<Stepped, GenerateError> {
         let mut out = Stepped::default();
         if !self.audio.due(true) {
             return Ok(out);

@@ -218,10 +218,11 @@ impl MoreChunks for ChunkedText {
         if self.ended >= self.texts.len() {
             return None;
         }
-        let max_frames = self.max_frames.min(frame_bound(self.texts[self.ended].text.as_str()));
+        let bound = frame_bound(self.texts[self.ended].text.as_str());
+        let (max_frames, guarded) = (self.max_frames.min(bound), bound < self.max_frames);
         Some(
             self.prompt(self.ended)
-                .map(|p| ChunkPrompt { prefix: p.voice_prefix(self.keep_voice), rows: p.rows, max_frames })
+                .map(|p| ChunkPrompt { prefix: p.voice_prefix(self.keep_voice), rows: p.rows, max_frames, guarded })
                 .map_err(|e| format!("chunk {}: {e}", self.ended)),
         )
     }

@@ -7,14 +7,16 @@
 //! decoder, so its PCM is what the step's own decode gives, bit for bit (`push_many`: a stream's
 //! samples never depend on the others decoded beside it). Every round decodes the next group of
 //! each stream that has one, oldest stream first, up to the warm-up's stream count, so the
-//! round's shapes are ones the warm-up ran.
+//! round's shapes are ones the warm-up ran. A longer group (a held chunk's frames, released at
+//! once) is decoded in pieces of at most [`MAX_CODEC_GROUP`] frames over successive rounds, and
+//! answered once, with all its PCM: streaming is exact, so the pieces give the same samples.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::mpsc::{Receiver, Sender, TryRecvError};
 
 use crate::backend::codec::CodecOps;
-use crate::engine::audio::group_sizes;
+use crate::engine::audio::{MAX_CODEC_GROUP, group_sizes};
 use crate::model::codec::{CodecModel, StreamingDecoder};
 
 /// What the worker sends the codec thread.
@@ -105,7 +107,8 @@ where
             }
             return;
         }
-        let mut rounds = Rounds { queues: BTreeMap::new(), decoders: HashMap::new() };
+        let piece = MAX_CODEC_GROUP * self.model.codes_per_frame();
+        let mut rounds = Rounds { queues: BTreeMap::new(), decoders: HashMap::new(), partial: HashMap::new(), piece };
         loop {
             if rounds.queues.is_empty() {
                 match link.commands.recv() {
@@ -129,21 +132,39 @@ where
     }
 }
 
-/// The codec thread's state: queued groups per stream (keys rise with arrival, so the map's
-/// order is oldest first) and each stream's decoder.
+/// One queued piece of a group: its codes, and whether it ends the group the worker sent.
+struct Piece {
+    codes: Vec<u32>,
+    last: bool,
+}
+
+/// The codec thread's state: queued pieces per stream (keys rise with arrival, so the map's
+/// order is oldest first), each stream's decoder, and the PCM of groups decoded in part.
 struct Rounds<'m, B: CodecOps> {
-    /// `Some(codes)`: a group to decode; `None`: the stream's end.
-    queues: BTreeMap<u64, VecDeque<Option<Vec<u32>>>>,
+    /// `Some(piece)`: codes to decode; `None`: the stream's end.
+    queues: BTreeMap<u64, VecDeque<Option<Piece>>>,
     decoders: HashMap<u64, StreamingDecoder<'m, B>>,
+    /// A group's PCM so far, while its pieces are decoded (or the first piece's error).
+    partial: HashMap<u64, Result<Vec<f32>, String>>,
+    /// Codes of [`MAX_CODEC_GROUP`] frames: the largest piece a round decodes per stream.
+    piece: usize,
 }
 
 impl<'m, B: CodecOps> Rounds<'m, B> {
     fn queue(&mut self, command: CodecCommand) {
-        let (key, item) = match command {
-            CodecCommand::Decode { key, codes } => (key, Some(codes)),
-            CodecCommand::End { key } => (key, None),
-        };
-        self.queues.entry(key).or_default().push_back(item);
+        match command {
+            CodecCommand::Decode { key, codes } => {
+                let queue = self.queues.entry(key).or_default();
+                let pieces = codes.len().div_ceil(self.piece).max(1);
+                for (i, part) in codes.chunks(self.piece.max(1)).enumerate() {
+                    queue.push_back(Some(Piece { codes: part.to_vec(), last: i + 1 == pieces }));
+                }
+                if codes.is_empty() {
+                    queue.push_back(Some(Piece { codes, last: true }));
+                }
+            }
+            CodecCommand::End { key } => self.queues.entry(key).or_default().push_back(None),
+        }
     }
 
     /// Decodes the next group of each stream that has one (oldest first, at most
@@ -151,15 +172,19 @@ impl<'m, B: CodecOps> Rounds<'m, B> {
     fn decode_round(&mut self, codec: &CodecThread<'m, B>) -> Vec<Decoded> {
         let mut keys: Vec<u64> = Vec::new();
         let mut groups: Vec<Vec<u32>> = Vec::new();
+        let mut lasts: Vec<bool> = Vec::new();
         for (&key, queue) in &mut self.queues {
             while let Some(None) = queue.front() {
                 queue.pop_front();
                 self.decoders.remove(&key);
+                self.partial.remove(&key);
             }
             if keys.len() < codec.max_streams
                 && let Some(Some(_)) = queue.front()
             {
-                groups.push(queue.pop_front().flatten().expect("a group at the front"));
+                let piece = queue.pop_front().flatten().expect("a piece at the front");
+                groups.push(piece.codes);
+                lasts.push(piece.last);
                 keys.push(key);
             }
         }
@@ -179,14 +204,30 @@ impl<'m, B: CodecOps> Rounds<'m, B> {
             let codes: Vec<&[u32]> = groups.iter().map(Vec::as_slice).collect();
             StreamingDecoder::push_many(&mut decoders, &codes)
         }));
-        match decoded {
-            Ok(results) => (keys.into_iter().zip(results))
-                .map(|(key, pcm)| Decoded { key, pcm: pcm.map_err(|e| format!("codec: {e}")) })
-                .collect(),
+        let results: Vec<Result<Vec<f32>, String>> = match decoded {
+            Ok(results) => results.into_iter().map(|pcm| pcm.map_err(|e| format!("codec: {e}"))).collect(),
             Err(panic) => {
                 let message = format!("the codec panicked: {}", super::worker::panic_message(&*panic));
-                keys.into_iter().map(|key| Decoded { key, pcm: Err(message.clone()) }).collect()
+                keys.iter().map(|_| Err(message.clone())).collect()
+            }
+        };
+        // A group's pieces add up; it is answered with its last piece (an error once, at its end).
+        let mut answers = Vec::new();
+        for ((key, pcm), last) in keys.into_iter().zip(results).zip(lasts) {
+            let so_far = self.partial.remove(&key).unwrap_or(Ok(Vec::new()));
+            let joined = match (so_far, pcm) {
+                (Ok(mut all), Ok(more)) => {
+                    all.extend(more);
+                    Ok(all)
+                }
+                (Err(e), _) | (Ok(_), Err(e)) => Err(e),
+            };
+            if last {
+                answers.push(Decoded { key, pcm: joined });
+            } else {
+                self.partial.insert(key, joined);
             }
         }
+        answers
     }
 }

@@ -340,11 +340,22 @@ impl<B: Backend> Synthesizer for EngineModel<'_, B> {
         rows: &Rows,
         prefix: SharedPrefix,
         options: &GenerateOptions,
+        hold: bool,
     ) -> Result<Opened, SynthError> {
         let options = self.fitted(rows, options)?;
         let hits = self.prefix_cache().map_or(0, |c| c.hits);
-        self.with_slot(id, |g| self.engine.continue_prompt(g, rows, prefix, &options))?;
+        self.with_slot(id, |g| {
+            self.engine.continue_prompt(g, rows, prefix, &options)?;
+            if hold {
+                g.hold_audio();
+            }
+            Ok::<_, GenerateError>(())
+        })?;
         Ok(Opened { id, restored_rows: self.restored(hits, prefix) })
+    }
+
+    fn settle_chunk(&self, id: StreamId, keep: bool) -> Result<Stepped, SynthError> {
+        Ok(self.with_slot(id, |g| g.settle_audio(keep))?)
     }
 
     fn produced(&self, id: StreamId) -> Rows {

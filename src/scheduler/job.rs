@@ -48,6 +48,9 @@ pub struct ChunkPrompt {
     pub prefix: SharedPrefix,
     /// Frames the chunk may produce (its runaway bound; it ends `length` there).
     pub max_frames: usize,
+    /// Whether `max_frames` is the runaway guard's bound (below the request's `max_frames`): a
+    /// chunk that reaches it is taken for a runaway and generated once more ([`retry_seed`]).
+    pub guarded: bool,
 }
 
 /// The seed chunk `chunk` of a request with `seed` samples with: the request's own for the
@@ -62,6 +65,21 @@ pub fn chunk_seed(seed: u64, chunk: usize) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
+}
+
+/// The seed a chunk's second take samples with, after the runaway guard cut its first
+/// (`chunk` ≥ 1): another fixed mix of the request's seed, so a retried request still gives the
+/// same bytes every time, and the retry does not replay the draws that ran away.
+pub fn retry_seed(seed: u64, chunk: usize) -> u64 {
+    // A salt (the golden ratio's fraction, rotated) keeps it apart from every `chunk_seed`.
+    chunk_seed(seed ^ 0x7F4A_7C15_9E37_79B9, chunk)
+}
+
+/// Whether a chunk that ended with `reason` is generated once more: it is a later chunk (its
+/// audio held, not yet heard), the runaway guard's bound cut it (`guarded`), and it is its first
+/// take.
+pub fn retries_chunk(reason: FinishReason, chunk: usize, guarded: bool, retried: bool) -> bool {
+    reason == FinishReason::Length && chunk > 0 && guarded && !retried
 }
 
 /// What a job reports, in this order: `Started`, zero or more `Audio`, then exactly one of
@@ -159,4 +177,31 @@ pub(crate) fn channel() -> (JobStream, Reply) {
     let (tx, rx) = mpsc::channel(REPLY_CAPACITY);
     let cancel = Arc::new(AtomicBool::new(false));
     (JobStream { rx, cancel: cancel.clone() }, Reply { tx, cancel })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_retry_seed_is_fixed_and_no_chunk_seed() {
+        for seed in [0u64, 7, u64::MAX] {
+            let chunk_seeds: Vec<u64> = (0..64).map(|c| chunk_seed(seed, c)).collect();
+            for chunk in 1..64 {
+                let retry = retry_seed(seed, chunk);
+                assert_eq!(retry, retry_seed(seed, chunk), "the same request retries with the same seed");
+                assert!(!chunk_seeds.contains(&retry), "seed {seed} chunk {chunk}: the retry replays no chunk's draws");
+            }
+        }
+    }
+
+    #[test]
+    fn only_a_later_guarded_first_take_cut_at_its_bound_is_retried() {
+        use FinishReason::{Length, Stop};
+        assert!(retries_chunk(Length, 1, true, false));
+        assert!(!retries_chunk(Stop, 1, true, false), "it stopped on its own");
+        assert!(!retries_chunk(Length, 0, true, false), "the first chunk streams live");
+        assert!(!retries_chunk(Length, 2, false, false), "the request's max_frames cut it, not the guard");
+        assert!(!retries_chunk(Length, 2, true, true), "a retry is not retried");
+    }
 }

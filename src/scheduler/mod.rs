@@ -22,7 +22,10 @@ use tokio::sync::{Notify, watch};
 pub use codec::{AudioCodec, CodecCommand, CodecLink, CodecThread, Decoded};
 pub use engines::{BatchLimits, BatchOptions, DEFAULT_VOICE_CACHE_BYTES, EngineModel, GpuOptions, cpu_loader};
 pub use gpu::{cuda_loader, gpu_present};
-pub use job::{ChunkPrompt, EncodeJob, Encoded, Job, JobEvent, JobStream, MoreChunks, REPLY_CAPACITY, chunk_seed};
+pub use job::{
+    ChunkPrompt, EncodeJob, Encoded, Job, JobEvent, JobStream, MoreChunks, REPLY_CAPACITY, chunk_seed, retries_chunk,
+    retry_seed,
+};
 
 use crate::engine::generate::{GenerateError, GenerateOptions, LoadModelError, Stepped};
 use crate::engine::prefix::{PrefixCacheStats, SharedPrefix};
@@ -150,16 +153,23 @@ pub trait Synthesizer {
     /// restored here, else the prompt's chunks restart at its end). Nothing else runs yet; a
     /// request the engine cannot take is refused here.
     fn open(&self, rows: &Rows, prefix: SharedPrefix, options: &GenerateOptions) -> Result<Opened, SynthError>;
-    /// Goes on with a long request's next chunk in stream `id`, whose last chunk ended: a new
-    /// prompt `rows` (as [`Synthesizer::open`] takes one), its audio continuing in the stream's
-    /// decoder so the chunks join as one decode.
+    /// Goes on with a long request's next chunk in stream `id`, whose last chunk ended (and, if
+    /// held, was settled): a new prompt `rows` (as [`Synthesizer::open`] takes one), its audio
+    /// continuing in the stream's decoder so the chunks join as one decode. With `hold`, the
+    /// chunk's audio waits undecoded until [`Synthesizer::settle_chunk`] (the runaway guard may
+    /// cut the chunk and have it generated again).
     fn continue_stream(
         &self,
         id: StreamId,
         rows: &Rows,
         prefix: SharedPrefix,
         options: &GenerateOptions,
+        hold: bool,
     ) -> Result<Opened, SynthError>;
+    /// Settles the held audio of stream `id`'s chunk, which ended: `keep` sends it on to the codec
+    /// now (its PCM, or codes for [`Synthesizer::audio_codec`]), else it is dropped before the
+    /// decoder sees it (an empty result).
+    fn settle_chunk(&self, id: StreamId, keep: bool) -> Result<Stepped, SynthError>;
     /// The frames `[main, c0..c9]` stream `id` produced since it was opened or continued.
     fn produced(&self, id: StreamId) -> Rows;
     /// The counters of the engine's kept prompt prefixes, if it keeps them.

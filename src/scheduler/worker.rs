@@ -28,17 +28,18 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use tracing::{debug, error, info, warn};
+use tracing::{debug, error, info};
 
 mod active;
+mod chunks;
 mod lane;
 
 use self::active::Active;
 use self::lane::CodecLane;
 use super::codec::CodecLink;
-use super::job::{Command, JobEvent, Queued, QueuedEncode, chunk_seed};
+use super::job::{Command, JobEvent, Queued, QueuedEncode};
 use super::{LoadState, Loader, ModelHost, ModelInfo, Opened, Shared, StreamId, Synthesizer, WorkerConfig};
-use crate::engine::generate::{FinishReason, GenerateOptions, Stepped};
+use crate::engine::generate::{FinishReason, Stepped};
 use crate::telemetry;
 
 /// Events buffered per stream beyond its reply channel before the stream pauses (each event
@@ -261,6 +262,9 @@ impl Host {
                     more: job.more,
                     options: job.options.clone(),
                     chunk: 0,
+                    chunk_prompt: None,
+                    holding: false,
+                    retried: false,
                     frames_before: 0,
                     cut: false,
                 });
@@ -369,6 +373,12 @@ impl Host {
             return None;
         }
         let id = job.stream.expect("asked only of jobs with a stream");
+        if std::mem::take(&mut job.holding)
+            && let Ok(audio) = model.settle_chunk(id, true)
+        {
+            // Stopped mid-chunk: what it made so far is heard, as for any stream.
+            self.take_audio(job, audio);
+        }
         if let Ok(audio) = model.cancel(id) {
             self.take_audio(job, audio);
         }
@@ -410,13 +420,7 @@ impl Host {
                     let finished = stepped.finished;
                     self.take_audio(job, stepped);
                     let Some(mut reason) = finished else { continue };
-                    if reason == FinishReason::Length && (job.more.is_some() || job.chunk > 0) {
-                        // A chunk of long text ran to its bound (the runaway guard's, or max_frames).
-                        metrics::counter!(telemetry::CHUNKS_CUT).increment(1);
-                        job.span.in_scope(|| warn!(chunk = job.chunk, "chunk cut at its frame bound"));
-                    }
-                    job.cut |= reason == FinishReason::Length;
-                    match self.next_chunk(model, job) {
+                    match self.chunk_ended(model, job, reason) {
                         Ok(true) => continue,
                         Ok(false) => {}
                         Err(message) => {
@@ -443,41 +447,8 @@ impl Host {
         true
     }
 
-    /// Takes a long request on to its next chunk once a chunk ended (not cancelled): the chunk's
-    /// frames go into the next prompt's history (`MoreChunks`), and the stream goes on with that
-    /// prompt, its audio continuing. Returns whether it did (`false`: no chunk is left).
-    fn next_chunk(&self, model: &dyn Synthesizer, job: &mut Active) -> Result<bool, String> {
-        let (Some(more), Some(id)) = (job.more.as_mut(), job.stream) else { return Ok(false) };
-        let seed = chunk_seed(job.options.seed, job.chunk + 1);
-        let went_on = catch_unwind(AssertUnwindSafe(|| {
-            let previous = model.produced(id);
-            let Some(prompt) = more.next(&previous) else { return Ok(None) };
-            let prompt = prompt?;
-            let options = GenerateOptions { seed, max_frames: prompt.max_frames, ..job.options.clone() };
-            let opened = model.continue_stream(id, &prompt.rows, prompt.prefix, &options).map_err(|e| e.to_string())?;
-            Ok::<_, String>(Some((previous.len(), prompt.rows.len(), opened.restored_rows)))
-        }));
-        let (frames, rows, restored) = match went_on {
-            Ok(Ok(Some(next))) => next,
-            Ok(Ok(None)) => {
-                job.more = None;
-                return Ok(false);
-            }
-            Ok(Err(message)) => return Err(message),
-            Err(panic) => return Err(format!("the engine panicked: {}", panic_message(&*panic))),
-        };
-        metrics::counter!(telemetry::FRAMES_GENERATED).increment(frames as u64);
-        job.chunk += 1;
-        job.frames_before += frames;
-        job.prompt_rows += rows;
-        job.prompt_left = rows - restored;
-        job.prefilled = false;
-        job.span.in_scope(|| debug!(chunk = job.chunk, prompt_rows = rows, restored_rows = restored, "next chunk"));
-        Ok(true)
-    }
-
     /// A step's audio for `job`: its PCM into the outbox, or its codes to the codec thread.
-    fn take_audio(&self, job: &mut Active, stepped: Stepped) {
+    pub(super) fn take_audio(&self, job: &mut Active, stepped: Stepped) {
         if !stepped.pcm.is_empty() {
             job.outbox.push_back(JobEvent::Audio(stepped.pcm));
         }

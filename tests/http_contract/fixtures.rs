@@ -199,9 +199,13 @@ impl Synthesizer for Wrapped<'_> {
         rows: &Rows,
         prefix: SharedPrefix,
         options: &GenerateOptions,
+        hold: bool,
     ) -> Result<Opened, SynthError> {
         let inner = self.streams.borrow()[&id].inner;
-        self.model.continue_stream(inner, rows, prefix, options).map(|o| Opened { id, ..o })
+        self.model.continue_stream(inner, rows, prefix, options, hold).map(|o| Opened { id, ..o })
+    }
+    fn settle_chunk(&self, id: StreamId, keep: bool) -> Result<Stepped, SynthError> {
+        self.model.settle_chunk(self.streams.borrow()[&id].inner, keep)
     }
     fn produced(&self, id: StreamId) -> Rows {
         self.model.produced(self.streams.borrow()[&id].inner)

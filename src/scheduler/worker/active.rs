@@ -8,7 +8,7 @@ use tokio::sync::mpsc::error::TrySendError;
 use tracing::{error, warn};
 
 use crate::engine::generate::GenerateOptions;
-use crate::scheduler::job::{JobEvent, MoreChunks, Reply};
+use crate::scheduler::job::{ChunkPrompt, JobEvent, MoreChunks, Reply};
 use crate::scheduler::{StreamId, Synthesizer};
 use crate::telemetry;
 
@@ -49,6 +49,12 @@ pub(super) struct Active {
     pub(super) options: GenerateOptions,
     /// The running chunk (0 for the first).
     pub(super) chunk: usize,
+    /// The running chunk's prompt, after the first (a retry runs it again).
+    pub(super) chunk_prompt: Option<ChunkPrompt>,
+    /// The running chunk's audio is held until it ends (the runaway guard may retry it).
+    pub(super) holding: bool,
+    /// The running chunk is a retry (its first take was cut and dropped).
+    pub(super) retried: bool,
     /// Frames the ended chunks produced.
     pub(super) frames_before: usize,
     /// A chunk ended at its frame bound (`length`): so does the request.
