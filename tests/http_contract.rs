@@ -67,6 +67,36 @@ async fn bad_bodies_are_400_in_openai_shape_naming_the_field() {
     assert!(e["message"].as_str().unwrap().contains("`dave`"), "{e}");
 }
 
+/// Issue 16, finding 4: the tokenizer's special tokens other than speaker tags became one control
+/// token each in the prompt. Each is now a 400 naming `input` and the token, anywhere in a text
+/// (in a long text's later chunk too, whose prompt is built only as the stream runs), while
+/// well-formed speaker tags still pass.
+#[tokio::test]
+async fn control_tokens_in_input_are_400_naming_them() {
+    let app = app_with_input_limit(shared_scheduler().await, 2000);
+    let tokens = [
+        "<|endoftext|>",
+        "<|audio_start|>",
+        "<|audio_end|>",
+        "<|pad|>",
+        "<|audio_pad|>",
+        "<|phoneme_start|>",
+        "<|phoneme_end|>",
+    ];
+    let long_tail = format!("{} And at the very end {{}} is hidden.", "A plain sentence. ".repeat(30));
+    for token in tokens {
+        for input in [format!("a {token} b"), long_tail.replace("{}", token)] {
+            let (status, e) = refused(&app, speech(body(json!({"input": input, "max_frames": 1})))).await;
+            assert_eq!((status, e["param"].as_str()), (StatusCode::BAD_REQUEST, Some("input")), "{token}: {e}");
+            assert!(e["message"].as_str().unwrap().contains(token), "{token}: {e}");
+        }
+    }
+    let tagged = speech(body(
+        json!({"input": "<|speaker:1|> hi <|speaker:0|> there", "response_format": "pcm", "max_frames": 1}),
+    ));
+    assert_eq!(send(&app, tagged).await.status(), StatusCode::OK, "speaker tags are text's own");
+}
+
 #[tokio::test]
 async fn unknown_model_is_404_model_not_found() {
     let app = shared().await;

@@ -70,7 +70,7 @@ fn rows_match_the_reference_for_every_case() {
     assert!(cases.len() >= 10, "the golden holds {} cases", cases.len());
     for case in cases {
         let name = case["name"].as_str().unwrap();
-        let rows = builder.build(case["text"].as_str().unwrap(), &references(case)).unwrap();
+        let Some(rows) = built_unless_control_tokens(&builder, case) else { continue };
         assert_eq!(rows.width(), 1 + CODEBOOKS);
         assert_eq!(rows.as_flat(), golden_rows(case).as_slice(), "case {name}: rows differ from sglang-omni's");
         // Every prompt ends where generation starts.
@@ -93,6 +93,7 @@ fn kind_of(e: &PromptError) -> String {
         PromptError::Text(TextError::Empty { .. }) => "empty".into(),
         PromptError::Text(TextError::StructuralToken { token, .. }) => format!("structural:{token}"),
         PromptError::Text(TextError::BadSpeakerTag { .. }) => "speaker".into(),
+        PromptError::Text(TextError::SpecialToken { token, .. }) => format!("special:{token}"),
         PromptError::CodeOutOfRange { .. } => "code_range".into(),
         PromptError::CodesShape { .. } => "codes_shape".into(),
         PromptError::Tokenizer { .. } => "tokenizer".into(),
@@ -166,7 +167,22 @@ fn builder_from_a_checkpoint_matches_the_golden() {
     let builder = PromptBuilder::for_checkpoint(&ckpt);
     let g = golden();
     for case in g["built"].as_array().unwrap() {
-        let rows = builder.build(case["text"].as_str().unwrap(), &references(case)).unwrap();
+        let Some(rows) = built_unless_control_tokens(&builder, case) else { continue };
         assert_eq!(rows.as_flat(), golden_rows(case).as_slice(), "case {}", case["name"]);
+    }
+}
+
+/// The golden case's rows, or `None` for the one case whose text holds special tokens other than
+/// speaker tags (`other_special_tokens_are_content`): S1 builds it, each token one control
+/// token of the prompt; limelight refuses it on purpose (issue 16, finding 4), naming the first.
+fn built_unless_control_tokens(builder: &PromptBuilder, case: &Value) -> Option<limelight::model::frame::Rows> {
+    let (name, text) = (case["name"].as_str().unwrap(), case["text"].as_str().unwrap());
+    match builder.build(text, &references(case)) {
+        Ok(rows) => Some(rows),
+        Err(PromptError::Text(TextError::SpecialToken { field: Field::Input, token })) => {
+            assert_eq!((name, token.as_str()), ("other_special_tokens_are_content", "<|endoftext|>"));
+            None
+        }
+        Err(e) => panic!("case {name}: {e}"),
     }
 }

@@ -51,6 +51,7 @@ pub fn say(args: &SayArgs) -> anyhow::Result<Finished> {
     let text = CallerText::check(text, Field::Input).context("`--text`")?;
     let texts = chunk_texts(&text, SplitLimits { target_bytes: CHUNK_BYTES, max_speakers: CHUNK_SPEAKERS });
     let builder = PromptBuilder::for_checkpoint(&ckpt);
+    builder.check_text(&text).context("`--text`")?;
     let (prompt, first_frames, mut more) =
         ChunkedText::start(builder, ChunkVoices::All(references), false, texts, args.max_frames)
             .context("`--text` or the reference")?;

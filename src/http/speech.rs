@@ -77,20 +77,20 @@ pub async fn create_speech(
     // Long text runs as chunks, one stream whose later prompts are built as each chunk ends.
     let texts = chunk_texts(&valid.text, SplitLimits { target_bytes: CHUNK_BYTES, max_speakers: CHUNK_SPEAKERS });
     let (prompt, first_frames, more) = match state.scheduler().vocabulary() {
-        Ok(vocabulary) => match ChunkedText::start(
-            PromptBuilder::new(vocabulary),
-            voices,
-            stored_voice,
-            texts,
-            valid.options.max_frames,
-        ) {
-            Ok(started) => started,
-            Err(e) if e.field().is_some() => return tracker.refuse(ApiError::Prompt(e)),
-            Err(e) => {
-                tracker.failed(&e.to_string());
-                return tracker.internal_error();
+        Ok(vocabulary) => {
+            let builder = PromptBuilder::new(vocabulary);
+            // The whole text first: later chunks' prompts are built only as the stream runs.
+            let started = (builder.check_text(&valid.text))
+                .and_then(|()| ChunkedText::start(builder, voices, stored_voice, texts, valid.options.max_frames));
+            match started {
+                Ok(started) => started,
+                Err(e) if e.field().is_some() => return tracker.refuse(ApiError::Prompt(e)),
+                Err(e) => {
+                    tracker.failed(&e.to_string());
+                    return tracker.internal_error();
+                }
             }
-        },
+        }
         Err(e) => return tracker.refuse(ApiError::Submit(e)),
     };
     let span = tracing::info_span!("speech", request_id = %request_id);

@@ -104,6 +104,15 @@ async fn create(state: &AppState, request_id: &str, req: Request) -> Result<Voic
     let consent = required(upload.consent, "consent")?;
     let ref_text = required(upload.ref_text, "ref_text")?;
     validate_caller_text(&ref_text, Field::Reference(0)).map_err(|e| field("ref_text", e.to_string()))?;
+    if let Ok(vocabulary) = state.scheduler().vocabulary()
+        && let Some(token) = vocabulary.control_tokens.find(&ref_text)
+    {
+        // It would be a control token in every prompt of the voice.
+        return Err(field(
+            "ref_text",
+            format!("ref_text: {token} is a special token of the tokenizer and must not appear in caller text"),
+        ));
+    }
     for (param, text) in [("ref_text", Some(&ref_text)), ("speaker_description", upload.speaker_description.as_ref())] {
         if text.is_some_and(|t| t.chars().count() > MAX_TEXT_CHARS) {
             return Err(field(param, format!("`{param}` is longer than {MAX_TEXT_CHARS} characters")));

@@ -164,13 +164,31 @@ impl PromptBuilder {
         for (i, reference) in references.iter().enumerate() {
             let field = Field::Reference(i);
             validate_caller_text(&reference.transcript, field)?;
+            self.refuse_control_tokens(&reference.transcript, field)?;
             self.validate_codes(&reference.codes, field)?;
         }
         Ok(())
     }
 
+    /// Checks a whole caller text for the tokenizer's control tokens, before it is cut into
+    /// chunks (a later chunk's prompt is built only when the chunk before it ends).
+    pub fn check_text(&self, text: &CallerText) -> Result<(), PromptError> {
+        Ok(self.refuse_control_tokens(text.as_str(), Field::Input)?)
+    }
+
+    /// Refuses text that holds a special token of the tokenizer other than a speaker tag: it
+    /// would become a control token of the prompt, not text.
+    fn refuse_control_tokens(&self, text: &str, field: Field) -> Result<(), TextError> {
+        match self.vocabulary.control_tokens.find(text) {
+            Some(token) => Err(TextError::SpecialToken { field, token }),
+            None => Ok(()),
+        }
+    }
+
     /// The rows of checked text, checked references and history turns.
     fn rows(&self, text: &CallerText, references: &[Reference], history: &[Turn]) -> Result<Prompt, PromptError> {
+        // History turns are earlier pieces of the same, already checked, text.
+        self.refuse_control_tokens(text.as_str(), Field::Input)?;
         let instruction = if references.is_empty() { TTS_INSTRUCTION } else { REFERENCE_INSTRUCTION };
         let mut segments = vec![Segment::Text(SYSTEM_START.into()), Segment::Text(instruction.into())];
         for (i, reference) in references.iter().enumerate() {

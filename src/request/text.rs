@@ -43,6 +43,10 @@ pub enum TextError {
         "{field}: speaker tags must be written <|speaker:N|> with N in 0..{MAX_SPEAKER_ID} and no leading zero; got {found:?}"
     )]
     BadSpeakerTag { field: Field, found: String },
+    /// A special token of the checkpoint's tokenizer other than a speaker tag (it would become
+    /// one control token of the prompt, not text).
+    #[error("{field}: {token} is a special token of the tokenizer and must not appear in caller text")]
+    SpecialToken { field: Field, token: String },
 }
 
 impl TextError {
@@ -51,7 +55,8 @@ impl TextError {
         match self {
             TextError::Empty { field }
             | TextError::StructuralToken { field, .. }
-            | TextError::BadSpeakerTag { field, .. } => *field,
+            | TextError::BadSpeakerTag { field, .. }
+            | TextError::SpecialToken { field, .. } => *field,
         }
     }
 }

@@ -59,10 +59,19 @@ pub fn app(scheduler: Scheduler, api_key: Option<&str>) -> Router {
 
 /// The router with any number of accepted API keys (rotation keeps old and new valid).
 pub fn app_with_keys(scheduler: Scheduler, api_keys: Vec<&str>) -> Router {
+    app_with(scheduler, api_keys, 200)
+}
+
+/// The router with `max_input_chars` (long text: several chunks).
+pub fn app_with_input_limit(scheduler: Scheduler, max_input_chars: usize) -> Router {
+    app_with(scheduler, Vec::new(), max_input_chars)
+}
+
+fn app_with(scheduler: Scheduler, api_keys: Vec<&str>, max_input_chars: usize) -> Router {
     let policy = SpeechPolicy {
         served_model: MODEL.into(),
         aliases: worker_config(0).model_aliases,
-        max_input_chars: 200,
+        max_input_chars,
         max_frames: MAX_FRAMES,
     };
     let config = HttpConfig {
