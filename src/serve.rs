@@ -284,14 +284,36 @@ fn signals() -> io::Result<ShutdownRequests> {
     Ok(rx)
 }
 
+/// Removes the staging folders (`.demo-tiny.<pid>`) of earlier starts whose process is gone: a
+/// start killed while writing the demo checkpoint left its 43 MB there (issue 16). A folder of a
+/// live process (another server writing now) is left alone; without `/proc` nothing is removed.
+fn remove_dead_staging(parent: &Path) {
+    let Ok(entries) = std::fs::read_dir(parent) else { return };
+    if !Path::new("/proc/self").exists() {
+        return;
+    }
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.strip_prefix(".demo-tiny.")).and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid != std::process::id() && !Path::new("/proc").join(pid.to_string()).exists() {
+            info!(dir = %entry.path().display(), "removing a dead start's demo staging folder");
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
 /// Writes the tiny random checkpoint into `dir` unless a complete one from this version is there.
 pub fn ensure_demo_checkpoint(dir: &Path) -> Result<(), ServeError> {
     let stamp = format!("limelight {} tiny seed 0\n", env!("CARGO_PKG_VERSION"));
+    let parent = dir.parent().unwrap_or(Path::new("."));
+    remove_dead_staging(parent);
     if std::fs::read_to_string(dir.join(DEMO_STAMP_FILE)).is_ok_and(|s| s == stamp) {
         return Ok(());
     }
     let demo_error = |source| ServeError::Demo { dir: dir.to_owned(), source };
-    let parent = dir.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(parent).map_err(demo_error)?;
     // Written beside its final place and renamed, so two servers starting at once never see
     // half a checkpoint.

@@ -86,7 +86,9 @@ pub fn init_logging(format: LogFormat) -> Result<(), TelemetryError> {
         Ok(spec) => EnvFilter::try_new(spec).map_err(|e| TelemetryError::Filter(e.to_string()))?,
         Err(_) => EnvFilter::new("info"),
     };
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stdout);
+    // Colour only for a terminal: escape codes in a file or the journal are noise (issue 16).
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stdout).with_ansi(ansi);
     let installed = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().flatten_event(true).with_current_span(true).try_init(),
@@ -173,7 +175,8 @@ pub struct RequestLog<'a> {
     pub status: u16,
     pub input_chars: usize,
     pub frames: usize,
-    /// `stop`, `length` or `cancelled`; `None` if generation did not finish.
+    /// `stop`, `length` or `cancelled` (also a client that left before the end); `None` if the
+    /// request was refused or failed.
     pub finish_reason: Option<&'a str>,
     /// From the request's arrival to its first audio chunk, if any was produced.
     pub time_to_first_audio: Option<Duration>,
@@ -202,7 +205,11 @@ pub fn log_request(log: &RequestLog<'_>) {
         elapsed_ms = log.elapsed.as_secs_f64() * 1e3,
         "request"
     );
-    let labels = [("status", log.status.to_string()), ("format", log.format.to_owned())];
+    let labels = [
+        ("status", log.status.to_string()),
+        ("format", log.format.to_owned()),
+        ("finish_reason", log.finish_reason.unwrap_or("none").to_owned()),
+    ];
     metrics::counter!(REQUESTS_TOTAL, &labels).increment(1);
     if let Some(ttfa) = log.time_to_first_audio {
         metrics::histogram!(TIME_TO_FIRST_AUDIO_SECONDS).record(ttfa.as_secs_f64());

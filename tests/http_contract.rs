@@ -97,6 +97,29 @@ async fn control_tokens_in_input_are_400_naming_them() {
     assert_eq!(send(&app, tagged).await.status(), StatusCode::OK, "speaker tags are text's own");
 }
 
+/// Issue 16, finding 6: a client that leaves mid-stream was logged and counted as `status 200`
+/// with no finish reason; it is `cancelled`.
+#[tokio::test]
+async fn a_client_that_leaves_mid_stream_is_counted_cancelled() {
+    let app = shared().await;
+    let resp = send(&app, speech(body(json!({"response_format": "pcm", "max_frames": MAX_FRAMES})))).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let mut body = resp.into_body();
+    let first = body.frame().await.expect("a first chunk").expect("audio");
+    assert!(first.data_ref().is_some_and(|d| !d.is_empty()));
+    drop(body);
+    let series = "limelight_requests_total{status=\"200\",format=\"pcm\",finish_reason=\"cancelled\"}";
+    let mut text = String::new();
+    for _ in 0..200 {
+        text = String::from_utf8(bytes_of(send(&app, get("/metrics")).await).await).unwrap();
+        if text.contains(series) {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("no {series} in {text}");
+}
+
 #[tokio::test]
 async fn unknown_model_is_404_model_not_found() {
     let app = shared().await;
@@ -105,6 +128,13 @@ async fn unknown_model_is_404_model_not_found() {
         (status, e["code"].as_str(), e["param"].as_str()),
         (StatusCode::NOT_FOUND, Some("model_not_found"), Some("model"))
     );
+    assert!(e["message"].as_str().unwrap().contains("`gpt-5-tts`"), "{e}");
+    // Issue 16, finding 7: a huge name is quoted cut, not echoed whole.
+    let huge = "m".repeat(1_500);
+    let (status, e) = refused(&app, speech(body(json!({"model": huge})))).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let message = e["message"].as_str().unwrap();
+    assert!(message.len() < 300 && message.contains(&format!("`{}…`", "m".repeat(64))), "{message}");
     // Every alias is served.
     for alias in ["tts-1", "tts-1-hd", "gpt-4o-mini-tts"] {
         let resp = send(&app, speech(body(json!({"model": alias, "response_format": "pcm", "max_frames": 1})))).await;
@@ -317,6 +347,8 @@ async fn sse_sends_deltas_then_done_with_usage_and_finish_reason() {
     assert_eq!(resp.status(), StatusCode::OK);
     assert_eq!(resp.headers()[header::CONTENT_TYPE], "text/event-stream");
     assert_eq!(resp.headers()["x-accel-buffering"], "no");
+    // Issue 16, finding 10: the deltas' rate, as the other deliveries declare it (pcm: 24 kHz).
+    assert_eq!(resp.headers()["x-sample-rate"], "24000");
     let events = sse_events(std::str::from_utf8(&bytes_of(resp).await).unwrap());
     let (done, deltas) = events.split_last().expect("events");
     assert!(!deltas.is_empty());
@@ -424,7 +456,10 @@ async fn ops_routes() {
     let metrics = send(&app, get("/metrics")).await;
     assert!(metrics.headers()[header::CONTENT_TYPE].to_str().unwrap().starts_with("text/plain"));
     let text = String::from_utf8(bytes_of(metrics).await).unwrap();
-    assert!(text.contains("limelight_requests_total{status=\"200\",format=\"pcm\"}"), "{text}");
+    assert!(
+        text.contains("limelight_requests_total{status=\"200\",format=\"pcm\",finish_reason=\"length\"}"),
+        "{text}"
+    );
 
     let (status, e) = refused(&app, get("/v1/nothing")).await;
     assert_eq!((status, e["code"].as_str()), (StatusCode::NOT_FOUND, Some("unknown_url")));

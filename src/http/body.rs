@@ -90,7 +90,8 @@ impl Reply {
                 return Step::Failed;
             }
             None => {
-                self.tracker.failed("the worker ended the job without a result");
+                // The worker drops a job without a last event only when it gives its client up.
+                self.tracker.given_up();
                 return Step::Failed;
             }
         };
@@ -173,7 +174,7 @@ pub fn chunked(reply: Reply, content_type: &'static str, sample_rate: u32, head:
 
 /// `stream_format: sse`: one `speech.audio.delta` per chunk of encoded bytes, then
 /// `speech.audio.done` with usage and the finish reason, or an `error` event if the job fails.
-pub fn sse(reply: Reply, head: Step) -> Response {
+pub fn sse(reply: Reply, sample_rate: u32, head: Step) -> Response {
     let events = stream::unfold(Some((reply, head)), |state| async move {
         let (mut reply, mut step) = state?;
         loop {
@@ -207,6 +208,8 @@ pub fn sse(reply: Reply, head: Step) -> Response {
     });
     let mut response = Sse::new(events).into_response();
     response.headers_mut().insert(ACCEL_BUFFERING, HeaderValue::from_static("no"));
+    // The deltas' audio rate, as `audio_headers` declares it for the other deliveries.
+    response.headers_mut().insert(SAMPLE_RATE, HeaderValue::from(sample_rate));
     response
 }
 

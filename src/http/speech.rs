@@ -15,7 +15,7 @@ use crate::engine::generate::{FinishReason, GenerateOptions};
 use crate::request::chunked::{CHUNK_BYTES, CHUNK_SPEAKERS, ChunkedText, chunk_texts};
 use crate::request::prompt::PromptBuilder;
 use crate::request::split::SplitLimits;
-use crate::request::validate::{Delivery, validate};
+use crate::request::validate::{Delivery, quoted_name, validate};
 use crate::scheduler::{Job, MoreChunks};
 use crate::telemetry::{self, RequestLog};
 
@@ -33,7 +33,7 @@ pub async fn create_speech(
         Ok(ApiJson(req)) => req,
         Err(e) => return tracker.refuse(e),
     };
-    tracker.model = req.model.clone().unwrap_or_default();
+    tracker.model = quoted_name(req.model.as_deref().unwrap_or_default());
     tracker.format = match req.stream_format {
         Some(StreamFormat::Sse) => "sse",
         _ => req.response_format.unwrap_or_default().name(),
@@ -118,7 +118,7 @@ pub async fn create_speech(
         }
         Delivery::Sse => {
             reply.tracker.sent(200);
-            body::sse(reply, head)
+            body::sse(reply, sample_rate, head)
         }
     }
 }
@@ -133,6 +133,8 @@ pub struct Tracker {
     input_chars: usize,
     frames: usize,
     finish_reason: Option<&'static str>,
+    /// The job failed (else a request that ends with no finish reason was left by its client).
+    failed: bool,
     start: Instant,
     first_audio: Option<Duration>,
     samples: usize,
@@ -148,6 +150,7 @@ impl Tracker {
             input_chars: 0,
             frames: 0,
             finish_reason: None,
+            failed: false,
             start: Instant::now(),
             first_audio: None,
             samples: 0,
@@ -178,11 +181,20 @@ impl Tracker {
     pub fn failed(&mut self, message: &str) {
         tracing::error!(request_id = %self.request_id, error = message, "speech request failed");
         self.finish_reason = None;
+        self.failed = true;
     }
 
-    /// Answers with `error`, recording its status.
+    /// The worker gave the job up before its end: its client stopped reading for
+    /// `--stall-timeout` (the client's doing, so a warning, and `cancelled`, not a failure).
+    pub fn given_up(&mut self) {
+        tracing::warn!(request_id = %self.request_id, "the worker gave the job up: its client stopped reading");
+        self.finish_reason = Some(FinishReason::Cancelled.as_str());
+    }
+
+    /// Answers with `error`, recording its status (a refused request has no finish reason).
     pub fn refuse(&mut self, error: ApiError) -> Response {
         self.status = error.status().as_u16();
+        self.failed = true;
         error.into_response()
     }
 
@@ -201,7 +213,9 @@ impl Drop for Tracker {
             status: self.status,
             input_chars: self.input_chars,
             frames: self.frames,
-            finish_reason: self.finish_reason,
+            // Neither finished, failed nor refused: the client left first (mid-stream, or while
+            // its request waited).
+            finish_reason: self.finish_reason.or((!self.failed).then_some(FinishReason::Cancelled.as_str())),
             time_to_first_audio: self.first_audio,
             elapsed: self.start.elapsed(),
             audio_seconds: self.samples as f64 / f64::from(CODEC_SAMPLE_RATE),

@@ -142,11 +142,23 @@ impl ValidateError {
     }
 }
 
+/// Characters of a caller's name (`model`) that an error message or a log line repeats.
+pub const QUOTED_NAME_CHARS: usize = 64;
+
+/// `name` as messages and logs repeat it: its first [`QUOTED_NAME_CHARS`] characters, then `…`
+/// when cut (a 60 kB `model` made a 60 kB error body and log line; issue 16, finding 7).
+pub fn quoted_name(name: &str) -> String {
+    match name.char_indices().nth(QUOTED_NAME_CHARS) {
+        Some((at, _)) => format!("{}…", &name[..at]),
+        None => name.to_owned(),
+    }
+}
+
 /// Applies every rule of the field table. A request without `seed` gets a fresh random one.
 pub fn validate(req: SpeechRequest, policy: &SpeechPolicy) -> Result<ValidSpeech, ValidateError> {
     let model = req.model.ok_or(ValidateError::Missing { field: "model" })?;
     if model != policy.served_model && !policy.aliases.contains(&model) {
-        return Err(ValidateError::ModelNotFound { model, served: policy.served_model.clone() });
+        return Err(ValidateError::ModelNotFound { model: quoted_name(&model), served: policy.served_model.clone() });
     }
     let input = req.input.ok_or(ValidateError::Missing { field: "input" })?;
     let input_chars = check_length("input", &input, policy.max_input_chars)?;
