@@ -251,7 +251,8 @@ mod tests {
             audio_seconds: 2.0,
         });
         let text = handle.render();
-        assert!(text.contains(&format!("{REQUESTS_TOTAL}{{status=\"200\",format=\"flac\"}} 1")), "{text}");
+        let series = format!("{REQUESTS_TOTAL}{{status=\"200\",format=\"flac\",finish_reason=\"stop\"}} 1");
+        assert!(text.contains(&series), "{text}");
         assert!(text.contains(&format!("{TIME_TO_FIRST_AUDIO_SECONDS}_bucket{{le=\"0.2\"}} 1")), "{text}");
         assert!(text.contains(&format!("{REAL_TIME_FACTOR}_bucket{{le=\"0.5\"}} 1")), "{text}");
         // A second call hands out the same recorder, not a fresh empty one.

@@ -35,6 +35,24 @@ async fn bad_bodies_are_400_in_openai_shape_naming_the_field() {
         (StatusCode::BAD_REQUEST, Some("invalid_json"), None)
     );
 
+    // Issue 16, finding 10: a compressed body was read as if it were plain.
+    let gzip = Request::post("/v1/audio/speech")
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::CONTENT_ENCODING, "gzip")
+        .body(Body::from(body(json!({})).to_string()))
+        .unwrap();
+    let (status, e) = refused(&app, gzip).await;
+    assert_eq!(
+        (status, e["code"].as_str()),
+        (StatusCode::UNSUPPORTED_MEDIA_TYPE, Some("unsupported_content_encoding"))
+    );
+    let identity = Request::post("/v1/audio/speech")
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::CONTENT_ENCODING, "identity")
+        .body(Body::from(body(json!({"response_format": "pcm", "max_frames": 1})).to_string()))
+        .unwrap();
+    assert_eq!(send(&app, identity).await.status(), StatusCode::OK);
+
     let form = Request::post("/v1/audio/speech")
         .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
         .body(Body::from(body(json!({})).to_string()))

@@ -41,6 +41,9 @@ pub enum ApiError {
     WrongMethod { method: String, path: String },
     #[error("The request body is larger than this server's limit of {limit} bytes")]
     BodyTooLarge { limit: usize },
+    /// A compressed body: it would be read as garbage (issue 16, finding 10).
+    #[error("Content-Encoding {encoding:?} is not supported: send the body uncompressed")]
+    UnsupportedEncoding { encoding: String },
     /// The prompt builder refused a field (validation checks the text first; references are
     /// the builder's own to check).
     #[error("{0}")]
@@ -94,6 +97,9 @@ impl ApiError {
             }
             ApiError::BodyTooLarge { .. } => {
                 (StatusCode::PAYLOAD_TOO_LARGE, INVALID, None, Some("request_too_large"), None)
+            }
+            ApiError::UnsupportedEncoding { .. } => {
+                (StatusCode::UNSUPPORTED_MEDIA_TYPE, INVALID, None, Some("unsupported_content_encoding"), None)
             }
             ApiError::Submit(SubmitError::QueueFull { retry_after_secs, .. }) => {
                 (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", None, Some("queue_full"), Some(*retry_after_secs))
@@ -164,6 +170,7 @@ impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
     async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
         let limit = state.config().max_body_bytes;
         check_content_type(req.headers().get(header::CONTENT_TYPE))?;
+        check_content_encoding(req.headers())?;
         // A declared length over the limit is refused before reading a byte of it.
         let declared = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
         if declared.is_some_and(|n| n > limit as u64) {
@@ -203,6 +210,13 @@ fn serde_refusal(e: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
         return malformed(inner);
     }
     let message = inner.to_string();
+    if let Some(field) = duplicate_field(&message) {
+        return ApiError::BadBody {
+            message: format!("Duplicate parameter `{field}`: give each field once"),
+            param: Some(field),
+            code: "invalid_value",
+        };
+    }
     if let Some(field) = unknown_field(&message) {
         // serde_path_to_error's path ends in the unknown key when serde tracked it, but not for a
         // top-level complaint or one raised by a hand-written visitor (`voice`).
@@ -225,6 +239,12 @@ fn serde_refusal(e: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
     ApiError::BadBody { message, param, code: "invalid_value" }
 }
 
+/// serde's "duplicate field `x`" → `x` (finding 7: it was a 400 with `param: null`).
+fn duplicate_field(message: &str) -> Option<String> {
+    let rest = message.strip_prefix("duplicate field `")?;
+    Some(rest[..rest.find('`')?].to_owned())
+}
+
 /// serde's "unknown field `x`, expected …" → `x`.
 fn unknown_field(message: &str) -> Option<String> {
     let rest = message.strip_prefix("unknown field `")?;
@@ -243,6 +263,18 @@ fn check_content_type(value: Option<&HeaderValue>) -> Result<(), ApiError> {
         param: None,
         code: "invalid_content_type",
     })
+}
+
+/// Refuses a body with a `Content-Encoding` other than `identity` (this server decompresses
+/// nothing; before this check a gzip body was read as malformed JSON or, worse, as audio).
+pub fn check_content_encoding(headers: &axum::http::HeaderMap) -> Result<(), ApiError> {
+    for value in headers.get_all(header::CONTENT_ENCODING) {
+        let text = value.to_str().unwrap_or("<binary>");
+        if text.split(',').map(str::trim).any(|e| !e.is_empty() && !e.eq_ignore_ascii_case("identity")) {
+            return Err(ApiError::UnsupportedEncoding { encoding: text.chars().take(64).collect() });
+        }
+    }
+    Ok(())
 }
 
 /// A body read failed: over the limit (chunked bodies give no length up front) or broken.
@@ -282,6 +314,8 @@ mod tests {
         assert_eq!(bad(r#"{"model": "#).1, "invalid_json");
         assert_eq!(bad(r#"{} {}"#).1, "invalid_json");
         assert_eq!(bad(r#"[1]"#).0, None);
+        let (param, code, message) = bad(r#"{"model": "m", "input": "a", "input": "b"}"#);
+        assert_eq!((param.as_deref(), code), (Some("input"), "invalid_value"), "{message}");
         assert_eq!(bad(" ").1, "invalid_json");
     }
 

@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use tracing::{error, info};
 
-use super::error::{parse_json, read_error};
+use super::error::{check_content_encoding, parse_json, read_error};
 use super::{ApiError, AppState, RequestId};
 use crate::api::voices::{VoiceDeleted, VoiceInfo, VoiceList, VoiceUpload};
 use std::collections::BTreeMap;
@@ -88,6 +88,7 @@ struct Upload {
 
 async fn create(state: &AppState, request_id: &str, req: Request) -> Result<VoiceInfo, ApiError> {
     can_encode(state)?;
+    check_content_encoding(req.headers())?;
     let limits = ClipLimits { max_bytes: state.config().max_voice_upload_bytes, ..ClipLimits::default() };
     let is_multipart = req
         .headers()
