@@ -46,10 +46,28 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", error_chain(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes, each said once: a message that already ends with its cause's text
+/// (`binding …: {source}`) does not repeat it (issue 16, finding 10: "Address already in use"
+/// came out twice).
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.ends_with(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
 }
 
 fn synth(args: SynthArgs) -> anyhow::Result<()> {
@@ -73,4 +91,21 @@ fn synth(args: SynthArgs) -> anyhow::Result<()> {
     plan.write(&out).map_err(|e| anyhow::anyhow!("writing {}: {e}", out.display()))?;
     println!("wrote {} in {:.1} s", out.display(), started.elapsed().as_secs_f64());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cause_the_message_already_ends_with_is_said_once() {
+        let refused = std::io::Error::new(std::io::ErrorKind::AddrInUse, "Address already in use (os error 98)");
+        let bind = limelight::serve::ServeError::Bind { addr: "127.0.0.1:8080".parse().unwrap(), source: refused };
+        assert_eq!(
+            error_chain(&anyhow::Error::new(bind)),
+            "binding 127.0.0.1:8080: Address already in use (os error 98)"
+        );
+        let context = anyhow::anyhow!("disk full").context("writing out.wav");
+        assert_eq!(error_chain(&context), "writing out.wav: disk full", "other causes still follow");
+    }
 }
