@@ -251,9 +251,8 @@ __device__ __forceinline__ void gdn_rows_times_state(const float* X, const float
 }
 
 // Copies chunk rows [0, n) × columns [0, cols) of a row-major global matrix (row stride `stride`)
-// into shared memory at dst(i, d). The chunk's loads are flattened over (row, column) and issued
-// GDN_LOAD_BATCH at a time before any store, so a thread waits for one global round trip per
-// batch rather than one per row. Copies only: no arithmetic.
+// into shared memory at dst(i, d), loads flattened over (row, column) and issued GDN_LOAD_BATCH
+// at a time before any store (one global round trip per batch, not per row). Copies only.
 #define GDN_LOAD_BATCH 16
 template <typename Dst>
 __device__ __forceinline__ void gdn_load_tile(const float* __restrict__ src, size_t stride, int n, int cols, Dst dst) {
@@ -295,7 +294,7 @@ __device__ __forceinline__ void gdn_substitute4(const float* A, int n, At at, In
             const float4 c = at(m);
             x.x = fmaf(-a, c.x, x.x), x.y = fmaf(-a, c.y, x.y), x.z = fmaf(-a, c.z, x.z), x.w = fmaf(-a, c.w, x.w);
         }
-        *reinterpret_cast<float4*>(const_cast<float*>(&at(i).x)) = x;
+        at(i) = x;
     }
 }
 

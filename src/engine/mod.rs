@@ -11,5 +11,6 @@ pub mod cuda_draws;
 #[cfg(feature = "cuda")]
 pub mod cuda_frames;
 pub mod generate;
+pub mod generation;
 pub mod prefix;
 pub mod trace;

@@ -155,12 +155,14 @@ impl<'m, B: CodecOps> Rounds<'m, B> {
         match command {
             CodecCommand::Decode { key, codes } => {
                 let queue = self.queues.entry(key).or_default();
-                let pieces = codes.len().div_ceil(self.piece).max(1);
-                for (i, part) in codes.chunks(self.piece.max(1)).enumerate() {
-                    queue.push_back(Some(Piece { codes: part.to_vec(), last: i + 1 == pieces }));
-                }
-                if codes.is_empty() {
+                // Groups the step sends fit one piece and move whole; a released chunk is cut.
+                if codes.len() <= self.piece {
                     queue.push_back(Some(Piece { codes, last: true }));
+                    return;
+                }
+                let pieces = codes.len().div_ceil(self.piece);
+                for (i, part) in codes.chunks(self.piece).enumerate() {
+                    queue.push_back(Some(Piece { codes: part.to_vec(), last: i + 1 == pieces }));
                 }
             }
             CodecCommand::End { key } => self.queues.entry(key).or_default().push_back(None),

@@ -16,7 +16,7 @@ use super::active::Active;
 use super::{Host, panic_message};
 use crate::engine::generate::{FinishReason, GenerateOptions};
 use crate::scheduler::Synthesizer;
-use crate::scheduler::job::{chunk_seed, retries_chunk, retry_seed};
+use crate::scheduler::job::{ChunkPrompt, chunk_seed, retries_chunk, retry_seed};
 use crate::telemetry;
 
 impl Host {
@@ -38,9 +38,7 @@ impl Host {
         let held = std::mem::take(&mut job.holding);
         let retry = retries_chunk(reason, job.chunk, held, job.retried);
         if held {
-            let settled = catch_unwind(AssertUnwindSafe(|| model.settle_chunk(id, !retry)))
-                .map_err(|panic| format!("the engine panicked: {}", panic_message(&*panic)))?
-                .map_err(|e| e.to_string())?;
+            let settled = engine_call(|| model.settle_chunk(id, !retry).map_err(|e| e.to_string()))?;
             self.take_audio(job, settled);
         }
         if retry {
@@ -57,27 +55,11 @@ impl Host {
     fn retry_chunk(&self, model: &dyn Synthesizer, job: &mut Active) -> Result<(), String> {
         let id = job.stream.expect("a stepped job has a stream");
         let prompt = job.chunk_prompt.clone().expect("a later chunk keeps its prompt");
-        let options = GenerateOptions {
-            seed: retry_seed(job.options.seed, job.chunk),
-            max_frames: prompt.max_frames,
-            ..job.options.clone()
-        };
-        let retried = catch_unwind(AssertUnwindSafe(|| {
-            let dropped = model.produced(id).len();
-            let opened = model.continue_stream(id, &prompt.rows, prompt.prefix, &options, false)?;
-            Ok::<_, crate::scheduler::SynthError>((dropped, opened.restored_rows))
-        }));
-        let (dropped, restored) = match retried {
-            Ok(Ok(done)) => done,
-            Ok(Err(e)) => return Err(e.to_string()),
-            Err(panic) => return Err(format!("the engine panicked: {}", panic_message(&*panic))),
-        };
+        let dropped = engine_call(|| Ok(model.produced(id).len()))?;
+        start_chunk(model, job, prompt, retry_seed(job.options.seed, job.chunk), false)?;
         metrics::counter!(telemetry::FRAMES_GENERATED).increment(dropped as u64);
         metrics::counter!(telemetry::CHUNKS_RETRIED).increment(1);
         job.retried = true;
-        job.prompt_rows += prompt.rows.len();
-        job.prompt_left = prompt.rows.len() - restored;
-        job.prefilled = false;
         job.span.in_scope(|| warn!(chunk = job.chunk, dropped_frames = dropped, "chunk retried with another seed"));
         Ok(())
     }
@@ -87,36 +69,48 @@ impl Host {
     /// prompt, its audio continuing. Returns whether it did (`false`: no chunk is left).
     pub(super) fn next_chunk(&self, model: &dyn Synthesizer, job: &mut Active) -> Result<bool, String> {
         let (Some(more), Some(id)) = (job.more.as_mut(), job.stream) else { return Ok(false) };
-        let seed = chunk_seed(job.options.seed, job.chunk + 1);
-        let went_on = catch_unwind(AssertUnwindSafe(|| {
-            let previous = model.produced(id);
-            let Some(prompt) = more.next(&previous) else { return Ok(None) };
-            let prompt = prompt?;
-            let options = GenerateOptions { seed, max_frames: prompt.max_frames, ..job.options.clone() };
-            // A chunk the guard may cut is held, so that its retry is heard instead.
-            let opened = model
-                .continue_stream(id, &prompt.rows, prompt.prefix, &options, prompt.guarded)
-                .map_err(|e| e.to_string())?;
-            Ok::<_, String>(Some((previous.len(), prompt.rows.len(), opened.restored_rows, prompt)))
-        }));
-        let (frames, rows, restored, prompt) = match went_on {
-            Ok(Ok(Some(next))) => next,
-            Ok(Ok(None)) => {
-                job.more = None;
-                return Ok(false);
-            }
-            Ok(Err(message)) => return Err(message),
-            Err(panic) => return Err(format!("the engine panicked: {}", panic_message(&*panic))),
+        let previous = engine_call(|| Ok(model.produced(id)))?;
+        let Some(prompt) = engine_call(|| more.next(&previous).transpose())? else {
+            job.more = None;
+            return Ok(false);
         };
-        metrics::counter!(telemetry::FRAMES_GENERATED).increment(frames as u64);
+        // A chunk the guard may cut is held, so that its retry is heard instead.
+        let hold = prompt.guarded;
+        start_chunk(model, job, prompt, chunk_seed(job.options.seed, job.chunk + 1), hold)?;
+        metrics::counter!(telemetry::FRAMES_GENERATED).increment(previous.len() as u64);
         job.chunk += 1;
-        job.frames_before += frames;
-        job.prompt_rows += rows;
-        job.prompt_left = rows - restored;
-        job.prefilled = false;
-        job.holding = prompt.guarded;
-        job.chunk_prompt = Some(prompt);
+        job.frames_before += previous.len();
+        let rows = job.chunk_prompt.as_ref().map_or(0, |p| p.rows.len());
+        let restored = rows - job.prompt_left;
         job.span.in_scope(|| debug!(chunk = job.chunk, prompt_rows = rows, restored_rows = restored, "next chunk"));
         Ok(true)
     }
+}
+
+/// Opens `prompt` in `job`'s stream with `seed` as its running chunk (`hold`: its audio waits
+/// for `chunk_ended`), its prompt rows counted into the request's usage.
+fn start_chunk(
+    model: &dyn Synthesizer,
+    job: &mut Active,
+    prompt: ChunkPrompt,
+    seed: u64,
+    hold: bool,
+) -> Result<(), String> {
+    let id = job.stream.expect("a stepped job has a stream");
+    let options = GenerateOptions { seed, max_frames: prompt.max_frames, ..job.options.clone() };
+    let opened = engine_call(|| {
+        model.continue_stream(id, &prompt.rows, prompt.prefix, &options, hold).map_err(|e| e.to_string())
+    })?;
+    job.prompt_rows += prompt.rows.len();
+    job.prompt_left = prompt.rows.len() - opened.restored_rows;
+    job.prefilled = false;
+    job.holding = hold;
+    job.chunk_prompt = Some(prompt);
+    Ok(())
+}
+
+/// Runs `call` on the engine; a panic in it fails this job alone.
+fn engine_call<T>(call: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
+    catch_unwind(AssertUnwindSafe(call))
+        .unwrap_or_else(|panic| Err(format!("the engine panicked: {}", panic_message(&*panic))))
 }
