@@ -73,6 +73,9 @@ __device__ __forceinline__ uint4 pack8(const float* f) {
 // 64 rows of [8192, 2048] are 0.5 M MMAs, ~4 µs of the H200's mma.sync rate, overlapped.
 constexpr int MMA_SLICES = 8;
 
+// A hint: the 128-byte line at p into L2.
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
 // load_stream where `ok`, else zeros without touching memory (p need not be valid then).
 __device__ __forceinline__ uint4 load_stream_if(const uint4* p, bool ok) {
     uint4 v = make_uint4(0u, 0u, 0u, 0u);
@@ -108,6 +111,14 @@ __device__ __forceinline__ void linear_mma(const bf16* __restrict__ x, const bf1
         return load_stream_if(row + v, ok && v < k8);
     };
 
+    // The block's whole weight tile is requested into L2 at once (16 rows × k, a line per
+    // thread-step), so every byte is in flight from the start, not P steps a warp at a time.
+    const int lines = (k * 2 + 127) >> 7;  // 128-byte lines per weight row
+    for (int e = threadIdx.x; e < 16 * lines; e += blockDim.x) {
+        const int r = e / lines;
+        if (f0 + r < n) prefetch_l2(reinterpret_cast<const char*>(w + (size_t)(f0 + r) * k) + ((size_t)(e - r * lines) << 7));
+    }
+
     // The weights of the slice's next P steps, refilled as each step is consumed (slot j holds
     // the steps i ≡ j mod P).
     uint4 ring[P][2];
@@ -116,6 +127,9 @@ __device__ __forceinline__ void linear_mma(const bf16* __restrict__ x, const bf1
         ring[j][0] = weight(wa, a_ok, slice + MMA_SLICES * j);
         ring[j][1] = weight(wb, b_ok, slice + MMA_SLICES * j);
     }
+    // Launched overlapping its predecessor (PDL), the block has fetched only weights so far; x
+    // and y belong to the kernels before it.
+    pdl_wait();
     float acc[R8][4];
 #pragma unroll
     for (int r = 0; r < R8; ++r)
@@ -166,10 +180,12 @@ __device__ __forceinline__ void linear_mma(const bf16* __restrict__ x, const bf1
 
 // ≤ 8 rows per block (one n8 tile): the single-row and single-stream decode.
 extern "C" __global__ void __launch_bounds__(256, 2) linear_mma_r8(const bf16* x, const bf16* w, bf16* y, int rows, int n, int k) {
+    pdl_launch_dependents();
     linear_mma<1, 4>(x, w, y, rows, n, k, blockIdx.x, blockIdx.y);
 }
 // ≤ 64 rows per block (eight n8 tiles): the decode batch.
 extern "C" __global__ void __launch_bounds__(256, 2) linear_mma_r64(const bf16* x, const bf16* w, bf16* y, int rows, int n, int k) {
+    pdl_launch_dependents();
     linear_mma<8, 3>(x, w, y, rows, n, k, blockIdx.x, blockIdx.y);
 }
 
@@ -197,12 +213,14 @@ __device__ __forceinline__ void linear_mma_many(const bf16* x, int rows, int k, 
     const bf16 *x, int rows, int k, int count, const bf16 *w0, bf16 *y0, int n0, const bf16 *w1, bf16 *y1, int n1, \
         const bf16 *w2, bf16 *y2, int n2, const bf16 *w3, bf16 *y3, int n3
 extern "C" __global__ void __launch_bounds__(256, 2) linear_mma_r8_many(LINEAR_MMA_MANY_ARGS) {
+    pdl_launch_dependents();
     const bf16* w[MMA_MANY] = {w0, w1, w2, w3};
     bf16* y[MMA_MANY] = {y0, y1, y2, y3};
     const int n[MMA_MANY] = {n0, n1, n2, n3};
     linear_mma_many<1, 4>(x, rows, k, count, w, y, n);
 }
 extern "C" __global__ void __launch_bounds__(256, 2) linear_mma_r64_many(LINEAR_MMA_MANY_ARGS) {
+    pdl_launch_dependents();
     const bf16* w[MMA_MANY] = {w0, w1, w2, w3};
     bf16* y[MMA_MANY] = {y0, y1, y2, y3};
     const int n[MMA_MANY] = {n0, n1, n2, n3};
@@ -221,6 +239,7 @@ constexpr int TILE_M = 64, TILE_N = 64, TILE_K = 32;
 
 extern "C" __global__ void __launch_bounds__(256) linear_tiled(const bf16* __restrict__ x, const bf16* __restrict__ w,
                                                                bf16* __restrict__ y, int rows, int n, int k) {
+    pdl_launch_dependents();
     __shared__ float xs[TILE_K][TILE_M + 1];
     __shared__ float ws[TILE_K][TILE_N + 1];
     const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
@@ -270,6 +289,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_tiled(const bf16* __res
 extern "C" __global__ void __launch_bounds__(256) embed_gather(const bf16* __restrict__ table, const bf16* __restrict__ codebooks,
                                                                const uint32_t* __restrict__ recipe, bf16* __restrict__ y,
                                                                int hidden) {
+    pdl_launch_dependents();
     const uint32_t* head = recipe + 4 * blockIdx.x;
     const size_t token = head[0];
     const uint32_t* cbs = recipe + head[1];
@@ -313,6 +333,7 @@ constexpr int HEAD_UNROLL = 8;
 extern "C" __global__ void __launch_bounds__(256) restricted_logits(const bf16* __restrict__ head, const uint32_t* __restrict__ ids,
                                                                     const bf16* __restrict__ h, float* __restrict__ out,
                                                                     int n_ids, int k) {
+    pdl_launch_dependents();
     extern __shared__ uint4 hs[];  // the hidden row: k / 8 vectors (or k bf16 when k % 8 != 0)
     h += (size_t)blockIdx.y * k;
     out += (size_t)blockIdx.y * n_ids;
@@ -499,8 +520,10 @@ __device__ __forceinline__ void linear_gemm(const bf16* __restrict__ x, const bf
 }
 
 extern "C" __global__ void __launch_bounds__(256, 2) linear_gemm_r64(const bf16* x, const bf16* w, bf16* y, int rows, int n, int k) {
+    pdl_launch_dependents();
     linear_gemm<64, 4>(x, w, y, rows, n, k);
 }
 extern "C" __global__ void __launch_bounds__(256, 2) linear_gemm_r128(const bf16* x, const bf16* w, bf16* y, int rows, int n, int k) {
+    pdl_launch_dependents();
     linear_gemm<128, 3>(x, w, y, rows, n, k);
 }

@@ -19,13 +19,15 @@
 //
 // One draw = one block of THREADS threads over one row of n ≤ SORT_CAP logits:
 //   1. scores s_i = x_i / max(T, 1e-5) in f32 (IEEE division, as Rust's `/`);
-//   2. a bitonic sort of 64-bit keys (score descending, then index ascending) in shared memory;
+//   2. rank: the SELECT_CAP best keys at most (score descending, then index ascending) by a
+//      radix select and a one-warp sort (`select_best`), and the full row's bitonic sort only
+//      when those ranks cannot decide the draw (see `draw`);
 //   3. weights w_r = exp(s_r − s_0) in f64 and their total over the FULL row (a block sum);
 //   4. the kept prefix: warp 0 runs the CPU's loop — p_r = w_r / total added in rank order, the
 //      same f64 operations in the same order — until top-k or top-p stops it; where a comparison
 //      lies within rounding of top_p, again with the total added in the CPU's order;
 //   5. the exponential race argmax_r w_r / E(candidate_r) over the kept ranks, ties to the better
-//      rank, by a block argmax.
+//      rank, by a block (or, over the selected ranks, a warp) argmax.
 //
 // Where this can differ from the CPU (and why it practically never changes a pick):
 //   - exp and log in f64: CUDA's `exp`/`log` are within 1 ulp (CUDA Programming Guide, double
@@ -183,12 +185,154 @@ __device__ void bitonic_sort(unsigned long long* keys, int n) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The best ranks without sorting the row (step 2's fast path). A head draw keeps ≤ 30 ranks
+// (top-k ≤ HEAD_TOP_K_CAP) and so does the RAS draw, yet the full bitonic sort of 4096 keys is 78
+// barrier-separated passes (≈ 47 µs a draw on the H200; a frame runs 9 head draws in series).
+// Instead, a radix select over the 64-bit keys, 8 bits at a time from the top, finds the bucket
+// that holds the SELECT_MIN-th smallest key; once every key up to that bucket fits in SELECT_CAP,
+// those keys are collected and warp 0 sorts them. Keys are unique (their low word is the index),
+// so after the last digit the bucket holds one key and the set always fits. The m keys returned
+// are exactly the first m ranks of the full sort, min(n, SELECT_MIN) ≤ m ≤ SELECT_CAP; a row of
+// at most SELECT_CAP keys comes back whole.
+constexpr int SELECT_MIN = 64;
+constexpr int SELECT_CAP = 128;
+constexpr int RADIX = 256;
+
+struct Select {
+    uint32_t hist[RADIX];
+    unsigned long long cand[SELECT_CAP];  // the selected keys, ascending after select_best
+    unsigned long long prefix;            // the digits decided so far (bits at and above shift + 8)
+    unsigned long long bound;             // once done: the selected keys are those ≤ bound
+    int shift;                            // this pass's digit: key bits [shift, shift + 8)
+    uint32_t taken;                       // keys below the prefix's range: all selected
+    uint32_t need;                        // keys still to find within the prefix's range
+    uint32_t count;                       // keys collected into cand
+    bool done;
+};
+
+// One pass's histogram of the digit at `shift` over the keys within the prefix's range. Lanes
+// with the same digit add once (the first pass puts nearly every key in one bucket).
+__device__ void select_histogram(const unsigned long long* keys, int n, Select& s, int shift,
+                                 unsigned long long prefix) {
+    for (int b = threadIdx.x; b < RADIX; b += blockDim.x) s.hist[b] = 0;
+    __syncthreads();
+    for (int base = 0; base < n; base += blockDim.x) {
+        const int i = base + threadIdx.x;
+        bool in = false;
+        uint32_t digit = 0;
+        if (i < n) {
+            const unsigned long long key = keys[i];
+            in = shift == 56 || (key >> (shift + 8)) == (prefix >> (shift + 8));
+            digit = (uint32_t)(key >> shift) & (RADIX - 1);
+        }
+        const unsigned active = __ballot_sync(FULL, in);
+        if (in) {
+            const unsigned same = __match_any_sync(active, digit);
+            if ((int)(threadIdx.x & 31) == __ffs(same) - 1) atomicAdd(&s.hist[digit], (uint32_t)__popc(same));
+        }
+    }
+    __syncthreads();
+}
+
+// Warp 0 after a histogram: the bucket holding the need-th key of the prefix's range. Either
+// every key up to that bucket fits (done: bound set) or the select descends into the bucket.
+__device__ void select_bucket(Select& s, int shift, unsigned long long prefix) {
+    const uint32_t lane = threadIdx.x & 31;
+    uint32_t c[RADIX / 32];
+    uint32_t sum = 0;
+#pragma unroll
+    for (int j = 0; j < RADIX / 32; ++j) {
+        c[j] = s.hist[(RADIX / 32) * lane + j];
+        sum += c[j];
+    }
+    uint32_t through = sum;  // inclusive scan of the lanes' sums
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const uint32_t t = __shfl_up_sync(FULL, through, o);
+        if (lane >= (uint32_t)o) through += t;
+    }
+    const uint32_t need = s.need;
+    uint32_t below = through - sum;
+    if (!(below < need && need <= through)) return;  // exactly one lane holds the need-th key
+    int b = (RADIX / 32) * lane;
+#pragma unroll
+    for (int j = 0; j < RADIX / 32; ++j) {
+        if (below + c[j] >= need) {
+            b = (RADIX / 32) * lane + j;
+            break;
+        }
+        below += c[j];
+    }
+    const unsigned long long bucket = prefix | ((unsigned long long)b << shift);
+    if (s.taken + below + s.hist[b] <= SELECT_CAP || shift == 0) {
+        s.bound = bucket | ((1ull << shift) - 1);
+        s.done = true;
+    } else {
+        s.prefix = bucket;
+        s.taken += below;
+        s.need = need - below;
+        s.shift = shift - 8;
+    }
+}
+
+// Step 2's fast path: fills s.cand with the best m ranks in rank order and returns m (see above).
+// All threads call it; keys[0..n) are the row's keys.
+__device__ int select_best(const unsigned long long* keys, int n, Select& s) {
+    if (threadIdx.x == 0) {
+        s.prefix = 0;
+        s.shift = 56;
+        s.taken = 0;
+        s.need = (uint32_t)min(n, SELECT_MIN);
+        s.count = 0;
+        s.done = n <= SELECT_CAP;
+        s.bound = PAD_KEY - 1;  // every real key
+    }
+    __syncthreads();
+    while (!s.done) {
+        const int shift = s.shift;
+        const unsigned long long prefix = s.prefix;
+        select_histogram(keys, n, s, shift, prefix);
+        if (threadIdx.x < 32) select_bucket(s, shift, prefix);
+        __syncthreads();
+    }
+    const unsigned long long bound = s.bound;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const unsigned long long key = keys[i];
+        if (key <= bound) s.cand[atomicAdd(&s.count, 1u)] = key;
+    }
+    __syncthreads();
+    const int m = (int)s.count;
+    if (threadIdx.x < 32) {
+        for (int i = m + (int)threadIdx.x; i < SELECT_CAP; i += 32) s.cand[i] = PAD_KEY;
+        __syncwarp();
+        for (int k = 2; k <= SELECT_CAP; k <<= 1) {
+            for (int j = k >> 1; j > 0; j >>= 1) {
+                for (int p = threadIdx.x; p < SELECT_CAP / 2; p += 32) {
+                    const int i = ((p & ~(j - 1)) << 1) | (p & (j - 1));
+                    const int partner = i | j;
+                    const bool ascending = (i & k) == 0;
+                    const unsigned long long a = s.cand[i], b = s.cand[partner];
+                    if ((a > b) == ascending) {
+                        s.cand[i] = b;
+                        s.cand[partner] = a;
+                    }
+                }
+                __syncwarp();
+            }
+        }
+    }
+    __syncthreads();
+    return m;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Block reductions (blockDim.x == THREADS). Each starts with a barrier, so its scratch may be the
 // previous call's; every thread gets the result.
 struct Scratch {
     double d[WARPS];
     uint32_t u[WARPS];
-    uint32_t end;  // the kept prefix's length, from warp 0 to the block
+    uint32_t end;   // the kept prefix's length, from warp 0 to the block
+    uint32_t pick;  // the fast path's pick, or UINT32_MAX when it could not decide
 };
 
 __device__ uint32_t block_min_u32(uint32_t v, Scratch& s) {
@@ -323,6 +467,38 @@ struct Draw {
     DrawFault fault;
 };
 
+// Steps 3–5 over the m ranks select_best found (cand, ascending): the pick's index, or
+// UINT32_MAX when those ranks cannot decide — the kept prefix may run past them (top-k above m
+// and top-p not reached within them), or a top-p comparison lies near (kept_prefix's `near`).
+// The total is summed by each thread over its own indices, a different tree from the sorted
+// path's; the two differ by a few ulps, which can only matter for a `near` comparison, and
+// those go to the sorted path. So a pick made here is the sorted path's pick.
+__device__ uint32_t fast_draw(const unsigned long long* keys, int n, int m, const unsigned long long* cand,
+                              float best, const Filter& f, const DrawKey& key, Scratch& scratch) {
+    double run = 0.0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) run = __dadd_rn(run, rank_weight(keys[i], best));
+    const double total = block_sum(run, scratch);
+    if (threadIdx.x < 32) {
+        const uint32_t limit = min((uint32_t)n, f.top_k);
+        const uint32_t reach = min(limit, (uint32_t)m);
+        const Prefix prefix = kept_prefix(cand, best, total, reach, f);
+        const bool decided = !prefix.near && (prefix.end < reach || limit <= reach);
+        // The exponential race over ranks < end, ties to the better rank.
+        double value = -INFINITY;
+        uint32_t rank = UINT32_MAX;
+        for (uint32_t r = threadIdx.x; decided && r < prefix.end; r += 32) {
+            const double v = __ddiv_rn(rank_weight(cand[r], best), exponential(key, key_index(cand[r])));
+            better(value, rank, v, r);
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            better(value, rank, __shfl_xor_sync(FULL, value, o), __shfl_xor_sync(FULL, rank, o));
+        if (threadIdx.x == 0) scratch.pick = decided ? key_index(cand[rank]) : UINT32_MAX;
+    }
+    __syncthreads();
+    return scratch.pick;
+}
+
 template <class Row>
 __device__ Draw draw(const Row& row, int n, int n_pad, const Filter& f, const DrawKey& key) {
     extern __shared__ unsigned long long keys[];
@@ -345,10 +521,16 @@ __device__ Draw draw(const Row& row, int n, int n_pad, const Filter& f, const Dr
         return Draw{0, {FAULT_NON_FINITE, bad, __float_as_uint(__fdiv_rn(row(bad), divisor))}};
     }
 
-    // 2. Rank.
-    bitonic_sort(keys, n_pad);
-    const float best = key_score(keys[0]);
+    // 2. Rank: the best ranks first (select_best); they decide the draw when the kept prefix
+    //    ends inside them and no top-p comparison is near (the CPU's rank-order total needs
+    //    every rank). Otherwise the whole row is sorted and steps 3–5 run over it.
+    __shared__ Select select;
+    const int m = select_best(keys, n, select);
+    const float best = key_score(select.cand[0]);
     if (best == -INFINITY) return Draw{0, {FAULT_NO_CANDIDATES, 0, 0}};
+    const uint32_t fast = fast_draw(keys, n, m, select.cand, best, f, key, scratch);
+    if (fast != UINT32_MAX) return Draw{fast, {FAULT_NONE, 0, 0}};
+    bitonic_sort(keys, n_pad);
 
     // 3. Weights w_r = exp(s_r − s_0) of this thread's contiguous ranks, and their total over
     //    the full row.
@@ -425,6 +607,7 @@ __device__ void record_fault(SamplerOut* out, const SamplerState* st, uint32_t s
 extern "C" __global__ void __launch_bounds__(THREADS)
     sample_main_draws(const float* __restrict__ logits, const uint32_t* __restrict__ logit_index, int n, int n_pad,
                       int logits_stride, const SamplerState* __restrict__ states, SamplerOut* __restrict__ outs) {
+    pdl_launch_dependents();
     const int b = blockIdx.y;
     const SamplerState* st = states + b;
     SamplerOut* out = outs + b;
@@ -446,6 +629,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 extern "C" __global__ void sample_main_finish(const uint32_t* __restrict__ ids, uint32_t semantic_start,
                                               uint32_t semantic_end, SamplerState* __restrict__ states,
                                               SamplerOut* __restrict__ outs) {
+    pdl_launch_dependents();
     if (threadIdx.x != 0) return;
     SamplerState* st = states + blockIdx.x;
     SamplerOut* out = outs + blockIdx.x;
@@ -474,6 +658,7 @@ extern "C" __global__ void sample_main_finish(const uint32_t* __restrict__ ids, 
 extern "C" __global__ void __launch_bounds__(THREADS)
     sample_head(const bf16* __restrict__ logits, int n, int n_pad, int r, const SamplerState* __restrict__ states,
                 SamplerOut* __restrict__ outs) {
+    pdl_launch_dependents();
     const SamplerState* st = states + blockIdx.x;
     SamplerOut* out = outs + blockIdx.x;
     const Filter filter{st->temperature, st->head_top_k, st->top_p, false};
@@ -488,6 +673,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 // One block per row (thread 0 works), at the end of a frame: the next frame's draws use the
 // next counter.
 extern "C" __global__ void sampler_end_frame(SamplerState* __restrict__ states) {
+    pdl_launch_dependents();
     if (threadIdx.x != 0) return;
     SamplerState* st = states + blockIdx.x;
     const unsigned long long frame = (((unsigned long long)st->frame_hi << 32) | st->frame_lo) + 1;

@@ -4,7 +4,7 @@
 use std::ffi::c_void;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, result};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, result, sys};
 
 /// The fatbins `build.rs` compiled from `kernels/*.cu`, one `&[u8]` per file.
 pub mod embedded {
@@ -43,7 +43,7 @@ impl Module {
             kernel: Some(name),
             source,
         })?;
-        Ok(Kernel { name, function })
+        Ok(Kernel { name, function, overlapping: false })
     }
 }
 
@@ -51,6 +51,8 @@ impl Module {
 pub struct Kernel {
     pub name: &'static str,
     function: CudaFunction,
+    /// Launched with programmatic stream serialization (see [`Kernel::overlapping`]).
+    overlapping: bool,
 }
 
 /// Most arguments any kernel takes (the widest, `gdn_conv_prepare`, takes 20).
@@ -120,6 +122,16 @@ impl Dims {
 }
 
 impl Kernel {
+    /// Lets the kernel start while the kernel before it on the stream still runs (programmatic
+    /// dependent launch, compute capability 9.0 and newer; elsewhere a plain launch). Only for
+    /// kernels that read and write nothing of their predecessors' before `pdl_wait()` in the
+    /// .cu (kernels/common.cuh): the decode GEMVs, which fetch their weights first. Their
+    /// launch and the first weight loads then overlap the previous kernel's tail.
+    pub fn overlapping(mut self, ctx: &CudaContext) -> Kernel {
+        self.overlapping = ctx.compute_capability().is_ok_and(|cc| cc >= (9, 0));
+        self
+    }
+
     /// Queues the kernel on `stream`.
     ///
     /// # Panics
@@ -146,14 +158,18 @@ impl Kernel {
         // list its kernel's C signature declares, with device addresses of live buffers sized
         // for the launch (checked by the wrapper's asserts).
         let launched = super::profile::around(self.name, stream.cu_stream(), || unsafe {
-            result::launch_kernel(
-                self.function.cu_function(),
-                dims.grid,
-                dims.block,
-                dims.shared_bytes,
-                stream.cu_stream(),
-                &mut pointers[..n],
-            )
+            if self.overlapping {
+                launch_overlapping(self.function.cu_function(), dims, stream.cu_stream(), &mut pointers[..n])
+            } else {
+                result::launch_kernel(
+                    self.function.cu_function(),
+                    dims.grid,
+                    dims.block,
+                    dims.shared_bytes,
+                    stream.cu_stream(),
+                    &mut pointers[..n],
+                )
+            }
         });
         if let Err(e) = launched {
             panic!("CUDA kernel `{}` failed to launch ({dims:?}): {e}", self.name);
@@ -167,4 +183,34 @@ impl Kernel {
             bytes as i32,
         )
     }
+}
+
+/// `cuLaunchKernelEx` with programmatic stream serialization allowed.
+///
+/// # Safety
+/// As `result::launch_kernel`: `params` address live values matching the kernel's signature.
+unsafe fn launch_overlapping(
+    function: sys::CUfunction,
+    dims: Dims,
+    stream: sys::CUstream,
+    params: &mut [*mut c_void],
+) -> Result<(), cudarc::driver::DriverError> {
+    // SAFETY: a zeroed attribute is a valid plain-data value; its id and value are set below.
+    let mut attribute: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attribute.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attribute.value.programmaticStreamSerializationAllowed = 1;
+    let config = sys::CUlaunchConfig {
+        gridDimX: dims.grid.0,
+        gridDimY: dims.grid.1,
+        gridDimZ: dims.grid.2,
+        blockDimX: dims.block.0,
+        blockDimY: dims.block.1,
+        blockDimZ: dims.block.2,
+        sharedMemBytes: dims.shared_bytes,
+        hStream: stream,
+        attrs: &mut attribute,
+        numAttrs: 1,
+    };
+    // SAFETY: `config` and `attribute` live across the call; the caller vouches for `params`.
+    unsafe { sys::cuLaunchKernelEx(&config, function, params.as_mut_ptr(), std::ptr::null_mut()) }.result()
 }

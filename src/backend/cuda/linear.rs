@@ -86,10 +86,10 @@ impl LinearKernels {
             Ok(kernel)
         };
         Ok(LinearKernels {
-            mma_r8: m.kernel("linear_mma_r8")?,
-            mma_r64: m.kernel("linear_mma_r64")?,
-            mma_r8_many: m.kernel("linear_mma_r8_many")?,
-            mma_r64_many: m.kernel("linear_mma_r64_many")?,
+            mma_r8: m.kernel("linear_mma_r8")?.overlapping(ctx),
+            mma_r64: m.kernel("linear_mma_r64")?.overlapping(ctx),
+            mma_r8_many: m.kernel("linear_mma_r8_many")?.overlapping(ctx),
+            mma_r64_many: m.kernel("linear_mma_r64_many")?.overlapping(ctx),
             gemm_r64: gemm("linear_gemm_r64", GEMM_R64_ROWS)?,
             gemm_r128: gemm("linear_gemm_r128", GEMM_R128_ROWS)?,
             tiled: m.kernel("linear_tiled")?,
