@@ -56,14 +56,17 @@ __device__ __forceinline__ uint4 pack8(const float* f) {
 //   [8192, 2048] 32 MiB → 8.0 µs; [4096, 2048], [2048, 4096] 16 MiB → 4.0 µs;
 //   [2048, 2048] 8 MiB → 2.0 µs; [1024, 2048] 4 MiB → 1.0 µs; [512, 2048] 2 MiB → 0.50 µs;
 //   [64, 2048] 256 KiB → 0.06 µs, [32, 2048] 128 KiB → 0.03 µs (launch latency dominates).
-// Bytes in flight: a warp keeps the weights of its next P steps in registers, 1 KiB per step
-// (16 rows × 64 bytes), refilled as each is consumed; ptxas issues a pass's refills ahead of its
-// MMAs, so P to 2P steps are in flight. r8 (≤ 8 rows, P = 4, ~96 registers: 2 blocks per SM):
-// 4–8 KiB per warp, 32–64 KiB per block; [8192, 2048] → 512 blocks (64–128 KiB per SM),
-// [2048, 4096] → 128 blocks (4–8 MiB in flight over the GPU), [512, 2048] → 32 blocks holding
-// 1–2 MiB of its 2 MiB in flight (the r1 GEMV this replaces: 32 KiB per block, n / 16 blocks
-// too). Copy bandwidth needs ≈ 4.18 TB/s × ~0.8 µs ≈ 3.3 MB in flight over the GPU. r64
-// (P = 3, ≤ 128 registers: 2 blocks per SM): 3–6 KiB per warp, 48–96 KiB per SM.
+// Bytes in flight, r64 (the batch): a warp keeps the weights of its next P = 3 steps in
+// registers, 1 KiB per step (16 rows × 64 bytes), refilled as each is consumed; ptxas issues a
+// pass's refills ahead of its MMAs, so 3–6 KiB per warp, 48–96 KiB per SM (≤ 128 registers:
+// 2 blocks per SM). Copy bandwidth needs ≈ 4.18 TB/s × ~0.8 µs ≈ 3.3 MB in flight over the GPU.
+// r8 (≤ 8 rows) used the same ring with P = 4; measured at one row (ncu, run 12 of
+// docs/perf/2026-12-04-one-stream.md): [8192, 2048] 15.7 µs (45 % of DRAM peak), [2048, 4096]
+// 12.8 µs (27 %), [32, 2048] 6.7 µs — latency, not bytes: each warp waits out ⌈steps / P⌉ round
+// trips in turn. It now stages the block's whole tile in shared memory (`linear_mma_staged`
+// below): every byte in flight at once. Both kernels are launched overlapping their predecessor
+// (programmatic dependent launch, kernels/common.cuh); what runs before `pdl_wait` fetches only
+// weights. Neither change touches an FMA or its order.
 // x's re-reads: each block reads its rows of x once (its 8 warps read disjoint k), so at 64
 // rows the blocks read 64·k·2·n/16 bytes of x, 4× the weight bytes, from L1/L2: blocks sharing
 // an SM walk k in the same order and share x in L1 (n ≥ 4096: ≥ 2 blocks per SM); with n =
@@ -73,9 +76,6 @@ __device__ __forceinline__ uint4 pack8(const float* f) {
 // 64 rows of [8192, 2048] are 0.5 M MMAs, ~4 µs of the H200's mma.sync rate, overlapped.
 constexpr int MMA_SLICES = 8;
 
-// A hint: the 128-byte line at p into L2.
-__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
-
 // load_stream where `ok`, else zeros without touching memory (p need not be valid then).
 __device__ __forceinline__ uint4 load_stream_if(const uint4* p, bool ok) {
     uint4 v = make_uint4(0u, 0u, 0u, 0u);
@@ -84,6 +84,33 @@ __device__ __forceinline__ uint4 load_stream_if(const uint4* p, bool ok) {
         : "+r"(v.x), "+r"(v.y), "+r"(v.z), "+r"(v.w)
         : "l"(p), "r"((int)ok));
     return v;
+}
+
+// The end of every `linear_mma_*` block: each slice's accumulators into `part`, then thread v
+// sums output (row0 + v / 16, f0 + v % 16) over the slices in slice order, 16 consecutive
+// features of a row per half-warp. Its partials sit where the D fragment put them: d[e] of lane
+// (g, c) of tile j is feature g + 8·(e / 2), tile row 2c + e % 2.
+template <int R8>
+__device__ __forceinline__ void mma_partials_store(float (*part)[4 * R8][32], const float (*acc)[4], int tiles,
+                                                   bf16* __restrict__ y, int rows, int n, int f0, int row0) {
+    const int slice = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+    for (int r = 0; r < R8; ++r)
+        if (r < tiles)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) part[slice][4 * r + e][lane] = acc[r][e];
+    __syncthreads();
+    for (int v = threadIdx.x; v < tiles * 128; v += blockDim.x) {
+        const int rl = v >> 4, fl = v & 15;
+        const int row = row0 + rl, f = f0 + fl;
+        if (row >= rows || f >= n) continue;
+        const int tr = rl & 7;
+        const int slot = 4 * (rl >> 3) + 2 * (fl >> 3) + (tr & 1), ln = 4 * (fl & 7) + (tr >> 1);
+        float s = part[0][slot][ln];
+#pragma unroll
+        for (int q = 1; q < MMA_SLICES; ++q) s += part[q][slot][ln];
+        y[(size_t)row * n + f] = to_bf16(s);
+    }
 }
 
 // Block (bx, by) of the launch: features 16·bx.., rows 8·R8·by.. (the grid's block indices for
@@ -110,14 +137,6 @@ __device__ __forceinline__ void linear_mma(const bf16* __restrict__ x, const bf1
         const int v = t * 4 + c;
         return load_stream_if(row + v, ok && v < k8);
     };
-
-    // The block's whole weight tile is requested into L2 at once (16 rows × k, a line per
-    // thread-step), so every byte is in flight from the start, not P steps a warp at a time.
-    const int lines = (k * 2 + 127) >> 7;  // 128-byte lines per weight row
-    for (int e = threadIdx.x; e < 16 * lines; e += blockDim.x) {
-        const int r = e / lines;
-        if (f0 + r < n) prefetch_l2(reinterpret_cast<const char*>(w + (size_t)(f0 + r) * k) + ((size_t)(e - r * lines) << 7));
-    }
 
     // The weights of the slice's next P steps, refilled as each step is consumed (slot j holds
     // the steps i ≡ j mod P).
@@ -155,33 +174,65 @@ __device__ __forceinline__ void linear_mma(const bf16* __restrict__ x, const bf1
         }
     }
 
-#pragma unroll
-    for (int r = 0; r < R8; ++r)
-        if (r < tiles)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) part[slice][4 * r + e][lane] = acc[r][e];
-    __syncthreads();
-
-    // Thread v sums output (row0 + v / 16, f0 + v % 16): 16 consecutive features of a row per
-    // half-warp. Its partials sit where the D fragment put them: d[e] of lane (g, c) of tile j is
-    // feature g + 8·(e / 2), tile row 2c + e % 2.
-    for (int v = threadIdx.x; v < tiles * 128; v += blockDim.x) {
-        const int rl = v >> 4, fl = v & 15;
-        const int row = row0 + rl, f = f0 + fl;
-        if (row >= rows || f >= n) continue;
-        const int tr = rl & 7;
-        const int slot = 4 * (rl >> 3) + 2 * (fl >> 3) + (tr & 1), ln = 4 * (fl & 7) + (tr >> 1);
-        float s = part[0][slot][ln];
-#pragma unroll
-        for (int q = 1; q < MMA_SLICES; ++q) s += part[q][slot][ln];
-        y[(size_t)row * n + f] = to_bf16(s);
-    }
+    mma_partials_store<R8>(part, acc, tiles, y, rows, n, f0, row0);
 }
 
-// ≤ 8 rows per block (one n8 tile): the single-row and single-stream decode.
-extern "C" __global__ void __launch_bounds__(256, 2) linear_mma_r8(const bf16* x, const bf16* w, bf16* y, int rows, int n, int k) {
+// ≤ 8 rows, staged (`linear_mma_r8`): the single-row and single-stream decode. The same
+// fragments, MMAs and order as `linear_mma` (so the bits of `linear_mma_r64` for every row), but
+// the block first copies its whole 16 × k weight tile and its x rows into shared memory with
+// cp.async — every byte in flight at once, no register ring — and the warps then read their
+// fragments from there. The weight copy is issued before `pdl_wait` (it overlaps the previous
+// kernel's tail), x's after it.
+// Shared layout: 16 weight rows then `rows` x rows, each `mma_stage_stride(k)` 16-byte vectors:
+// k / 8 rounded up to whole k32 steps (zero-filled past k and past n), then padding that makes
+// the stride ≡ 4 (mod 8) vectors, so a quarter-warp's eight 16-byte reads (rows g and g + 1,
+// c = 0..3) fall in eight distinct bank groups. Dynamic shared memory: (16 + rows) · stride · 16
+// bytes (`linear::staged_smem_bytes`); at k = 4096 and 8 rows 198 KiB, so a GPU whose opt-in
+// limit is lower takes `linear_mma_r64` for those shapes (the same bits).
+__host__ __device__ constexpr int mma_stage_stride(int k) { return (((k + 31) >> 5) * 4 + 7) / 8 * 8 + 4; }
+
+__device__ __forceinline__ void linear_mma_staged(const bf16* __restrict__ x, const bf16* __restrict__ w,
+                                                  bf16* __restrict__ y, int rows, int n, int k, int bx) {
+    extern __shared__ uint4 stage[];
+    __shared__ float part[MMA_SLICES][4][32];
+    const int slice = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    const int f0 = bx * 16;
+    const int k8 = k >> 3, steps = (k + 31) >> 5, vectors = steps * 4, stride = mma_stage_stride(k);
+
+    const uint4* wv = reinterpret_cast<const uint4*>(w);
+    for (int r = 0; r < 16; ++r) {
+        const uint4* row = wv + (size_t)(f0 + r) * k8;
+        for (int v = threadIdx.x; v < vectors; v += blockDim.x) {
+            const bool ok = f0 + r < n && v < k8;
+            cp_async16_zfill(stage + r * stride + v, ok ? row + v : wv, ok);
+        }
+    }
+    cp_async_commit();
+    pdl_wait();
+    const uint4* xv = reinterpret_cast<const uint4*>(x);
+    for (int r = 0; r < rows; ++r)
+        for (int v = threadIdx.x; v < vectors; v += blockDim.x)
+            cp_async16_zfill(stage + (16 + r) * stride + v, v < k8 ? xv + (size_t)r * k8 + v : xv, v < k8);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+
+    // Slice s takes steps s, s + 8, s + 16, … in increasing order (as linear_mma).
+    const uint4* wa = stage + g * stride + c;
+    const uint4* wb = stage + (g + 8) * stride + c;
+    const uint4* xb = stage + (16 + g) * stride + c;
+    const bool b_ok = g < rows;
+    float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
+    for (int t = slice; t < steps; t += MMA_SLICES) {
+        const uint4 b = b_ok ? xb[4 * t] : make_uint4(0u, 0u, 0u, 0u);
+        mma_bf16_k32(acc[0], wa[4 * t], wb[4 * t], b);
+    }
+    mma_partials_store<1>(part, acc, 1, y, rows, n, f0, 0);
+}
+
+extern "C" __global__ void __launch_bounds__(256) linear_mma_r8(const bf16* x, const bf16* w, bf16* y, int rows, int n, int k) {
     pdl_launch_dependents();
-    linear_mma<1, 4>(x, w, y, rows, n, k, blockIdx.x, blockIdx.y);
+    linear_mma_staged(x, w, y, rows, n, k, blockIdx.x);
 }
 // ≤ 64 rows per block (eight n8 tiles): the decode batch.
 extern "C" __global__ void __launch_bounds__(256, 2) linear_mma_r64(const bf16* x, const bf16* w, bf16* y, int rows, int n, int k) {
@@ -212,12 +263,20 @@ __device__ __forceinline__ void linear_mma_many(const bf16* x, int rows, int k, 
 #define LINEAR_MMA_MANY_ARGS                                                                                         \
     const bf16 *x, int rows, int k, int count, const bf16 *w0, bf16 *y0, int n0, const bf16 *w1, bf16 *y1, int n1, \
         const bf16 *w2, bf16 *y2, int n2, const bf16 *w3, bf16 *y3, int n3
-extern "C" __global__ void __launch_bounds__(256, 2) linear_mma_r8_many(LINEAR_MMA_MANY_ARGS) {
+extern "C" __global__ void __launch_bounds__(256) linear_mma_r8_many(LINEAR_MMA_MANY_ARGS) {
     pdl_launch_dependents();
     const bf16* w[MMA_MANY] = {w0, w1, w2, w3};
     bf16* y[MMA_MANY] = {y0, y1, y2, y3};
     const int n[MMA_MANY] = {n0, n1, n2, n3};
-    linear_mma_many<1, 4>(x, rows, k, count, w, y, n);
+    int b = blockIdx.x;
+    for (int i = 0; i < count; ++i) {
+        const int blocks = (n[i] + 15) >> 4;
+        if (b < blocks) {
+            linear_mma_staged(x, w[i], y[i], rows, n[i], k, b);
+            return;
+        }
+        b -= blocks;
+    }
 }
 extern "C" __global__ void __launch_bounds__(256, 2) linear_mma_r64_many(LINEAR_MMA_MANY_ARGS) {
     pdl_launch_dependents();

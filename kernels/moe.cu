@@ -573,20 +573,20 @@ extern "C" __global__ void moe_swiglu_bf16(const bf16* __restrict__ g, const bf1
 }
 
 // out[r] = bf16(Σ_slot w[r, slot] · y[r·top_k + slot] + shared_gate[r] · shared[r]), the slots
-// summed in slot order in fp32, one rounding. One block per row, 256 threads. y: [rows·top_k, N]
-// f32; w: [rows, top_k]; shared_gate: [rows]; shared, out: [rows, N] bf16.
+// summed in slot order in fp32, one rounding. One thread per output: grid (rows, ceil(N / 256)),
+// 256 threads (a decode row spreads over N / 256 SMs; one block per row ran its 2048 outputs'
+// dependent loads on one SM, ≈ 12 µs a launch). y: [rows·top_k, N] f32; w: [rows, top_k];
+// shared_gate: [rows]; shared, out: [rows, N] bf16.
 extern "C" __global__ void moe_combine(const float* __restrict__ y, const float* __restrict__ w,
                                        const float* __restrict__ shared_gate, const bf16* __restrict__ shared,
                                        bf16* __restrict__ out, int top_k, int N) {
     pdl_launch_dependents();
-    const int r = blockIdx.x;
-    const float sg = shared_gate[r];
+    const int r = blockIdx.x, c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (c >= N) return;
     const float* wr = w + (size_t)r * top_k;
     const float* yr = y + (size_t)r * top_k * N;
-    for (int c = threadIdx.x; c < N; c += blockDim.x) {
-        float acc = 0.f;
-        for (int s = 0; s < top_k; ++s) acc += wr[s] * yr[(size_t)s * N + c];
-        acc += sg * to_f32(shared[(size_t)r * N + c]);
-        out[(size_t)r * N + c] = to_bf16(acc);
-    }
+    float acc = 0.f;
+    for (int s = 0; s < top_k; ++s) acc += wr[s] * yr[(size_t)s * N + c];
+    acc += shared_gate[r] * to_f32(shared[(size_t)r * N + c]);
+    out[(size_t)r * N + c] = to_bf16(acc);
 }

@@ -16,7 +16,8 @@ use crate::harness::Ctx;
 
 /// Weight shapes `[n, k]`: the real model's dense projections (GDN qkv / z / b, attention q / k /
 /// o, shared expert up / down, the tower's heads), then odd ones: n not a multiple of 16, k not a
-/// multiple of 32 (the decode kernel's zero-padded last step), a single k32 step.
+/// multiple of 32 (the decode kernel's zero-padded last step), a single k32 step, and a k too wide
+/// for `linear_mma_r8`'s shared-memory stage (decode rows then take `linear_mma_r64`).
 const SHAPES: &[(usize, usize)] = &[
     (8192, 2048),
     (4096, 2048),
@@ -29,6 +30,7 @@ const SHAPES: &[(usize, usize)] = &[
     (33, 2048),
     (70, 1000),
     (24, 8),
+    (48, 8192),
 ];
 /// Row counts: single rows, the r8 kernel's edge (8, 9), the r64 kernels' (64, 65) and several of
 /// their blocks (130), prefill (200), the GEMM's 128-row blocks (520: four and a part).

@@ -127,8 +127,11 @@ impl Kernel {
     /// kernels that read and write nothing of their predecessors' before `pdl_wait()` in the
     /// .cu (kernels/common.cuh): the decode GEMVs, which fetch their weights first. Their
     /// launch and the first weight loads then overlap the previous kernel's tail.
+    /// `LIMELIGHT_NO_PDL=1` in the environment keeps plain launches (for measuring the gain, or
+    /// should a driver mishandle it); the results are the same bits either way.
     pub fn overlapping(mut self, ctx: &CudaContext) -> Kernel {
-        self.overlapping = ctx.compute_capability().is_ok_and(|cc| cc >= (9, 0));
+        let disabled = std::env::var_os("LIMELIGHT_NO_PDL").is_some_and(|v| v == "1");
+        self.overlapping = !disabled && ctx.compute_capability().is_ok_and(|cc| cc >= (9, 0));
         self
     }
 

@@ -14,7 +14,7 @@
 use std::sync::Arc;
 
 use cudarc::cublaslt::result::CublasError;
-use cudarc::driver::CudaContext;
+use cudarc::driver::{CudaContext, sys};
 
 use super::Cuda;
 use super::launch::{Arg, Dims, Kernel, KernelError, Module, embedded};
@@ -49,7 +49,8 @@ const HEAD_WARPS: usize = 8;
 const HEAD_SMEM_CAP: usize = 48 << 10;
 
 pub struct LinearKernels {
-    /// `linear_mma_r8` (≤ 8 rows per block) and `linear_mma_r64` (≤ 64): the same arithmetic.
+    /// `linear_mma_r8` (≤ 8 rows, staged in shared memory) and `linear_mma_r64` (≤ 64 per
+    /// block): the same arithmetic.
     mma_r8: Kernel,
     mma_r64: Kernel,
     /// `linear_mma_r8_many`, `linear_mma_r64_many`: up to [`MMA_MANY`] weights over one input in
@@ -62,7 +63,27 @@ pub struct LinearKernels {
     tiled: Kernel,
     embed_gather: Kernel,
     restricted_logits: Kernel,
+    /// Dynamic shared memory granted to `linear_mma_r8*`: a shape whose stage needs more
+    /// ([`staged_smem_bytes`]) takes `linear_mma_r64*`, which gives the same bits.
+    staged_cap: usize,
 }
+
+/// `mma_stage_stride` in the .cu: 16-byte vectors per staged row of width `k` — whole k32 steps,
+/// padded to ≡ 4 (mod 8) vectors.
+fn stage_stride(k: usize) -> usize {
+    (k.div_ceil(32) * 4).div_ceil(8) * 8 + 4
+}
+
+/// Dynamic shared memory of a `linear_mma_r8*` block: 16 weight rows and `rows` input rows.
+fn staged_smem_bytes(rows: usize, k: usize) -> usize {
+    (16 + rows) * stage_stride(k) * 16
+}
+
+/// The widest input `linear_mma_r8*` stages at 8 rows where the GPU allows it (198 KiB on Hopper):
+/// every decode projection of the model (k ≤ 4096).
+const STAGED_MAX_K: usize = 4096;
+/// Static shared memory of `linear_mma_r8*` (the slices' partials), beside the stage.
+const STAGED_STATIC_BYTES: usize = 4096;
 
 /// Dynamic shared memory of `linear_gemm_*` with `rows_per_block` rows: its stages (4 at 64 rows,
 /// 3 at 128: the `STAGES` each kernel instantiates in the .cu) of the block's x and W rows, 64 bf16
@@ -85,17 +106,41 @@ impl LinearKernels {
             })?;
             Ok(kernel)
         };
+        let optin = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .map_err(|source| KernelError { module: "linear", kernel: None, source })?;
+        let staged_cap = (usize::try_from(optin).unwrap_or(0).saturating_sub(STAGED_STATIC_BYTES))
+            .min(staged_smem_bytes(8, STAGED_MAX_K));
+        let staged = |name: &'static str| -> Result<Kernel, KernelError> {
+            let kernel = m.kernel(name)?.overlapping(ctx);
+            kernel.allow_shared_bytes(staged_cap as u32).map_err(|source| KernelError {
+                module: "linear",
+                kernel: Some(name),
+                source,
+            })?;
+            Ok(kernel)
+        };
         Ok(LinearKernels {
-            mma_r8: m.kernel("linear_mma_r8")?.overlapping(ctx),
+            mma_r8: staged("linear_mma_r8")?,
             mma_r64: m.kernel("linear_mma_r64")?.overlapping(ctx),
-            mma_r8_many: m.kernel("linear_mma_r8_many")?.overlapping(ctx),
+            mma_r8_many: staged("linear_mma_r8_many")?,
             mma_r64_many: m.kernel("linear_mma_r64_many")?.overlapping(ctx),
             gemm_r64: gemm("linear_gemm_r64", GEMM_R64_ROWS)?,
             gemm_r128: gemm("linear_gemm_r128", GEMM_R128_ROWS)?,
             tiled: m.kernel("linear_tiled")?,
             embed_gather: m.kernel("embed_gather")?,
             restricted_logits: m.kernel("restricted_logits")?,
+            staged_cap,
         })
+    }
+}
+
+impl LinearKernels {
+    /// The dynamic shared memory of `linear_mma_r8*` for `rows` inputs of width `k`, or `None`
+    /// where it does not run them (more than 8 rows, or a stage above what the GPU grants).
+    fn staged_bytes(&self, rows: usize, k: usize) -> Option<usize> {
+        let bytes = staged_smem_bytes(rows, k);
+        (rows <= MMA_R8_ROWS && bytes <= self.staged_cap).then_some(bytes)
     }
 }
 
@@ -197,8 +242,10 @@ pub fn linear_rows_many(cuda: &Cuda, x: &GpuMatrix, ws: &[&GpuWeight]) -> Vec<Gp
     }
     let ys: Vec<GpuMatrix> = ws.iter().map(|w| cuda.matrix(x.rows, w.matrix_dims().0)).collect();
     let kernels = &cuda.kernels.linear;
-    let (kernel, per_block) =
-        if x.rows <= MMA_R8_ROWS { (&kernels.mma_r8_many, MMA_R8_ROWS) } else { (&kernels.mma_r64_many, MMA_R64_ROWS) };
+    let (kernel, per_block, shared) = match kernels.staged_bytes(x.rows, k) {
+        Some(bytes) => (&kernels.mma_r8_many, MMA_R8_ROWS, bytes),
+        None => (&kernels.mma_r64_many, MMA_R64_ROWS, 0),
+    };
     let blocks: usize = ws.iter().map(|w| w.matrix_dims().0.div_ceil(MMA_BLOCK_FEATURES)).sum();
     let mut args: Vec<Arg> = vec![x.ptr().into(), x.rows.into(), k.into(), ws.len().into()];
     for i in 0..MMA_MANY {
@@ -209,7 +256,7 @@ pub fn linear_rows_many(cuda: &Cuda, x: &GpuMatrix, ws: &[&GpuWeight]) -> Vec<Gp
         args.extend([Arg::from(w), Arg::from(y), Arg::from(n)]);
     }
     let grid = (u32::try_from(blocks).expect("grid"), u32::try_from(x.rows.div_ceil(per_block)).expect("grid"), 1);
-    kernel.launch(cuda.stream(), Dims::grid(grid, THREADS), &args);
+    kernel.launch(cuda.stream(), Dims::grid(grid, THREADS).with_shared(shared as u32), &args);
     ys
 }
 
@@ -284,11 +331,13 @@ fn project(cuda: &Cuda, x: u64, rows: usize, w: &GpuWeight, y: u64, path: Path) 
         Path::Mma => {
             assert!(mma_fits(k), "the tensor-core projection needs k % 8 == 0, not k = {k}");
             let kernels = &cuda.kernels.linear;
-            let (kernel, per_block) =
-                if rows <= MMA_R8_ROWS { (&kernels.mma_r8, MMA_R8_ROWS) } else { (&kernels.mma_r64, MMA_R64_ROWS) };
+            let (kernel, per_block, shared) = match kernels.staged_bytes(rows, k) {
+                Some(bytes) => (&kernels.mma_r8, MMA_R8_ROWS, bytes),
+                None => (&kernels.mma_r64, MMA_R64_ROWS, 0),
+            };
             let grid = (n.div_ceil(MMA_BLOCK_FEATURES) as u32, rows.div_ceil(per_block) as u32, 1);
             let args = [x.into(), w.ptr.into(), y.into(), rows.into(), n.into(), k.into()];
-            kernel.launch(cuda.stream(), Dims::grid(grid, THREADS), &args);
+            kernel.launch(cuda.stream(), Dims::grid(grid, THREADS).with_shared(shared as u32), &args);
         }
         Path::Gemm => {
             assert!(mma_fits(k), "the tensor-core GEMM needs k % 8 == 0, not k = {k}");

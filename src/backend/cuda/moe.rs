@@ -452,7 +452,8 @@ impl Job<'_> {
             k.into(),
             self.hidden.into(),
         ];
-        cuda.kernels.moe.combine.launch(cuda.stream(), Dims::linear(rows, 256), &args);
+        let dims = Dims::grid((rows as u32, self.hidden.div_ceil(256) as u32, 1), 256);
+        cuda.kernels.moe.combine.launch(cuda.stream(), dims, &args);
     }
 }
 
