@@ -78,7 +78,7 @@ extern "C" __global__ void attn_prep(const bf16* __restrict__ qg, const bf16* __
                                      float* __restrict__ q, bf16* kc, bf16* vc, int heads,
                                      int kv_heads, int rotary_dim, int start, const int* __restrict__ dev_start,
                                      float eps, float q_scale, DECODE_ROWS_PARAMS) {
-    pdl_launch_dependents();
+    pdl_begin();
     const DecodeRows seq = DECODE_ROWS;
     __shared__ float scratch[32];
     __shared__ float ys[1024];
@@ -127,7 +127,7 @@ __device__ __forceinline__ void attn_prefill(const float* __restrict__ q, const 
                                              const bf16* __restrict__ kc, const bf16* __restrict__ vc,
                                              bf16* __restrict__ out, int rows, int heads, int kv_heads, int start,
                                              const unsigned long long* __restrict__ seqs) {
-    pdl_launch_dependents();
+    pdl_begin();
     static_assert(HD % 32 == 0 && HD <= 1024, "head_dim must be a multiple of 32");
     if (seqs) {
         const unsigned long long* sq = seqs + 5 * blockIdx.z;
@@ -296,7 +296,7 @@ __device__ __forceinline__ void attn_decode(const float* __restrict__ q, const b
                                             float* __restrict__ part_o, float* __restrict__ part_ml, int heads,
                                             int kv_heads, int start, const int* __restrict__ dev_start, int splits,
                                             DecodeRows seq) {
-    pdl_launch_dependents();
+    pdl_begin();
     static_assert(HD % 32 == 0 && (MAXG * HD) % NT == 0, "head_dim must be a multiple of 32");
     constexpr int QS = HD + 4;
     constexpr int MAXO = MAXG * HD / NT;
@@ -418,7 +418,7 @@ ATTN_VARIANTS(256)
 extern "C" __global__ void attn_decode_combine(const float* __restrict__ part_o, const float* __restrict__ part_ml,
                                                const bf16* __restrict__ qg, bf16* __restrict__ out, int heads,
                                                int head_dim, int splits) {
-    pdl_launch_dependents();
+    pdl_begin();
     const int head = blockIdx.x, t = blockIdx.y;
     const size_t base = ((size_t)t * heads + head) * splits;
     float mx = -INFINITY;

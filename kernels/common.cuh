@@ -10,13 +10,14 @@ __device__ __forceinline__ float to_f32(bf16 v) { return __bfloat162float(v); }
 // Round to nearest even, as torch's .to(bfloat16).
 __device__ __forceinline__ bf16 to_bf16(float v) { return __float2bfloat16_rn(v); }
 
-// Programmatic dependent launch (Hopper and newer; no-ops before sm_90). Every kernel calls
-// `pdl_launch_dependents` first: a kernel launched after it with the programmatic-serialization
-// attribute (`Kernel::overlapping` in src/backend/cuda/launch.rs: the decode GEMVs) may then
-// start while this one still runs. Such a kernel reads nothing another kernel wrote and writes
-// nothing before `pdl_wait`, which returns once its predecessor has finished and its writes are
-// visible; the predecessor itself waited for its own, so the order of the stream still holds.
-// What the GEMV does before waiting is fetch its weights, which no kernel writes.
+// Programmatic dependent launch (Hopper and newer; no-ops before sm_90). The modules the decode
+// step runs are loaded "overlapping" (`Module::load_overlapping`, src/backend/cuda/launch.rs):
+// each kernel may start while the kernel before it on the stream still runs, so its launch and
+// block scheduling hide under that kernel's tail. Hence every such kernel begins with
+// `pdl_begin()`: `pdl_wait()` returns once its predecessor has finished and its writes are
+// visible (the predecessor waited for its own, so the stream's order holds transitively), and
+// only then `pdl_launch_dependents()` lets the next kernel start. The one exception is the decode
+// GEMVs (kernels/linear.cu): they fetch their weights, which no kernel writes, before waiting.
 __device__ __forceinline__ void pdl_launch_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -26,6 +27,11 @@ __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+}
+
+__device__ __forceinline__ void pdl_begin() {
+    pdl_wait();
+    pdl_launch_dependents();
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

@@ -34,7 +34,7 @@
 
 // Fills n floats with zeros (a fresh request's states). One thread per value.
 extern "C" __global__ void gdn_zero_f32(float* __restrict__ p, int n) {
-    pdl_launch_dependents();
+    pdl_begin();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) p[i] = 0.f;
 }
@@ -60,7 +60,7 @@ extern "C" __global__ void gdn_conv_prepare(const bf16* __restrict__ qkv, const 
                                             int value_heads, float q_scale, const unsigned long long* states,
                                             const int* __restrict__ row_seq, const int* __restrict__ seq_starts,
                                             int block_channels) {
-    pdl_launch_dependents();
+    pdl_begin();
     const int t = blockIdx.x;
     const int c0 = blockIdx.y * block_channels, c1 = min(channels, c0 + block_channels);
     const int history = kernel - 1;
@@ -115,7 +115,7 @@ extern "C" __global__ void gdn_conv_prepare(const bf16* __restrict__ qkv, const 
 // alone (`rows` is then 1).
 extern "C" __global__ void gdn_conv_state_update(float* state, const bf16* qkv, int rows, int channels, int history,
                                                  const unsigned long long* states, const int* __restrict__ seq_starts) {
-    pdl_launch_dependents();
+    pdl_begin();
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= channels) return;
     if (states) {
@@ -320,7 +320,7 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
     gdn_chunk_core(const float* __restrict__ prep, const float* __restrict__ gates, float* __restrict__ state,
                    float* __restrict__ out, int rows, int key_heads, int value_heads, int key_dim, int value_dim,
                    const unsigned long long* __restrict__ states, const int* __restrict__ seq_starts) {
-    pdl_launch_dependents();
+    pdl_begin();
     extern __shared__ __align__(16) float smem[];
     const int dk = key_dim, dv = value_dim, ks = (key_dim + 31) & ~31;
     const int j = blockIdx.x, kh = j / (value_heads / key_heads);
@@ -509,7 +509,7 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS)
     gdn_recurrent_core(const float* __restrict__ prep, const float* __restrict__ gates, float* state,
                        float* __restrict__ out, int rows, int key_heads, int value_heads, int key_dim, int value_dim,
                        const unsigned long long* states) {
-    pdl_launch_dependents();
+    pdl_begin();
     __shared__ float kq[2][GDN_MAX_DK];
     __shared__ float part[2][GDN_WARPS][32];
     const int dk = key_dim, dv = value_dim;
@@ -592,7 +592,7 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS)
 extern "C" __global__ void gdn_gated_norm(const float* __restrict__ o, const bf16* __restrict__ z,
                                           const float* __restrict__ w, bf16* __restrict__ y, int pairs, int dv,
                                           float eps) {
-    pdl_launch_dependents();
+    pdl_begin();
     const int lane = threadIdx.x & 31;
     const int pair = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (pair >= pairs) return;  // whole warps leave; no block barrier follows

@@ -298,7 +298,7 @@ constexpr int TILE_M = 64, TILE_N = 64, TILE_K = 32;
 
 extern "C" __global__ void __launch_bounds__(256) linear_tiled(const bf16* __restrict__ x, const bf16* __restrict__ w,
                                                                bf16* __restrict__ y, int rows, int n, int k) {
-    pdl_launch_dependents();
+    pdl_begin();
     __shared__ float xs[TILE_K][TILE_M + 1];
     __shared__ float ws[TILE_K][TILE_N + 1];
     const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
@@ -348,7 +348,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_tiled(const bf16* __res
 extern "C" __global__ void __launch_bounds__(256) embed_gather(const bf16* __restrict__ table, const bf16* __restrict__ codebooks,
                                                                const uint32_t* __restrict__ recipe, bf16* __restrict__ y,
                                                                int hidden) {
-    pdl_launch_dependents();
+    pdl_begin();
     const uint32_t* head = recipe + 4 * blockIdx.x;
     const size_t token = head[0];
     const uint32_t* cbs = recipe + head[1];
@@ -392,7 +392,7 @@ constexpr int HEAD_UNROLL = 8;
 extern "C" __global__ void __launch_bounds__(256) restricted_logits(const bf16* __restrict__ head, const uint32_t* __restrict__ ids,
                                                                     const bf16* __restrict__ h, float* __restrict__ out,
                                                                     int n_ids, int k) {
-    pdl_launch_dependents();
+    pdl_begin();
     extern __shared__ uint4 hs[];  // the hidden row: k / 8 vectors (or k bf16 when k % 8 != 0)
     h += (size_t)blockIdx.y * k;
     out += (size_t)blockIdx.y * n_ids;
@@ -579,10 +579,10 @@ __device__ __forceinline__ void linear_gemm(const bf16* __restrict__ x, const bf
 }
 
 extern "C" __global__ void __launch_bounds__(256, 2) linear_gemm_r64(const bf16* x, const bf16* w, bf16* y, int rows, int n, int k) {
-    pdl_launch_dependents();
+    pdl_begin();
     linear_gemm<64, 4>(x, w, y, rows, n, k);
 }
 extern "C" __global__ void __launch_bounds__(256, 2) linear_gemm_r128(const bf16* x, const bf16* w, bf16* y, int rows, int n, int k) {
-    pdl_launch_dependents();
+    pdl_begin();
     linear_gemm<128, 3>(x, w, y, rows, n, k);
 }

@@ -36,7 +36,7 @@ __device__ __forceinline__ float dot_e4m3x4(unsigned int w, float4 x, float acc)
 extern "C" __global__ void moe_router_logits(const bf16* __restrict__ x, const bf16* __restrict__ wg,
                                              const bf16* __restrict__ wsg, float* __restrict__ logits, int E,
                                              int K) {
-    pdl_launch_dependents();
+    pdl_begin();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int e = blockIdx.x * (blockDim.x >> 5) + warp;
     const int row = blockIdx.y;
@@ -68,7 +68,7 @@ extern "C" __global__ void moe_router_logits(const bf16* __restrict__ x, const b
 extern "C" __global__ void moe_route(const float* __restrict__ logits, int rows, int E, int top_k,
                                      int* __restrict__ ids, float* __restrict__ weights,
                                      float* __restrict__ shared_gate) {
-    pdl_launch_dependents();
+    pdl_begin();
     extern __shared__ float route_smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int row = blockIdx.x * (blockDim.x >> 5) + warp;
@@ -166,7 +166,7 @@ __device__ __forceinline__ int block_exclusive_scan(int v, int* warp_totals, int
 extern "C" __global__ void moe_group_pairs(const int* __restrict__ ids, int pairs, int E, int tile_rows,
                                            int* __restrict__ offsets, int* __restrict__ sorted,
                                            int* __restrict__ tiles, int max_tiles) {
-    pdl_launch_dependents();
+    pdl_begin();
     extern __shared__ int group_smem[];
     __shared__ int warp_totals[32];
     __shared__ int totals[2];
@@ -341,7 +341,7 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
                         const int* __restrict__ offsets, const unsigned long long* __restrict__ table, int top_k,
                         int K, int N, int quantise, unsigned char* __restrict__ hq, float* __restrict__ hscale,
                         float* __restrict__ hf) {
-    pdl_launch_dependents();
+    pdl_begin();
     __shared__ TileSmem<2> s;
     const int tile = blockIdx.x;
     if (tile >= tiles[0]) return;  // block-uniform, before any barrier
@@ -396,7 +396,7 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
     moe_grouped_down(const void* __restrict__ act, const float* __restrict__ act_scales, int kind,
                      const int* __restrict__ sorted, const int* __restrict__ tiles, const int* __restrict__ offsets,
                      const unsigned long long* __restrict__ table, int K, int N, float* __restrict__ y) {
-    pdl_launch_dependents();
+    pdl_begin();
     __shared__ TileSmem<1> s;
     const int tile = blockIdx.x;
     if (tile >= tiles[0]) return;
@@ -466,7 +466,7 @@ extern "C" __global__ void __launch_bounds__(256)
     moe_gemv_gate_up(const void* __restrict__ act, const float* __restrict__ act_scales, int kind,
                      const int* __restrict__ ids, const unsigned long long* __restrict__ table, int top_k, int E,
                      int K, int N, float* __restrict__ h) {
-    pdl_launch_dependents();
+    pdl_begin();
     extern __shared__ float gemv_smem[];
     float* xs = gemv_smem;
     float* xsc = gemv_smem + K;
@@ -509,7 +509,7 @@ extern "C" __global__ void __launch_bounds__(256)
 extern "C" __global__ void __launch_bounds__(256)
     moe_gemv_down(const float* __restrict__ h, int quantise, const int* __restrict__ ids,
                   const unsigned long long* __restrict__ table, int E, int K, int N, float* __restrict__ y) {
-    pdl_launch_dependents();
+    pdl_begin();
     extern __shared__ float gemv_smem[];
     float* xs = gemv_smem;
     float* xsc = gemv_smem + K;
@@ -567,7 +567,7 @@ extern "C" __global__ void __launch_bounds__(256)
 // h = bf16(SiLU(g) · u) elementwise (the shared expert's activation). Grid ceil(n/256), 256 threads.
 extern "C" __global__ void moe_swiglu_bf16(const bf16* __restrict__ g, const bf16* __restrict__ u,
                                            bf16* __restrict__ h, int n) {
-    pdl_launch_dependents();
+    pdl_begin();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) h[i] = to_bf16(siluf_(to_f32(g[i])) * to_f32(u[i]));
 }
@@ -580,7 +580,7 @@ extern "C" __global__ void moe_swiglu_bf16(const bf16* __restrict__ g, const bf1
 extern "C" __global__ void moe_combine(const float* __restrict__ y, const float* __restrict__ w,
                                        const float* __restrict__ shared_gate, const bf16* __restrict__ shared,
                                        bf16* __restrict__ out, int top_k, int N) {
-    pdl_launch_dependents();
+    pdl_begin();
     const int r = blockIdx.x, c = blockIdx.y * blockDim.x + threadIdx.x;
     if (c >= N) return;
     const float* wr = w + (size_t)r * top_k;

@@ -66,7 +66,7 @@ enum { FMT_E4M3 = 0, FMT_F16 = 1, FMT_F16X2 = 2 };
 // One warp per group, 8 per block: grid (ceil(K/128 / 8), rows), 256 threads. K % 128 == 0.
 extern "C" __global__ void moe_rows_operand(const void* __restrict__ x, int in_kind, int rows, int K, int fmt,
                                             void* __restrict__ codes, float* __restrict__ scales) {
-    pdl_launch_dependents();
+    pdl_begin();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int groups = K >> 7;
     const int g = blockIdx.x * (blockDim.x >> 5) + warp;
@@ -256,7 +256,7 @@ extern "C" __global__ void __launch_bounds__(ROWS_THREADS)
     moe_rows_gate_up(const void* __restrict__ act, const float* __restrict__ act_scales, int fmt,
                      const int* __restrict__ sorted, const int* __restrict__ tiles, const int* __restrict__ offsets,
                      const unsigned long long* __restrict__ table, int top_k, int K, int N, float* __restrict__ h) {
-    pdl_launch_dependents();
+    pdl_begin();
     __shared__ float slices[GU_KS][GU_FS][8][32];  // [K slice][feature warp][total][lane]
     RowsTile tile;
     if (!rows_tile(tiles, offsets, tile)) return;
@@ -305,7 +305,7 @@ extern "C" __global__ void __launch_bounds__(ROWS_THREADS)
                   int fmt, const int* __restrict__ sorted, const int* __restrict__ tiles,
                   const int* __restrict__ offsets, const unsigned long long* __restrict__ table, int K, int N,
                   float* __restrict__ y) {
-    pdl_launch_dependents();
+    pdl_begin();
     RowsTile tile;
     if (!rows_tile(tiles, offsets, tile)) return;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;

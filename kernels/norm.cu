@@ -6,7 +6,7 @@
 // One block per row. x, y: [rows, cols] bf16; w: [cols] f32 (the stored gain w, not 1 + w).
 extern "C" __global__ void rms_norm_zc(const bf16* __restrict__ x, const float* __restrict__ w,
                                        bf16* __restrict__ y, int cols, float eps) {
-    pdl_launch_dependents();
+    pdl_begin();
     __shared__ float scratch[32];
     const bf16* xr = x + (size_t)blockIdx.x * cols;
     bf16* yr = y + (size_t)blockIdx.x * cols;
@@ -22,7 +22,7 @@ extern "C" __global__ void rms_norm_zc(const bf16* __restrict__ x, const float* 
 // residual += delta (rounded to bf16), then y = rms_norm_zc(residual).
 extern "C" __global__ void add_rms_norm_zc(bf16* __restrict__ residual, const bf16* __restrict__ delta,
                                            const float* __restrict__ w, bf16* __restrict__ y, int cols, float eps) {
-    pdl_launch_dependents();
+    pdl_begin();
     __shared__ float scratch[32];
     bf16* rr = residual + (size_t)blockIdx.x * cols;
     const bf16* dr = delta + (size_t)blockIdx.x * cols;
@@ -40,7 +40,7 @@ extern "C" __global__ void add_rms_norm_zc(bf16* __restrict__ residual, const bf
 
 // x += y elementwise (bf16, rounded once).
 extern "C" __global__ void add_bf16(bf16* __restrict__ x, const bf16* __restrict__ y, int n) {
-    pdl_launch_dependents();
+    pdl_begin();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] = to_bf16(to_f32(x[i]) + to_f32(y[i]));
 }

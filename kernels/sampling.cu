@@ -607,7 +607,7 @@ __device__ void record_fault(SamplerOut* out, const SamplerState* st, uint32_t s
 extern "C" __global__ void __launch_bounds__(THREADS)
     sample_main_draws(const float* __restrict__ logits, const uint32_t* __restrict__ logit_index, int n, int n_pad,
                       int logits_stride, const SamplerState* __restrict__ states, SamplerOut* __restrict__ outs) {
-    pdl_launch_dependents();
+    pdl_begin();
     const int b = blockIdx.y;
     const SamplerState* st = states + b;
     SamplerOut* out = outs + b;
@@ -629,7 +629,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 extern "C" __global__ void sample_main_finish(const uint32_t* __restrict__ ids, uint32_t semantic_start,
                                               uint32_t semantic_end, SamplerState* __restrict__ states,
                                               SamplerOut* __restrict__ outs) {
-    pdl_launch_dependents();
+    pdl_begin();
     if (threadIdx.x != 0) return;
     SamplerState* st = states + blockIdx.x;
     SamplerOut* out = outs + blockIdx.x;
@@ -658,7 +658,7 @@ extern "C" __global__ void sample_main_finish(const uint32_t* __restrict__ ids, 
 extern "C" __global__ void __launch_bounds__(THREADS)
     sample_head(const bf16* __restrict__ logits, int n, int n_pad, int r, const SamplerState* __restrict__ states,
                 SamplerOut* __restrict__ outs) {
-    pdl_launch_dependents();
+    pdl_begin();
     const SamplerState* st = states + blockIdx.x;
     SamplerOut* out = outs + blockIdx.x;
     const Filter filter{st->temperature, st->head_top_k, st->top_p, false};
@@ -673,7 +673,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 // One block per row (thread 0 works), at the end of a frame: the next frame's draws use the
 // next counter.
 extern "C" __global__ void sampler_end_frame(SamplerState* __restrict__ states) {
-    pdl_launch_dependents();
+    pdl_begin();
     if (threadIdx.x != 0) return;
     SamplerState* st = states + blockIdx.x;
     const unsigned long long frame = (((unsigned long long)st->frame_hi << 32) | st->frame_lo) + 1;

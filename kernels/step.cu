@@ -13,7 +13,7 @@
 extern "C" __global__ void step_embed_recipe(const uint32_t* __restrict__ rows, int row_stride, int n,
                                              uint32_t* __restrict__ recipe, uint32_t semantic_start, int vocab,
                                              int k, float scale) {
-    pdl_launch_dependents();
+    pdl_begin();
     const int b = blockIdx.x * blockDim.x + threadIdx.x;
     if (b >= n) return;
     const uint32_t* row = rows + (size_t)b * row_stride;
@@ -32,7 +32,7 @@ extern "C" __global__ void step_embed_recipe(const uint32_t* __restrict__ rows, 
 extern "C" __global__ void step_advance(const uint32_t* __restrict__ row, const uint32_t* __restrict__ semantic,
                                         uint32_t* __restrict__ input_row, uint32_t* __restrict__ input_semantic,
                                         int* __restrict__ position, int width) {
-    pdl_launch_dependents();
+    pdl_begin();
     for (int i = threadIdx.x; i < width; i += blockDim.x) input_row[i] = row[i];
     if (threadIdx.x == 0) {
         *input_semantic = *semantic;

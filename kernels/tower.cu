@@ -14,7 +14,7 @@
 extern "C" __global__ void tower_unseen(const bf16* __restrict__ table, const uint32_t* __restrict__ codes,
                                         const uint32_t* __restrict__ semantic, bf16* __restrict__ out, int codebooks,
                                         int first, int vocab, int dim) {
-    pdl_launch_dependents();
+    pdl_begin();
     const int r = blockIdx.x;
     const uint32_t* cr = codes + (size_t)r * codebooks;
     bf16* o = out + (size_t)r * dim;
@@ -48,7 +48,7 @@ extern "C" __global__ void tower_mix(const bf16* __restrict__ hidden, const bf16
                                      int label_stride, const bf16* __restrict__ unseen,
                                      const float* __restrict__ enorm, const float* __restrict__ hnorm,
                                      bf16* __restrict__ out, int dim, int vocab, float eps) {
-    pdl_launch_dependents();
+    pdl_begin();
     __shared__ float scratch[32];
     const int r = blockIdx.x;
     const bool on = mask[(size_t)r * label_stride] != 0;
@@ -86,7 +86,7 @@ extern "C" __global__ void tower_prep(const bf16* __restrict__ qkv, const float*
                                       float* __restrict__ q, bf16* __restrict__ qg, bf16* kc, bf16* vc, int heads,
                                       int kv_heads, int rotary_dim, int start, const int* __restrict__ dev_start,
                                       float eps, float q_scale, DECODE_ROWS_PARAMS) {
-    pdl_launch_dependents();
+    pdl_begin();
     const DecodeRows seq = DECODE_ROWS;
     __shared__ float scratch[32];
     __shared__ float ys[1024];

@@ -75,7 +75,7 @@ pub struct AttentionKernels {
 
 impl AttentionKernels {
     pub fn load(ctx: &Arc<CudaContext>) -> Result<AttentionKernels, KernelError> {
-        let m = Module::load(ctx, "attention", embedded::ATTENTION)?;
+        let m = Module::load_overlapping(ctx, "attention", embedded::ATTENTION)?;
         let names = [
             ("attn_prefill_hd32", "attn_decode_hd32"),
             ("attn_prefill_hd64", "attn_decode_hd64"),

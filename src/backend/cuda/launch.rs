@@ -25,6 +25,8 @@ pub struct KernelError {
 pub struct Module {
     name: &'static str,
     module: Arc<CudaModule>,
+    /// Its kernels are launched overlapping their predecessor (see [`Module::load_overlapping`]).
+    overlapping: bool,
 }
 
 impl Module {
@@ -34,7 +36,20 @@ impl Module {
         let module = ctx
             .load_module(cudarc::nvrtc::Ptx::from_binary(image.to_vec()))
             .map_err(|source| KernelError { module: name, kernel: None, source })?;
-        Ok(Module { name, module })
+        Ok(Module { name, module, overlapping: false })
+    }
+
+    /// [`Module::load`] for a module whose kernels all begin with `pdl_begin()` (or, the decode
+    /// GEMVs, fetch only weights before `pdl_wait()`; kernels/common.cuh): each is launched with
+    /// programmatic stream serialization, so it may start while the kernel before it on the
+    /// stream still runs, and its launch hides under that kernel's tail. Compute capability 9.0
+    /// and newer; elsewhere plain launches. `LIMELIGHT_NO_PDL=1` in the environment keeps plain
+    /// launches (to measure the gain, or should a driver mishandle it): the bits are the same.
+    pub fn load_overlapping(ctx: &Arc<CudaContext>, name: &'static str, image: &[u8]) -> Result<Module, KernelError> {
+        let mut module = Module::load(ctx, name, image)?;
+        let disabled = std::env::var_os("LIMELIGHT_NO_PDL").is_some_and(|v| v == "1");
+        module.overlapping = !disabled && ctx.compute_capability().is_ok_and(|cc| cc >= (9, 0));
+        Ok(module)
     }
 
     pub fn kernel(&self, name: &'static str) -> Result<Kernel, KernelError> {
@@ -43,7 +58,7 @@ impl Module {
             kernel: Some(name),
             source,
         })?;
-        Ok(Kernel { name, function, overlapping: false })
+        Ok(Kernel { name, function, overlapping: self.overlapping })
     }
 }
 
@@ -51,7 +66,7 @@ impl Module {
 pub struct Kernel {
     pub name: &'static str,
     function: CudaFunction,
-    /// Launched with programmatic stream serialization (see [`Kernel::overlapping`]).
+    /// Launched with programmatic stream serialization (see [`Module::load_overlapping`]).
     overlapping: bool,
 }
 
@@ -122,19 +137,6 @@ impl Dims {
 }
 
 impl Kernel {
-    /// Lets the kernel start while the kernel before it on the stream still runs (programmatic
-    /// dependent launch, compute capability 9.0 and newer; elsewhere a plain launch). Only for
-    /// kernels that read and write nothing of their predecessors' before `pdl_wait()` in the
-    /// .cu (kernels/common.cuh): the decode GEMVs, which fetch their weights first. Their
-    /// launch and the first weight loads then overlap the previous kernel's tail.
-    /// `LIMELIGHT_NO_PDL=1` in the environment keeps plain launches (for measuring the gain, or
-    /// should a driver mishandle it); the results are the same bits either way.
-    pub fn overlapping(mut self, ctx: &CudaContext) -> Kernel {
-        let disabled = std::env::var_os("LIMELIGHT_NO_PDL").is_some_and(|v| v == "1");
-        self.overlapping = !disabled && ctx.compute_capability().is_ok_and(|cc| cc >= (9, 0));
-        self
-    }
-
     /// Queues the kernel on `stream`.
     ///
     /// # Panics

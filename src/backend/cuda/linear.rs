@@ -95,7 +95,7 @@ fn gemm_smem_bytes(rows_per_block: usize) -> usize {
 
 impl LinearKernels {
     pub fn load(ctx: &Arc<CudaContext>) -> Result<LinearKernels, KernelError> {
-        let m = Module::load(ctx, "linear", embedded::LINEAR)?;
+        let m = Module::load_overlapping(ctx, "linear", embedded::LINEAR)?;
         let gemm = |name: &'static str, rows_per_block: usize| -> Result<Kernel, KernelError> {
             let kernel = m.kernel(name)?;
             // 96 KiB: within every supported GPU's per-block limit (≥ 99 KiB from sm_80).
@@ -112,7 +112,7 @@ impl LinearKernels {
         let staged_cap = (usize::try_from(optin).unwrap_or(0).saturating_sub(STAGED_STATIC_BYTES))
             .min(staged_smem_bytes(8, STAGED_MAX_K));
         let staged = |name: &'static str| -> Result<Kernel, KernelError> {
-            let kernel = m.kernel(name)?.overlapping(ctx);
+            let kernel = m.kernel(name)?;
             kernel.allow_shared_bytes(staged_cap as u32).map_err(|source| KernelError {
                 module: "linear",
                 kernel: Some(name),
@@ -122,9 +122,9 @@ impl LinearKernels {
         };
         Ok(LinearKernels {
             mma_r8: staged("linear_mma_r8")?,
-            mma_r64: m.kernel("linear_mma_r64")?.overlapping(ctx),
+            mma_r64: m.kernel("linear_mma_r64")?,
             mma_r8_many: staged("linear_mma_r8_many")?,
-            mma_r64_many: m.kernel("linear_mma_r64_many")?.overlapping(ctx),
+            mma_r64_many: m.kernel("linear_mma_r64_many")?,
             gemm_r64: gemm("linear_gemm_r64", GEMM_R64_ROWS)?,
             gemm_r128: gemm("linear_gemm_r128", GEMM_R128_ROWS)?,
             tiled: m.kernel("linear_tiled")?,

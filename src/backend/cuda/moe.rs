@@ -46,8 +46,8 @@ pub struct MoeKernels {
 
 impl MoeKernels {
     pub fn load(ctx: &Arc<CudaContext>) -> Result<MoeKernels, KernelError> {
-        let m = Module::load(ctx, "moe", embedded::MOE)?;
-        let r = Module::load(ctx, "moe_rows", embedded::MOE_ROWS)?;
+        let m = Module::load_overlapping(ctx, "moe", embedded::MOE)?;
+        let r = Module::load_overlapping(ctx, "moe_rows", embedded::MOE_ROWS)?;
         Ok(MoeKernels {
             router_logits: m.kernel("moe_router_logits")?,
             route: m.kernel("moe_route")?,

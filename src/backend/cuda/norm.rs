@@ -17,7 +17,7 @@ pub struct NormKernels {
 
 impl NormKernels {
     pub fn load(ctx: &Arc<CudaContext>) -> Result<NormKernels, KernelError> {
-        let m = Module::load(ctx, "norm", embedded::NORM)?;
+        let m = Module::load_overlapping(ctx, "norm", embedded::NORM)?;
         Ok(NormKernels {
             rms_norm_zc: m.kernel("rms_norm_zc")?,
             add_rms_norm_zc: m.kernel("add_rms_norm_zc")?,

@@ -51,7 +51,7 @@ pub struct SamplingKernels {
 
 impl SamplingKernels {
     pub fn load(ctx: &Arc<CudaContext>) -> Result<SamplingKernels, KernelError> {
-        let m = Module::load(ctx, "sampling", embedded::SAMPLING)?;
+        let m = Module::load_overlapping(ctx, "sampling", embedded::SAMPLING)?;
         let kernels = SamplingKernels {
             main_draws: m.kernel("sample_main_draws")?,
             main_finish: m.kernel("sample_main_finish")?,

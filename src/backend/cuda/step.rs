@@ -18,7 +18,7 @@ pub struct StepKernels {
 
 impl StepKernels {
     pub fn load(ctx: &Arc<CudaContext>) -> Result<StepKernels, KernelError> {
-        let m = Module::load(ctx, "step", embedded::STEP)?;
+        let m = Module::load_overlapping(ctx, "step", embedded::STEP)?;
         Ok(StepKernels { embed_recipe: m.kernel("step_embed_recipe")?, advance: m.kernel("step_advance")? })
     }
 }

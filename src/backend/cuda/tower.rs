@@ -32,7 +32,7 @@ pub struct TowerKernels {
 
 impl TowerKernels {
     pub fn load(ctx: &Arc<CudaContext>) -> Result<TowerKernels, KernelError> {
-        let m = Module::load(ctx, "tower", embedded::TOWER)?;
+        let m = Module::load_overlapping(ctx, "tower", embedded::TOWER)?;
         Ok(TowerKernels {
             unseen: m.kernel("tower_unseen")?,
             mix: m.kernel("tower_mix")?,
