@@ -24,6 +24,7 @@
 use super::batch::{DeviceDraws, StepPhase, Stream};
 use super::generate::{Engine, GenerateError, LoadModelError, ResidentModel, model_parts};
 use crate::backend::BackendTypes;
+use crate::backend::cuda::launch::DecodeLaunches;
 use crate::backend::cuda::memory::MemoryError;
 use crate::backend::cuda::sampling::{DeviceState, DrawFailure, GpuSampler};
 use crate::backend::cuda::step::{self, RowEmbedding};
@@ -82,6 +83,7 @@ impl<'w> CudaDraws<'w> {
         streams: &mut [&mut Stream<Cuda>],
         mark: &mut dyn FnMut(StepPhase),
     ) -> Result<Vec<Result<Vec<u32>, GenerateError>>, GenerateError> {
+        let _overlap = DecodeLaunches::open();
         let (cuda, sampler) = (self.cuda, &self.sampler);
         let n = streams.len();
         let hidden: Vec<GpuMatrix> = streams.iter().map(|s| s.hidden.clone().expect("checked ready")).collect();

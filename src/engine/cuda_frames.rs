@@ -21,6 +21,7 @@ use super::generate::{DeviceFrames, FrameSource, GenerateError, GenerateOptions}
 use super::prefix::{PrefixCache, SharedPrefix};
 use crate::backend::cuda::attention::DevicePosition;
 use crate::backend::cuda::graph::CapturedGraph;
+use crate::backend::cuda::launch::DecodeLaunches;
 use crate::backend::cuda::memory::{DeviceBuffer, MemoryError};
 use crate::backend::cuda::sampling::{DrawFailure, GpuSampler};
 use crate::backend::cuda::step::{self, RowEmbedding};
@@ -168,6 +169,7 @@ impl<'w> CudaFrames<'w> {
 
     /// Queues one frame step: kernels on the state's fixed addresses only (capturable).
     fn record(&self, st: &mut StepState) -> Result<(), GenerateError> {
+        let _overlap = DecodeLaunches::open();
         let cuda = self.cuda;
         let tower_w = self.tower.weights();
         let shape = self.tower.shape();

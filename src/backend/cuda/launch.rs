@@ -21,6 +21,32 @@ pub struct KernelError {
     pub source: cudarc::driver::DriverError,
 }
 
+thread_local! {
+    /// Open [`DecodeLaunches`] scopes on this thread.
+    static DECODE_SCOPES: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// While alive, the kernels of overlapping modules ([`Module::load_overlapping`]) that this
+/// thread launches start overlapping their predecessor. Only the decode step opens one: its
+/// kernels are short, so their launches are a large share of the step (on the H200 the graph
+/// step went 5.71 → 5.28 ms), while a prompt's long kernels gain nothing and its 200-row prefill
+/// measured 39.6 → 41.5 ms with every launch overlapping (docs/perf/2026-12-04-one-stream.md,
+/// run 14).
+pub struct DecodeLaunches(());
+
+impl DecodeLaunches {
+    pub fn open() -> DecodeLaunches {
+        DECODE_SCOPES.with(|n| n.set(n.get() + 1));
+        DecodeLaunches(())
+    }
+}
+
+impl Drop for DecodeLaunches {
+    fn drop(&mut self) {
+        DECODE_SCOPES.with(|n| n.set(n.get() - 1));
+    }
+}
+
 /// One loaded `kernels/<name>.cu`.
 pub struct Module {
     name: &'static str,
@@ -40,9 +66,10 @@ impl Module {
     }
 
     /// [`Module::load`] for a module whose kernels all begin with `pdl_begin()` (or, the decode
-    /// GEMVs, fetch only weights before `pdl_wait()`; kernels/common.cuh): each is launched with
-    /// programmatic stream serialization, so it may start while the kernel before it on the
-    /// stream still runs, and its launch hides under that kernel's tail. Compute capability 9.0
+    /// GEMVs, fetch only weights before `pdl_wait()`; kernels/common.cuh): inside a
+    /// [`DecodeLaunches`] scope each is launched with programmatic stream serialization, so it
+    /// may start while the kernel before it on the stream still runs, and its launch hides under
+    /// that kernel's tail. Compute capability 9.0
     /// and newer; elsewhere plain launches. `LIMELIGHT_NO_PDL=1` in the environment keeps plain
     /// launches (to measure the gain, or should a driver mishandle it): the bits are the same.
     pub fn load_overlapping(ctx: &Arc<CudaContext>, name: &'static str, image: &[u8]) -> Result<Module, KernelError> {
@@ -163,7 +190,7 @@ impl Kernel {
         // list its kernel's C signature declares, with device addresses of live buffers sized
         // for the launch (checked by the wrapper's asserts).
         let launched = super::profile::around(self.name, stream.cu_stream(), || unsafe {
-            if self.overlapping {
+            if self.overlapping && DECODE_SCOPES.with(|n| n.get() > 0) {
                 launch_overlapping(self.function.cu_function(), dims, stream.cu_stream(), &mut pointers[..n])
             } else {
                 result::launch_kernel(
