@@ -179,17 +179,23 @@ __device__ __forceinline__ void linear_mma(const bf16* __restrict__ x, const bf1
 
 // ≤ 8 rows, staged (`linear_mma_r8`): the single-row and single-stream decode. The same
 // fragments, MMAs and order as `linear_mma` (so the bits of `linear_mma_r64` for every row), but
-// the block first copies its whole 16 × k weight tile and its x rows into shared memory with
-// cp.async — every byte in flight at once, no register ring — and the warps then read their
-// fragments from there. The weight copy is issued before `pdl_wait` (it overlaps the previous
-// kernel's tail), x's after it.
+// the block first copies its 16 × k weight tile and its x rows into shared memory with cp.async
+// — every byte in flight at once, no register ring — and the warps then read their fragments
+// from there. The weight copy is issued before `pdl_wait` (it overlaps the previous kernel's
+// tail), x's after it. A k wider than STAGE_STEPS k32 steps (4096) is staged in chunks of
+// STAGE_STEPS, one after another; a chunk is a multiple of MMA_SLICES steps, so slice s still
+// takes steps s, s + 8, … in increasing order.
 // Shared layout: 16 weight rows then `rows` x rows, each `mma_stage_stride(k)` 16-byte vectors:
-// k / 8 rounded up to whole k32 steps (zero-filled past k and past n), then padding that makes
-// the stride ≡ 4 (mod 8) vectors, so a quarter-warp's eight 16-byte reads (rows g and g + 1,
-// c = 0..3) fall in eight distinct bank groups. Dynamic shared memory: (16 + rows) · stride · 16
-// bytes (`linear::staged_smem_bytes`); at k = 4096 and 8 rows 198 KiB, so a GPU whose opt-in
-// limit is lower takes `linear_mma_r64` for those shapes (the same bits).
-__host__ __device__ constexpr int mma_stage_stride(int k) { return (((k + 31) >> 5) * 4 + 7) / 8 * 8 + 4; }
+// a chunk's k / 8 rounded up to whole k32 steps (zero-filled past k and past n), then padding
+// that makes the stride ≡ 4 (mod 8) vectors, so a quarter-warp's eight 16-byte reads (rows g and
+// g + 1, c = 0..3) fall in eight distinct bank groups. Dynamic shared memory: (16 + rows) ·
+// stride · 16 bytes (`linear::staged_smem_bytes`), at most 198 KiB (8 rows); a GPU whose opt-in
+// limit is lower takes `linear_mma_r64` for the shapes that do not fit (the same bits).
+constexpr int STAGE_STEPS = 128;
+static_assert(STAGE_STEPS % MMA_SLICES == 0, "a chunk deals whole rounds of steps to the slices");
+__host__ __device__ constexpr int mma_stage_stride(int k) {
+    return ((min((k + 31) >> 5, STAGE_STEPS) * 4 + 7) / 8) * 8 + 4;
+}
 
 __device__ __forceinline__ void linear_mma_staged(const bf16* __restrict__ x, const bf16* __restrict__ w,
                                                   bf16* __restrict__ y, int rows, int n, int k, int bx) {
@@ -197,35 +203,41 @@ __device__ __forceinline__ void linear_mma_staged(const bf16* __restrict__ x, co
     __shared__ float part[MMA_SLICES][4][32];
     const int slice = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     const int f0 = bx * 16;
-    const int k8 = k >> 3, steps = (k + 31) >> 5, vectors = steps * 4, stride = mma_stage_stride(k);
-
+    const int k8 = k >> 3, steps = (k + 31) >> 5, stride = mma_stage_stride(k);
     const uint4* wv = reinterpret_cast<const uint4*>(w);
-    for (int r = 0; r < 16; ++r) {
-        const uint4* row = wv + (size_t)(f0 + r) * k8;
-        for (int v = threadIdx.x; v < vectors; v += blockDim.x) {
-            const bool ok = f0 + r < n && v < k8;
-            cp_async16_zfill(stage + r * stride + v, ok ? row + v : wv, ok);
-        }
-    }
-    cp_async_commit();
-    pdl_wait();
     const uint4* xv = reinterpret_cast<const uint4*>(x);
-    for (int r = 0; r < rows; ++r)
-        for (int v = threadIdx.x; v < vectors; v += blockDim.x)
-            cp_async16_zfill(stage + (16 + r) * stride + v, v < k8 ? xv + (size_t)r * k8 + v : xv, v < k8);
-    cp_async_commit();
-    cp_async_wait<0>();
-    __syncthreads();
-
-    // Slice s takes steps s, s + 8, s + 16, … in increasing order (as linear_mma).
     const uint4* wa = stage + g * stride + c;
     const uint4* wb = stage + (g + 8) * stride + c;
     const uint4* xb = stage + (16 + g) * stride + c;
     const bool b_ok = g < rows;
     float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
-    for (int t = slice; t < steps; t += MMA_SLICES) {
-        const uint4 b = b_ok ? xb[4 * t] : make_uint4(0u, 0u, 0u, 0u);
-        mma_bf16_k32(acc[0], wa[4 * t], wb[4 * t], b);
+
+    for (int first = 0; first < steps; first += STAGE_STEPS) {
+        // Vectors [v0, v0 + vectors) of every row: this chunk's steps.
+        const int v0 = first * 4, vectors = min(steps - first, STAGE_STEPS) * 4;
+        if (first > 0) __syncthreads();  // every warp is done with the previous chunk
+        for (int r = 0; r < 16; ++r) {
+            const uint4* row = wv + (size_t)(f0 + r) * k8 + v0;
+            for (int v = threadIdx.x; v < vectors; v += blockDim.x) {
+                const bool ok = f0 + r < n && v0 + v < k8;
+                cp_async16_zfill(stage + r * stride + v, ok ? row + v : wv, ok);
+            }
+        }
+        cp_async_commit();
+        if (first == 0) pdl_wait();
+        for (int r = 0; r < rows; ++r)
+            for (int v = threadIdx.x; v < vectors; v += blockDim.x) {
+                const bool ok = v0 + v < k8;
+                cp_async16_zfill(stage + (16 + r) * stride + v, ok ? xv + (size_t)r * k8 + v0 + v : xv, ok);
+            }
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+        // Slice s takes steps s, s + 8, s + 16, … in increasing order (as linear_mma).
+        for (int t = slice; t < vectors / 4; t += MMA_SLICES) {
+            const uint4 b = b_ok ? xb[4 * t] : make_uint4(0u, 0u, 0u, 0u);
+            mma_bf16_k32(acc[0], wa[4 * t], wb[4 * t], b);
+        }
     }
     mma_partials_store<1>(part, acc, 1, y, rows, n, f0, 0);
 }

@@ -16,8 +16,8 @@ use crate::harness::Ctx;
 
 /// Weight shapes `[n, k]`: the real model's dense projections (GDN qkv / z / b, attention q / k /
 /// o, shared expert up / down, the tower's heads), then odd ones: n not a multiple of 16, k not a
-/// multiple of 32 (the decode kernel's zero-padded last step), a single k32 step, and a k too wide
-/// for `linear_mma_r8`'s shared-memory stage (decode rows then take `linear_mma_r64`).
+/// multiple of 32 (the decode kernel's zero-padded last step), a single k32 step, and a k staged
+/// in two chunks by `linear_mma_r8` (k > 4096).
 const SHAPES: &[(usize, usize)] = &[
     (8192, 2048),
     (4096, 2048),
@@ -56,7 +56,7 @@ pub fn run(ctx: &mut Ctx) {
     }
     // k not a multiple of 8: no tensor-core path; cuBLASLt and the tiled kernel must still be right.
     projections(ctx, 40, 100);
-    for (n, k) in [(2048, 4096), (4096, 2048), (100, 72)] {
+    for (n, k) in [(2048, 4096), (4096, 2048), (100, 72), (48, 8192), (40, 4136)] {
         row_invariance(ctx, n, k);
         gemm_row_invariance(ctx, n, k);
         segments(ctx, n, k);

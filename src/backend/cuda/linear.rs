@@ -68,10 +68,13 @@ pub struct LinearKernels {
     staged_cap: usize,
 }
 
-/// `mma_stage_stride` in the .cu: 16-byte vectors per staged row of width `k` — whole k32 steps,
-/// padded to ≡ 4 (mod 8) vectors.
+/// `STAGE_STEPS` in the .cu: k32 steps per shared-memory chunk of `linear_mma_r8*` (k = 4096).
+const STAGE_STEPS: usize = 128;
+
+/// `mma_stage_stride` in the .cu: 16-byte vectors per staged row of a chunk of width `k` — whole
+/// k32 steps, at most [`STAGE_STEPS`], padded to ≡ 4 (mod 8) vectors.
 fn stage_stride(k: usize) -> usize {
-    (k.div_ceil(32) * 4).div_ceil(8) * 8 + 4
+    (k.div_ceil(32).min(STAGE_STEPS) * 4).div_ceil(8) * 8 + 4
 }
 
 /// Dynamic shared memory of a `linear_mma_r8*` block: 16 weight rows and `rows` input rows.
@@ -79,9 +82,6 @@ fn staged_smem_bytes(rows: usize, k: usize) -> usize {
     (16 + rows) * stage_stride(k) * 16
 }
 
-/// The widest input `linear_mma_r8*` stages at 8 rows where the GPU allows it (198 KiB on Hopper):
-/// every decode projection of the model (k ≤ 4096).
-const STAGED_MAX_K: usize = 4096;
 /// Static shared memory of `linear_mma_r8*` (the slices' partials), beside the stage.
 const STAGED_STATIC_BYTES: usize = 4096;
 
@@ -110,7 +110,7 @@ impl LinearKernels {
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
             .map_err(|source| KernelError { module: "linear", kernel: None, source })?;
         let staged_cap = (usize::try_from(optin).unwrap_or(0).saturating_sub(STAGED_STATIC_BYTES))
-            .min(staged_smem_bytes(8, STAGED_MAX_K));
+            .min(staged_smem_bytes(8, 32 * STAGE_STEPS));
         let staged = |name: &'static str| -> Result<Kernel, KernelError> {
             let kernel = m.kernel(name)?;
             kernel.allow_shared_bytes(staged_cap as u32).map_err(|source| KernelError {
