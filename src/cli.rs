@@ -279,6 +279,18 @@ pub struct ServeArgs {
     /// request, so a chapter fits (OpenAI's own limit is 4096).
     #[arg(long, env = "LIMELIGHT_MAX_INPUT_CHARS", default_value_t = crate::http::DEFAULT_MAX_INPUT_CHARS)]
     pub max_input_chars: usize,
+    /// Open HTTP connections at most; more are answered 503 (`too_many_connections`) and closed.
+    /// Keep it below the process's descriptor limit (the units set `LimitNOFILE=65536`).
+    #[arg(long, env = "LIMELIGHT_MAX_CONNECTIONS", default_value_t = 4096)]
+    pub max_connections: usize,
+    /// Seconds a request's head (request line and headers) may take to arrive; also how long an
+    /// idle keep-alive connection stays open. Slower ones are closed.
+    #[arg(long, env = "LIMELIGHT_HEADER_TIMEOUT", default_value_t = 10)]
+    pub header_timeout: u64,
+    /// Seconds a request's body may take to arrive after its head; a slower one is refused with
+    /// 408 (`request_timeout`). Raise it for large voice uploads over slow links.
+    #[arg(long, env = "LIMELIGHT_BODY_TIMEOUT", default_value_t = 30)]
+    pub body_timeout: u64,
     /// Largest request body, in bytes; larger ones are refused with 413.
     #[arg(long, env = "LIMELIGHT_MAX_BODY_BYTES", default_value_t = crate::http::DEFAULT_MAX_BODY_BYTES)]
     pub max_body_bytes: usize,

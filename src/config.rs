@@ -79,6 +79,10 @@ pub struct ServeConfig {
     pub max_batch: Option<usize>,
     pub prefill_chunk: usize,
     pub stall_timeout: Duration,
+    /// `--max-connections`, `--header-timeout`, `--body-timeout` (`http::server`, `http::deadline`).
+    pub max_connections: usize,
+    pub header_timeout: Duration,
+    pub body_timeout: Duration,
     pub drain_timeout: Duration,
     pub log_format: LogFormat,
     /// Where named voices persist; `None`: in memory only.
@@ -151,6 +155,9 @@ impl ServeConfig {
         at_least("max-voices", 1, args.max_voices)?;
         at_least("max-voice-upload-bytes", 1024, args.max_voice_upload_bytes)?;
         at_least("stall-timeout", 1, args.stall_timeout as usize)?;
+        at_least("max-connections", 1, args.max_connections)?;
+        at_least("header-timeout", 1, args.header_timeout as usize)?;
+        at_least("body-timeout", 1, args.body_timeout as usize)?;
         if let Some(n) = args.max_batch {
             at_least("max-batch", 1, n)?;
         }
@@ -177,6 +184,9 @@ impl ServeConfig {
             max_batch: args.max_batch,
             prefill_chunk: args.prefill_chunk,
             stall_timeout: Duration::from_secs(args.stall_timeout),
+            max_connections: args.max_connections,
+            header_timeout: Duration::from_secs(args.header_timeout),
+            body_timeout: Duration::from_secs(args.body_timeout),
             drain_timeout: Duration::from_secs(args.drain_timeout),
             log_format: args.log_format,
             voices_dir: args.voices_dir.clone(),
@@ -235,6 +245,9 @@ impl fmt::Debug for ServeConfig {
             .field("max_batch", &self.max_batch)
             .field("prefill_chunk", &self.prefill_chunk)
             .field("stall_timeout", &self.stall_timeout)
+            .field("max_connections", &self.max_connections)
+            .field("header_timeout", &self.header_timeout)
+            .field("body_timeout", &self.body_timeout)
             .field("drain_timeout", &self.drain_timeout)
             .field("log_format", &self.log_format)
             .field("voices_dir", &self.voices_dir)

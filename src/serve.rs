@@ -9,7 +9,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
@@ -18,6 +17,7 @@ use tracing::{error, info, warn};
 
 use crate::cli::ServeArgs;
 use crate::config::{ConfigError, EngineChoice, ModelSource, ServeConfig};
+use crate::http::server::ServerLimits;
 use crate::http::{self, AppState, HttpConfig};
 use crate::request::validate::SpeechPolicy;
 use crate::scheduler::{BatchLimits, Loader, Scheduler, cpu_loader, cuda_loader};
@@ -98,18 +98,11 @@ pub async fn serve(
     });
     let voices = open_voices(&config)?;
     let app = http::router(AppState::with_voices(scheduler.clone(), http_config, voices));
-    // Small PCM chunks must leave at once, not wait for Nagle.
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
+    let limits = ServerLimits { max_connections: config.max_connections, header_timeout: config.header_timeout };
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
-    let server = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = stop_rx.await;
-            })
-            .await
-    });
+    let server = tokio::spawn(http::server::run(listener, app, limits, async move {
+        let _ = stop_rx.await;
+    }));
     info!(%addr, model = %config.model.dir().display(), "listening; loading the model");
 
     let outcome = tokio::select! {
@@ -211,6 +204,7 @@ pub fn http_config(config: &ServeConfig) -> HttpConfig {
         max_body_bytes: config.max_body_bytes,
         voice_aliases: config.voice_aliases.clone(),
         max_voice_upload_bytes: config.max_voice_upload_bytes,
+        body_timeout: config.body_timeout,
     }
 }
 

@@ -10,6 +10,8 @@ use tracing_subscriber::EnvFilter;
 
 /// Requests answered, labelled `status` (HTTP code) and `format` (`response_format`).
 pub const REQUESTS_TOTAL: &str = "limelight_requests_total";
+/// Connections refused past `--max-connections` (answered 503 and closed).
+pub const CONNECTIONS_REFUSED_TOTAL: &str = "limelight_connections_refused_total";
 /// Jobs admitted and waiting for the worker.
 pub const QUEUE_DEPTH: &str = "limelight_queue_depth";
 /// Streams in the engine's decode batch now (prefilling or generating).
@@ -143,6 +145,7 @@ fn describe() {
     );
     metrics::describe_histogram!(REAL_TIME_FACTOR, "Request wall time over the duration of its audio.");
     metrics::describe_counter!(FRAMES_GENERATED, "Frames generated (2048 samples each at 44.1 kHz).");
+    metrics::describe_counter!(CONNECTIONS_REFUSED_TOTAL, "Connections refused past --max-connections (503, closed).");
     metrics::describe_counter!(
         CHUNKS_CUT,
         "Chunks of long requests that ran to their frame bound (the runaway guard's, or max_frames)."

@@ -55,6 +55,7 @@ fn app_on(scheduler: limelight::scheduler::Scheduler, store: Arc<VoiceStore>, al
         max_body_bytes: 1 << 20,
         voice_aliases: aliases.iter().map(|(a, b)| ((*a).to_owned(), (*b).to_owned())).collect::<BTreeMap<_, _>>(),
         max_voice_upload_bytes: 1 << 20,
+        body_timeout: std::time::Duration::from_secs(30),
     };
     router(AppState::with_voices(scheduler, config, store))
 }

@@ -190,6 +190,18 @@ else
     ok "nginx client_max_body_size $ngx_body >= LIMELIGHT_MAX_BODY_BYTES $max_body"
 fi
 
+# nginx must drop an idle upstream connection before limelight closes it (its head timeout):
+# otherwise a POST sent as the server closes the connection fails with 502.
+ngx_keep=$(sed -n 's/^[[:space:]]*keepalive_timeout[[:space:]]\{1,\}\([0-9]\{1,\}\)s\{0,1\};.*/\1/p' "$NGINX_CONF" | head -n 1)
+head_timeout=$(sed -n 's/.*env = "LIMELIGHT_HEADER_TIMEOUT", default_value_t = \([0-9]\{1,\}\).*/\1/p' src/cli.rs)
+if [[ -z $ngx_keep || -z $head_timeout ]]; then
+    err "could not read nginx's upstream keepalive_timeout (${ngx_keep:-none}) or --header-timeout's default (${head_timeout:-none})"
+elif ((ngx_keep >= head_timeout)); then
+    err "$NGINX_CONF: upstream keepalive_timeout ${ngx_keep}s >= limelight's header timeout ${head_timeout}s"
+else
+    ok "nginx upstream keepalive_timeout ${ngx_keep}s < limelight's header timeout ${head_timeout}s"
+fi
+
 n_ok=1
 for d in "proxy_buffering off;" "proxy_http_version 1.1;" 'proxy_set_header Connection "";' "least_conn;"; do
     grep -qF -- "$d" "$NGINX_CONF" || { err "$NGINX_CONF lacks '$d'"; n_ok=0; }

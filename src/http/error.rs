@@ -41,6 +41,12 @@ pub enum ApiError {
     WrongMethod { method: String, path: String },
     #[error("The request body is larger than this server's limit of {limit} bytes")]
     BodyTooLarge { limit: usize },
+    /// The body did not arrive within `--body-timeout` of the request's head (issue 16, finding 1).
+    #[error("The request body did not arrive within {secs} s; send it whole and promptly")]
+    BodyTimeout { secs: u64 },
+    /// Past `--max-connections` (written by the accept loop, `server.rs`, before closing).
+    #[error("This server has {limit} connections open, its limit; retry shortly")]
+    TooManyConnections { limit: usize },
     /// A compressed body: it would be read as garbage (issue 16, finding 10).
     #[error("Content-Encoding {encoding:?} is not supported: send the body uncompressed")]
     UnsupportedEncoding { encoding: String },
@@ -97,6 +103,10 @@ impl ApiError {
             }
             ApiError::BodyTooLarge { .. } => {
                 (StatusCode::PAYLOAD_TOO_LARGE, INVALID, None, Some("request_too_large"), None)
+            }
+            ApiError::BodyTimeout { .. } => (StatusCode::REQUEST_TIMEOUT, INVALID, None, Some("request_timeout"), None),
+            ApiError::TooManyConnections { .. } => {
+                (StatusCode::SERVICE_UNAVAILABLE, SERVER, None, Some("too_many_connections"), Some(1))
             }
             ApiError::UnsupportedEncoding { .. } => {
                 (StatusCode::UNSUPPORTED_MEDIA_TYPE, INVALID, None, Some("unsupported_content_encoding"), None)
@@ -277,12 +287,16 @@ pub fn check_content_encoding(headers: &axum::http::HeaderMap) -> Result<(), Api
     Ok(())
 }
 
-/// A body read failed: over the limit (chunked bodies give no length up front) or broken.
+/// A body read failed: over the limit (chunked bodies give no length up front), past its
+/// deadline, or broken.
 pub fn read_error(e: axum::Error, limit: usize) -> ApiError {
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&e);
     while let Some(s) = source {
         if s.is::<http_body_util::LengthLimitError>() {
             return ApiError::BodyTooLarge { limit };
+        }
+        if let Some(late) = s.downcast_ref::<super::deadline::BodyTimedOut>() {
+            return ApiError::BodyTimeout { secs: late.0.as_secs() };
         }
         source = s.source();
     }

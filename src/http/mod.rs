@@ -3,14 +3,17 @@
 
 pub mod auth;
 pub mod body;
+pub mod deadline;
 pub mod error;
 pub mod ops;
 pub mod request_id;
+pub mod server;
 pub mod speech;
 pub mod voices;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
@@ -48,6 +51,9 @@ pub struct HttpConfig {
     pub voice_aliases: BTreeMap<String, String>,
     /// `--max-voice-upload-bytes`: the largest reference clip a voice upload may carry.
     pub max_voice_upload_bytes: usize,
+    /// `--body-timeout`: a request's body must arrive within this of its head, or it is
+    /// refused with 408 ([`deadline`]).
+    pub body_timeout: Duration,
 }
 
 /// Default `--max-voice-upload-bytes`: a minute of 16-bit stereo WAV at 48 kHz fits (11 MB).
@@ -115,6 +121,7 @@ pub fn router(state: AppState) -> Router {
         .fallback(ops::no_route)
         .method_not_allowed_fallback(ops::wrong_method)
         .layer(DefaultBodyLimit::disable())
+        .layer(middleware::from_fn_with_state(state.clone(), deadline::limit_body_time))
         .layer(middleware::from_fn_with_state(state.clone(), auth::require_key))
         .layer(middleware::from_fn(request_id::assign))
         .with_state(state)

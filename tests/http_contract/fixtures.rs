@@ -80,6 +80,7 @@ fn app_with(scheduler: Scheduler, api_keys: Vec<&str>, max_input_chars: usize) -
         max_body_bytes: MAX_BODY,
         voice_aliases: Default::default(),
         max_voice_upload_bytes: limelight::http::DEFAULT_MAX_VOICE_UPLOAD_BYTES,
+        body_timeout: std::time::Duration::from_secs(30),
     };
     router(AppState::new(scheduler, config))
 }

@@ -1,0 +1,160 @@
+//! Hostile clients against the real accept loop (`http::server::run`) and router, over TCP
+//! (issue 16, finding 1): a head that trickles in, an idle keep-alive connection, a body shorter
+//! than its `Content-Length`, and more connections than `--max-connections`. Each must end in a
+//! stated way (the connection closed, or a 4xx/503 in OpenAI's shape) and free what it held.
+
+mod common;
+#[path = "http_contract/fixtures.rs"]
+#[allow(dead_code)]
+mod fixtures;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::oneshot;
+
+use limelight::http::server::{ServerLimits, run};
+use limelight::http::{AppState, HttpConfig, router};
+use limelight::request::validate::SpeechPolicy;
+
+/// The deadlines under test: short, so the tests are quick; the slack absorbs a loaded machine.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(1);
+const BODY_TIMEOUT: Duration = Duration::from_secs(1);
+const SLACK: Duration = Duration::from_secs(5);
+
+/// A server on a free port with the given connection cap; dropping the sender stops it.
+async fn start(max_connections: usize) -> (SocketAddr, oneshot::Sender<()>) {
+    let scheduler = fixtures::shared_scheduler().await;
+    let config = HttpConfig {
+        policy: SpeechPolicy {
+            served_model: fixtures::MODEL.into(),
+            aliases: Vec::new(),
+            max_input_chars: 200,
+            max_frames: fixtures::MAX_FRAMES,
+        },
+        api_keys: Vec::new(),
+        max_body_bytes: fixtures::MAX_BODY,
+        voice_aliases: Default::default(),
+        max_voice_upload_bytes: limelight::http::DEFAULT_MAX_VOICE_UPLOAD_BYTES,
+        body_timeout: BODY_TIMEOUT,
+    };
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let limits = ServerLimits { max_connections, header_timeout: HEADER_TIMEOUT };
+    tokio::spawn(run(listener, router(AppState::new(scheduler, config)), limits, async move {
+        let _ = stop_rx.await;
+    }));
+    (addr, stop_tx)
+}
+
+/// Everything the server sends until it closes the connection (or `SLACK` passes: then panics).
+async fn read_to_close(tcp: &mut TcpStream) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match tokio::time::timeout(SLACK, tcp.read(&mut buf)).await.expect("the server closes the connection") {
+            Ok(0) | Err(_) => return out,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+/// The status and JSON error body of a raw HTTP/1.1 response.
+fn status_and_error(raw: &[u8]) -> (u16, Value) {
+    let text = String::from_utf8_lossy(raw);
+    let status = text.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("a response: {text:?}"));
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or_default();
+    (status, serde_json::from_str::<Value>(body).map(|v| v["error"].clone()).unwrap_or(Value::Null))
+}
+
+async fn health(addr: SocketAddr) -> u16 {
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.unwrap();
+    status_and_error(&read_to_close(&mut tcp).await).0
+}
+
+#[tokio::test]
+async fn a_trickling_head_is_cut_off_at_the_header_timeout() {
+    let (addr, _stop) = start(16).await;
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    let began = Instant::now();
+    tcp.write_all(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\n").await.unwrap();
+    // A header line every 200 ms: the connection is never idle, yet the head never ends.
+    let trickle = async {
+        for i in 0.. {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            if tcp.write_all(format!("X-Slow-{i}: y\r\n").as_bytes()).await.is_err() {
+                return;
+            }
+        }
+    };
+    tokio::time::timeout(SLACK, trickle).await.expect("the server stops taking the head");
+    let held = began.elapsed();
+    assert!(held >= HEADER_TIMEOUT && held < HEADER_TIMEOUT + SLACK, "held {held:?}");
+    assert_eq!(health(addr).await, 200, "the server still answers");
+}
+
+#[tokio::test]
+async fn an_idle_keep_alive_connection_is_closed_after_the_header_timeout() {
+    let (addr, _stop) = start(16).await;
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    let began = Instant::now();
+    let raw = read_to_close(&mut tcp).await;
+    let held = began.elapsed();
+    assert!(String::from_utf8_lossy(&raw).starts_with("HTTP/1.1 200"), "{raw:?}");
+    assert!(held >= HEADER_TIMEOUT && held < HEADER_TIMEOUT + SLACK, "held {held:?}");
+}
+
+#[tokio::test]
+async fn a_body_shorter_than_its_length_is_refused_with_408() {
+    let (addr, _stop) = start(16).await;
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    let head = "POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+                Content-Length: 100\r\n\r\n{\"model\":";
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    let began = Instant::now();
+    let (status, error) = status_and_error(&read_to_close(&mut tcp).await);
+    let held = began.elapsed();
+    assert_eq!((status, error["code"].as_str()), (408, Some("request_timeout")), "{error}");
+    assert_eq!(error["type"], "invalid_request_error");
+    assert!(held >= BODY_TIMEOUT && held < BODY_TIMEOUT + SLACK, "held {held:?}");
+}
+
+#[tokio::test]
+async fn connections_past_the_cap_get_503_and_a_freed_slot_serves_again() {
+    let cap = 3;
+    let (addr, _stop) = start(cap).await;
+    let mut idle = Vec::new();
+    for _ in 0..cap {
+        idle.push(TcpStream::connect(addr).await.unwrap());
+    }
+    // The accept loop takes connections in order; let it take the idle ones first.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut extra = TcpStream::connect(addr).await.unwrap();
+    let raw = read_to_close(&mut extra).await;
+    let (status, error) = status_and_error(&raw);
+    assert_eq!((status, error["code"].as_str()), (503, Some("too_many_connections")), "{error}");
+    assert!(String::from_utf8_lossy(&raw).to_ascii_lowercase().contains("retry-after: 1"), "{raw:?}");
+
+    drop(idle.pop());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(health(addr).await, 200, "a freed slot serves again");
+}
+
+#[tokio::test]
+async fn stopping_answers_the_request_sent_closes_the_connection_and_the_listener() {
+    let (addr, stop) = start(16).await;
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    stop.send(()).unwrap();
+    let raw = read_to_close(&mut tcp).await;
+    assert!(String::from_utf8_lossy(&raw).starts_with("HTTP/1.1 200"), "{raw:?}");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(TcpStream::connect(addr).await.is_err(), "the listener is closed");
+}
