@@ -53,7 +53,7 @@ fi
 
 say "checking that the test imports work"
 "$venv/bin/python" -c '
-import ml_dtypes, mlx.core, pytest, safetensors, scipy, tokenizers
+import ml_dtypes, mlx.core, pytest, safetensors, scipy, soundfile, tokenizers
 from mlx_audio.tts.models.fish_drama3.convert import convert
 '
 

@@ -37,6 +37,6 @@ cargo test --all-targets --locked
 echo "== deploy files"
 CHECK_DEPLOY_NO_INSTALL=1 tools/check-deploy.sh
 
-echo "== python cross-checks (safetensors, mlx-audio, the OpenAI SDK)"
+echo "== python cross-checks (safetensors, mlx-audio, the OpenAI SDK, python-soundfile)"
 cargo build --locked --bin limelight
 LIMELIGHT_BIN="$PWD/target/debug/limelight" .venv/bin/python -m pytest tools/compat -q
