@@ -425,6 +425,27 @@ async fn failure_after_the_first_audio_breaks_the_stream() {
     assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
 }
 
+/// Issue 16, finding 3: a client that leaves while its prompt runs costs nothing more. The
+/// worker checks each job between prompt chunks and before each step, so the job ends once the
+/// chunk in flight is done, without a frame. (A long text's prompt is cut per text chunk, so no
+/// single chunk's prompt runs long.)
+#[tokio::test]
+async fn a_client_gone_while_its_prompt_runs_is_stopped_before_any_frame() {
+    let control = Control::default();
+    let scheduler = wrapped(Mode::Gated, 1, control.clone(), None);
+    scheduler.loaded().await.unwrap();
+    let app = app(scheduler.clone(), None);
+    let request = tokio::spawn(send_owned(app.clone(), speech(body(json!({"response_format": "pcm"})))));
+    wait_until(|| scheduler.active() == 1).await;
+    // The worker holds inside the prompt's prefill (the latch); the client goes away meanwhile.
+    request.abort();
+    assert!(request.await.unwrap_err().is_cancelled());
+    control.open();
+    wait_until(|| scheduler.active() == 0).await;
+    assert!(control.saw_cancel(), "the job was stopped, not run to its end");
+    assert_eq!(control.steps(), 0, "no frame was generated for it");
+}
+
 #[tokio::test]
 async fn dropping_the_response_cancels_the_job() {
     let control = Control::default();

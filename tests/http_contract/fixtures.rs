@@ -133,6 +133,7 @@ pub enum Mode {
 pub struct Control {
     latch: Arc<(Mutex<bool>, Condvar)>,
     cancelled: Arc<AtomicBool>,
+    steps: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Control {
@@ -150,6 +151,11 @@ impl Control {
 
     pub fn saw_cancel(&self) -> bool {
         self.cancelled.load(Ordering::SeqCst)
+    }
+
+    /// Streams stepped so far (one per stream per step call).
+    pub fn steps(&self) -> usize {
+        self.steps.load(Ordering::SeqCst)
     }
 }
 
@@ -231,6 +237,7 @@ impl Synthesizer for Wrapped<'_> {
         self.model.prefill(&inner)
     }
     fn step(&self, ids: &[StreamId]) -> Vec<Result<Stepped, SynthError>> {
+        self.control.steps.fetch_add(ids.len(), Ordering::SeqCst);
         let failure = || SynthError::Generate(GenerateError::EmptyPrompt);
         let mut streams = self.streams.borrow_mut();
         let mut out = Vec::with_capacity(ids.len());
