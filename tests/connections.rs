@@ -158,3 +158,50 @@ async fn stopping_answers_the_request_sent_closes_the_connection_and_the_listene
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(TcpStream::connect(addr).await.is_err(), "the listener is closed");
 }
+
+/// What the server answers to `raw`, sent whole on a fresh connection.
+async fn answer(addr: SocketAddr, raw: &[u8]) -> (u16, Value) {
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(raw).await.unwrap();
+    status_and_error(&read_to_close(&mut tcp).await)
+}
+
+/// Issue 16, finding 7: requests hyper refuses before routing answer in OpenAI's shape too.
+#[tokio::test]
+async fn unparsable_requests_get_openai_error_bodies() {
+    let (addr, _stop) = start(16).await;
+    let long_uri = format!("GET /{} HTTP/1.1\r\nHost: x\r\n\r\n", "a".repeat(70_000));
+    let big_headers = format!("GET /health HTTP/1.1\r\nHost: x\r\n{}\r\n", "X-Big: y\r\n".repeat(200));
+    let cases: [(&str, &[u8], u16, &str); 8] = [
+        (
+            "Transfer-Encoding: identity",
+            b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: identity\r\n\r\n{}",
+            400,
+            "malformed_request",
+        ),
+        ("a folded header", b"GET /health HTTP/1.1\r\nHost: x\r\nX-A: a\r\n b\r\n\r\n", 400, "malformed_request"),
+        (
+            "two Content-Lengths",
+            b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n{}x",
+            400,
+            "malformed_request",
+        ),
+        (
+            "a bad Content-Length",
+            b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Length: ten\r\n\r\n",
+            400,
+            "malformed_request",
+        ),
+        ("a NUL in a header", b"GET /health HTTP/1.1\r\nHost: x\r\nX-A: a\0b\r\n\r\n", 400, "malformed_request"),
+        ("an HTTP/2.0 request line", b"GET /health HTTP/2.0\r\nHost: x\r\n\r\n", 400, "malformed_request"),
+        ("too many headers", big_headers.as_bytes(), 431, "request_header_fields_too_large"),
+        ("a URI over the limit", long_uri.as_bytes(), 414, "uri_too_long"),
+    ];
+    for (what, raw, status, code) in cases {
+        let (got, error) = answer(addr, raw).await;
+        assert_eq!((got, error["code"].as_str()), (status, Some(code)), "{what}: {error}");
+        assert_eq!(error["type"], "invalid_request_error", "{what}");
+        assert!(error["message"].as_str().is_some_and(|m| !m.is_empty()), "{what}: {error}");
+    }
+    assert_eq!(health(addr).await, 200, "the server still answers");
+}

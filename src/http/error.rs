@@ -44,6 +44,10 @@ pub enum ApiError {
     /// The body did not arrive within `--body-timeout` of the request's head (issue 16, finding 1).
     #[error("The request body did not arrive within {secs} s; send it whole and promptly")]
     BodyTimeout { secs: u64 },
+    /// The request was not parsable HTTP/1.1, so hyper refused it before routing (its bare reply
+    /// gets this body: `parse_errors.rs`).
+    #[error("{}", unparsable_message(*status))]
+    Unparsable { status: u16 },
     /// Past `--max-connections` (written by the accept loop, `server.rs`, before closing).
     #[error("This server has {limit} connections open, its limit; retry shortly")]
     TooManyConnections { limit: usize },
@@ -105,6 +109,15 @@ impl ApiError {
                 (StatusCode::PAYLOAD_TOO_LARGE, INVALID, None, Some("request_too_large"), None)
             }
             ApiError::BodyTimeout { .. } => (StatusCode::REQUEST_TIMEOUT, INVALID, None, Some("request_timeout"), None),
+            ApiError::Unparsable { status } => {
+                let code = match status {
+                    431 => "request_header_fields_too_large",
+                    414 => "uri_too_long",
+                    _ => "malformed_request",
+                };
+                let status = StatusCode::from_u16(*status).unwrap_or(StatusCode::BAD_REQUEST);
+                (status, INVALID, None, Some(code), None)
+            }
             ApiError::TooManyConnections { .. } => {
                 (StatusCode::SERVICE_UNAVAILABLE, SERVER, None, Some("too_many_connections"), Some(1))
             }
@@ -167,6 +180,18 @@ impl IntoResponse for ApiError {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         response
+    }
+}
+
+/// What an [`ApiError::Unparsable`] says, by the status hyper chose.
+fn unparsable_message(status: u16) -> &'static str {
+    match status {
+        431 => "The request's headers are larger than this server accepts",
+        414 => "The request's URI is longer than this server accepts",
+        _ => {
+            "The request is not valid HTTP/1.1 (its request line, a header, or its Content-Length or \
+             Transfer-Encoding framing)"
+        }
     }
 }
 

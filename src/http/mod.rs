@@ -6,6 +6,7 @@ pub mod body;
 pub mod deadline;
 pub mod error;
 pub mod ops;
+pub mod parse_errors;
 pub mod request_id;
 pub mod server;
 pub mod speech;

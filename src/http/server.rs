@@ -9,6 +9,8 @@
 //!   request's head, so it cuts off both slowloris heads, which trickle a byte at a time, and
 //!   keep-alive connections left idle between requests. Such a connection is closed.
 //! - **Bodies** have their own deadline, per request: [`super::deadline`].
+//! - **Unparsable requests**, which hyper answers itself, get OpenAI error bodies:
+//!   [`super::parse_errors`].
 //!
 //! Shutdown: once `stop` resolves, no connection is accepted. Every open connection finishes its
 //! request in flight and closes, as with `axum::serve`'s graceful shutdown, and [`run`] returns
@@ -28,6 +30,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tracing::{debug, warn};
 
 use super::error::ApiError;
+use super::parse_errors::OpenAiParseErrors;
 
 /// What the accept loop enforces.
 #[derive(Clone, Copy, Debug)]
@@ -98,7 +101,8 @@ async fn serve_connection(
 ) {
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder.timer(TokioTimer::new()).header_read_timeout(header_timeout).keep_alive(true);
-    let conn = builder.serve_connection(TokioIo::new(tcp), TowerToHyperService::new(app));
+    let io = TokioIo::new(OpenAiParseErrors::new(tcp));
+    let conn = builder.serve_connection(io, TowerToHyperService::new(app));
     tokio::pin!(conn);
     let mut stopping = false;
     loop {
