@@ -156,6 +156,9 @@ impl ServeConfig {
         at_least("max-voice-upload-bytes", 1024, args.max_voice_upload_bytes)?;
         at_least("stall-timeout", 1, args.stall_timeout as usize)?;
         at_least("max-connections", 1, args.max_connections)?;
+        if args.max_connections > MAX_CONNECTIONS {
+            return Err(ConfigError::TooLarge { flag: "max-connections", value: args.max_connections });
+        }
         at_least("header-timeout", 1, args.header_timeout as usize)?;
         at_least("body-timeout", 1, args.body_timeout as usize)?;
         if let Some(n) = args.max_batch {
@@ -260,6 +263,10 @@ impl fmt::Debug for ServeConfig {
     }
 }
 
+/// The largest `--max-connections`: far above any descriptor limit, and within what the accept
+/// loop counts (`u32` permits).
+const MAX_CONNECTIONS: usize = 1 << 20;
+
 fn at_least(flag: &'static str, min: usize, value: usize) -> Result<(), ConfigError> {
     if value < min { Err(ConfigError::TooSmall { flag, min, value }) } else { Ok(()) }
 }
@@ -362,6 +369,10 @@ mod tests {
         assert_eq!(c.device, Device::Auto);
         assert_eq!(c.gpu, GpuOptions { ordinal: 0, memory_budget: None, context: DEFAULT_CONTEXT, graph: true });
         assert!(c.accepts_model("tts-1") && c.accepts_model("drama-3") && !c.accepts_model("whisper-1"));
+        assert_eq!(
+            (c.max_connections, c.header_timeout, c.body_timeout),
+            (4096, Duration::from_secs(10), Duration::from_secs(30))
+        );
     }
 
     #[test]
@@ -385,6 +396,10 @@ mod tests {
         assert!(refused(&["--model", "/m", "--context-length", "2000"]).contains("--max-frames 2048"));
         assert!(refused(&["--model", "/m", "--max-queue", "0"]).contains("--max-queue"));
         assert!(refused(&["--model", "/m", "--max-body-bytes", "10"]).contains("--max-body-bytes"));
+        assert!(refused(&["--model", "/m", "--max-connections", "0"]).contains("--max-connections"));
+        assert!(refused(&["--model", "/m", "--max-connections", "99999999999"]).contains("--max-connections"));
+        assert!(refused(&["--model", "/m", "--header-timeout", "0"]).contains("--header-timeout"));
+        assert!(refused(&["--model", "/m", "--body-timeout", "0"]).contains("--body-timeout"));
         assert!(refused(&["--model", "/m", "--served-model-name", " "]).contains("--served-model-name"));
         assert!(refused(&["--model", "/m", "--api-key", " "]).contains("--api-key"));
         assert!(refused(&["--model", "/m", "--api-key-file", "/nonexistent/key"]).contains("--api-key-file"));

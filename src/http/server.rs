@@ -87,7 +87,8 @@ pub async fn run(
     drop(listener);
     let _ = closing_tx.send(true);
     // Every connection holds a slot until it ends.
-    let _all = slots.acquire_many(limits.max_connections as u32).await;
+    let every = u32::try_from(limits.max_connections).expect("--max-connections is bounded by the config");
+    let _all = slots.acquire_many(every).await;
     Ok(())
 }
 
