@@ -205,3 +205,17 @@ async fn unparsable_requests_get_openai_error_bodies() {
     }
     assert_eq!(health(addr).await, 200, "the server still answers");
 }
+
+/// Pipelining: requests sent back to back on one connection are answered in order.
+#[tokio::test]
+async fn pipelined_requests_are_answered_in_order() {
+    let (addr, _stop) = start(16).await;
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    let pipelined = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\nGET /nowhere HTTP/1.1\r\nHost: x\r\n\r\n\
+                      GET /ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    tcp.write_all(pipelined).await.unwrap();
+    let raw = String::from_utf8_lossy(&read_to_close(&mut tcp).await).into_owned();
+    let statuses: Vec<&str> = raw.match_indices("HTTP/1.1 ").map(|(i, _)| &raw[i + 9..i + 12]).collect();
+    assert_eq!(statuses, ["200", "404", "200"], "{raw}");
+    assert!(raw.contains("\"code\":\"unknown_url\""), "the 404 in OpenAI's shape: {raw}");
+}
