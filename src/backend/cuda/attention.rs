@@ -89,12 +89,7 @@ impl AttentionKernels {
             let prefill_ready = prefill.allow_shared_bytes(smem as u32).map_err(|e| {
                 format!("attention prefill at head_dim {head_dim} needs {smem} bytes of shared memory per block: {e}")
             });
-            let decode = m.kernel(decode_name)?;
-            decode.allow_shared_bytes(decode_smem_bytes(head_dim) as u32).map_err(|source| KernelError {
-                module: "attention",
-                kernel: Some(decode_name),
-                source,
-            })?;
+            let decode = m.kernel_with_shared(decode_name, decode_smem_bytes(head_dim))?;
             variants.push(Variant { head_dim, prefill, prefill_ready, decode });
         }
         Ok(AttentionKernels { prep: m.kernel("attn_prep")?, combine: m.kernel("attn_decode_combine")?, variants })

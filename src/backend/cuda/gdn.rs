@@ -43,13 +43,8 @@ pub struct GdnKernels {
 impl GdnKernels {
     pub fn load(ctx: &Arc<CudaContext>) -> Result<GdnKernels, KernelError> {
         let m = Module::load_overlapping(ctx, "gdn", embedded::GDN)?;
-        let chunk_core = m.kernel("gdn_chunk_core")?;
         // 97.5 KiB at Dk = 128: within the opt-in limit of every target (99 KiB on sm_89/sm_120).
-        chunk_core.allow_shared_bytes(chunk_shared_bytes(MAX_KEY_DIM)).map_err(|source| KernelError {
-            module: "gdn",
-            kernel: Some("gdn_chunk_core"),
-            source,
-        })?;
+        let chunk_core = m.kernel_with_shared("gdn_chunk_core", chunk_shared_bytes(MAX_KEY_DIM) as usize)?;
         Ok(GdnKernels {
             zero_f32: m.kernel("gdn_zero_f32")?,
             conv_prepare: m.kernel("gdn_conv_prepare")?,

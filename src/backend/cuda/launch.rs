@@ -87,6 +87,19 @@ impl Module {
         })?;
         Ok(Kernel { name, function, overlapping: self.overlapping })
     }
+
+    /// [`Module::kernel`] with its dynamic shared-memory limit raised to `bytes` (needed above
+    /// 48 KiB).
+    pub fn kernel_with_shared(&self, name: &'static str, bytes: usize) -> Result<Kernel, KernelError> {
+        let kernel = self.kernel(name)?;
+        let bytes = u32::try_from(bytes).expect("shared memory in bytes fits u32");
+        kernel.allow_shared_bytes(bytes).map_err(|source| KernelError {
+            module: self.name,
+            kernel: Some(name),
+            source,
+        })?;
+        Ok(kernel)
+    }
 }
 
 /// A kernel handle, resolved once at start-up.

@@ -96,30 +96,14 @@ fn gemm_smem_bytes(rows_per_block: usize) -> usize {
 impl LinearKernels {
     pub fn load(ctx: &Arc<CudaContext>) -> Result<LinearKernels, KernelError> {
         let m = Module::load_overlapping(ctx, "linear", embedded::LINEAR)?;
-        let gemm = |name: &'static str, rows_per_block: usize| -> Result<Kernel, KernelError> {
-            let kernel = m.kernel(name)?;
-            // 96 KiB: within every supported GPU's per-block limit (≥ 99 KiB from sm_80).
-            kernel.allow_shared_bytes(gemm_smem_bytes(rows_per_block) as u32).map_err(|source| KernelError {
-                module: "linear",
-                kernel: Some(name),
-                source,
-            })?;
-            Ok(kernel)
-        };
+        // 96 KiB: within every supported GPU's per-block limit (≥ 99 KiB from sm_80).
+        let gemm = |name, rows_per_block| m.kernel_with_shared(name, gemm_smem_bytes(rows_per_block));
         let optin = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
             .map_err(|source| KernelError { module: "linear", kernel: None, source })?;
         let staged_cap = (usize::try_from(optin).unwrap_or(0).saturating_sub(STAGED_STATIC_BYTES))
             .min(staged_smem_bytes(8, 32 * STAGE_STEPS));
-        let staged = |name: &'static str| -> Result<Kernel, KernelError> {
-            let kernel = m.kernel(name)?;
-            kernel.allow_shared_bytes(staged_cap as u32).map_err(|source| KernelError {
-                module: "linear",
-                kernel: Some(name),
-                source,
-            })?;
-            Ok(kernel)
-        };
+        let staged = |name| m.kernel_with_shared(name, staged_cap);
         Ok(LinearKernels {
             mma_r8: staged("linear_mma_r8")?,
             mma_r64: m.kernel("linear_mma_r64")?,

@@ -52,21 +52,14 @@ pub struct SamplingKernels {
 impl SamplingKernels {
     pub fn load(ctx: &Arc<CudaContext>) -> Result<SamplingKernels, KernelError> {
         let m = Module::load_overlapping(ctx, "sampling", embedded::SAMPLING)?;
-        let kernels = SamplingKernels {
-            main_draws: m.kernel("sample_main_draws")?,
-            main_finish: m.kernel("sample_main_finish")?,
-            head: m.kernel("sample_head")?,
-            end_frame: m.kernel("sampler_end_frame")?,
-        };
         // The sort keys of a full row: 64 KiB, above the default 48 KiB (every sm_80+ GPU allows it).
-        for k in [&kernels.main_draws, &kernels.head] {
-            k.allow_shared_bytes(sort_shared_bytes(SORT_CAP)).map_err(|source| KernelError {
-                module: "sampling",
-                kernel: Some(k.name),
-                source,
-            })?;
-        }
-        Ok(kernels)
+        let sorting = |name| m.kernel_with_shared(name, sort_shared_bytes(SORT_CAP) as usize);
+        Ok(SamplingKernels {
+            main_draws: sorting("sample_main_draws")?,
+            main_finish: m.kernel("sample_main_finish")?,
+            head: sorting("sample_head")?,
+            end_frame: m.kernel("sampler_end_frame")?,
+        })
     }
 }
 
