@@ -259,14 +259,16 @@ extern "C" __global__ void __launch_bounds__(256, 2) linear_mma_r64(const bf16* 
 // bits `linear_mma_*` gives it alone. One launch instead of several: at one decode row the small
 // projections (the GDN's b and a, 32 features each) cost their launch, not their bytes.
 constexpr int MMA_MANY = 4;
-template <int R8, int P>
-__device__ __forceinline__ void linear_mma_many(const bf16* x, int rows, int k, int count, const bf16* const* w,
-                                                bf16* const* y, const int* n) {
+// Runs `block(w_i, y_i, n_i, b)` for this block's weight i and b, its block within that weight's
+// grid.x.
+template <class Block>
+__device__ __forceinline__ void linear_mma_many(int count, const bf16* const* w, bf16* const* y, const int* n,
+                                                Block block) {
     int b = blockIdx.x;
     for (int i = 0; i < count; ++i) {
         const int blocks = (n[i] + 15) >> 4;
         if (b < blocks) {
-            linear_mma<R8, P>(x, w[i], y[i], rows, n[i], k, b, blockIdx.y);
+            block(w[i], y[i], n[i], b);
             return;
         }
         b -= blocks;
@@ -280,22 +282,18 @@ extern "C" __global__ void __launch_bounds__(256) linear_mma_r8_many(LINEAR_MMA_
     const bf16* w[MMA_MANY] = {w0, w1, w2, w3};
     bf16* y[MMA_MANY] = {y0, y1, y2, y3};
     const int n[MMA_MANY] = {n0, n1, n2, n3};
-    int b = blockIdx.x;
-    for (int i = 0; i < count; ++i) {
-        const int blocks = (n[i] + 15) >> 4;
-        if (b < blocks) {
-            linear_mma_staged(x, w[i], y[i], rows, n[i], k, b);
-            return;
-        }
-        b -= blocks;
-    }
+    linear_mma_many(count, w, y, n, [&](const bf16* wi, bf16* yi, int ni, int b) {
+        linear_mma_staged(x, wi, yi, rows, ni, k, b);
+    });
 }
 extern "C" __global__ void __launch_bounds__(256, 2) linear_mma_r64_many(LINEAR_MMA_MANY_ARGS) {
     pdl_launch_dependents();
     const bf16* w[MMA_MANY] = {w0, w1, w2, w3};
     bf16* y[MMA_MANY] = {y0, y1, y2, y3};
     const int n[MMA_MANY] = {n0, n1, n2, n3};
-    linear_mma_many<8, 3>(x, rows, k, count, w, y, n);
+    linear_mma_many(count, w, y, n, [&](const bf16* wi, bf16* yi, int ni, int b) {
+        linear_mma<8, 3>(x, wi, yi, rows, ni, k, b, blockIdx.y);
+    });
 }
 
 // ---------------------------------------------------------------------------------------------
