@@ -32,6 +32,10 @@ impl<T> OpenAiParseErrors<T> {
 
 /// The reply to send instead of `head`, if `head` is one of hyper's bodiless error replies.
 fn rewrite(head: &[u8]) -> Option<Vec<u8>> {
+    // Every write passes here, streamed audio included: two byte compares settle nearly all.
+    if !(head.starts_with(b"HTTP/1.1 4") || head.starts_with(b"HTTP/1.1 5")) {
+        return None;
+    }
     let text = std::str::from_utf8(head).ok()?;
     let status_line = text.strip_prefix("HTTP/1.1 ")?;
     let status: u16 = status_line.get(..3)?.parse().ok()?;
