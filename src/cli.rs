@@ -248,6 +248,11 @@ pub struct ServeArgs {
     /// up; the rest of the batch goes on meanwhile.
     #[arg(long, env = "LIMELIGHT_STALL_TIMEOUT", default_value_t = 30)]
     pub stall_timeout: u64,
+    /// Least rate, in multiples of real time, at which a streaming client must take its audio
+    /// while its buffer is full, measured over 10 s; a slower one is given up and its slot freed.
+    /// 0 turns the check off.
+    #[arg(long, env = "LIMELIGHT_MIN_READ_RATE", default_value_t = 0.5)]
+    pub min_read_rate: f64,
     /// Address to listen on; use 0.0.0.0 to accept connections from other machines.
     #[arg(long, env = "LIMELIGHT_HOST", default_value = "127.0.0.1")]
     pub host: String,
@@ -291,6 +296,10 @@ pub struct ServeArgs {
     /// 408 (`request_timeout`). Raise it for large voice uploads over slow links.
     #[arg(long, env = "LIMELIGHT_BODY_TIMEOUT", default_value_t = 30)]
     pub body_timeout: u64,
+    /// Seconds a connection may take none of its reply's bytes (a client that stopped reading)
+    /// before it is closed, which frees its request and, on shutdown, lets the drain end.
+    #[arg(long, env = "LIMELIGHT_WRITE_TIMEOUT", default_value_t = 30)]
+    pub write_timeout: u64,
     /// Largest request body, in bytes; larger ones are refused with 413.
     #[arg(long, env = "LIMELIGHT_MAX_BODY_BYTES", default_value_t = crate::http::DEFAULT_MAX_BODY_BYTES)]
     pub max_body_bytes: usize,

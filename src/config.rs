@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::cli::ServeArgs;
 use crate::request::validate::OPENAI_VOICES;
-use crate::scheduler::{GpuOptions, WorkerConfig, gpu_present};
+use crate::scheduler::{GpuOptions, RATE_WINDOW, ReaderPolicy, WorkerConfig, gpu_present};
 use crate::telemetry::LogFormat;
 
 /// The CPU engine's decode batch unless `--max-batch` says otherwise.
@@ -79,10 +79,14 @@ pub struct ServeConfig {
     pub max_batch: Option<usize>,
     pub prefill_chunk: usize,
     pub stall_timeout: Duration,
-    /// `--max-connections`, `--header-timeout`, `--body-timeout` (`http::server`, `http::deadline`).
+    /// `--min-read-rate`, in thousandths of real time (a whole number, so the config stays `Eq`).
+    pub min_read_rate_milli: u32,
+    /// `--max-connections`, `--header-timeout`, `--body-timeout`, `--write-timeout`
+    /// (`http::server`, `http::deadline`).
     pub max_connections: usize,
     pub header_timeout: Duration,
     pub body_timeout: Duration,
+    pub write_timeout: Duration,
     pub drain_timeout: Duration,
     pub log_format: LogFormat,
     /// Where named voices persist; `None`: in memory only.
@@ -112,6 +116,8 @@ pub enum ConfigError {
     TooSmall { flag: &'static str, min: usize, value: usize },
     #[error("`--{flag}` {value} is too large")]
     TooLarge { flag: &'static str, value: usize },
+    #[error("`--{flag}` must be from {range}; got {value}")]
+    OutOfRange { flag: &'static str, value: String, range: &'static str },
     #[error("`--served-model-name` must not be empty")]
     EmptyModelName,
     #[error("`--host {host}`/`--port {port}`: {message}")]
@@ -161,6 +167,15 @@ impl ServeConfig {
         }
         at_least("header-timeout", 1, args.header_timeout as usize)?;
         at_least("body-timeout", 1, args.body_timeout as usize)?;
+        at_least("write-timeout", 1, args.write_timeout as usize)?;
+        // Above 1× no live listener keeps up; NaN and negatives are nonsense.
+        if !(0.0..=1.0).contains(&args.min_read_rate) {
+            return Err(ConfigError::OutOfRange {
+                flag: "min-read-rate",
+                value: args.min_read_rate.to_string(),
+                range: "0 to 1",
+            });
+        }
         if let Some(n) = args.max_batch {
             at_least("max-batch", 1, n)?;
         }
@@ -187,9 +202,11 @@ impl ServeConfig {
             max_batch: args.max_batch,
             prefill_chunk: args.prefill_chunk,
             stall_timeout: Duration::from_secs(args.stall_timeout),
+            min_read_rate_milli: (args.min_read_rate * 1000.0).round() as u32,
             max_connections: args.max_connections,
             header_timeout: Duration::from_secs(args.header_timeout),
             body_timeout: Duration::from_secs(args.body_timeout),
+            write_timeout: Duration::from_secs(args.write_timeout),
             drain_timeout: Duration::from_secs(args.drain_timeout),
             log_format: args.log_format,
             voices_dir: args.voices_dir.clone(),
@@ -225,7 +242,11 @@ impl ServeConfig {
             default_max_frames: self.max_frames,
             served_model_name: self.served_model_name.clone(),
             model_aliases: self.model_aliases.clone(),
-            stall_timeout: self.stall_timeout,
+            reader: ReaderPolicy {
+                stall_timeout: self.stall_timeout,
+                min_read_rate: f64::from(self.min_read_rate_milli) / 1000.0,
+                rate_window: RATE_WINDOW,
+            },
         }
     }
 }
@@ -251,6 +272,8 @@ impl fmt::Debug for ServeConfig {
             .field("max_connections", &self.max_connections)
             .field("header_timeout", &self.header_timeout)
             .field("body_timeout", &self.body_timeout)
+            .field("write_timeout", &self.write_timeout)
+            .field("min_read_rate_milli", &self.min_read_rate_milli)
             .field("drain_timeout", &self.drain_timeout)
             .field("log_format", &self.log_format)
             .field("voices_dir", &self.voices_dir)
@@ -370,9 +393,24 @@ mod tests {
         assert_eq!(c.gpu, GpuOptions { ordinal: 0, memory_budget: None, context: DEFAULT_CONTEXT, graph: true });
         assert!(c.accepts_model("tts-1") && c.accepts_model("drama-3") && !c.accepts_model("whisper-1"));
         assert_eq!(
-            (c.max_connections, c.header_timeout, c.body_timeout),
-            (4096, Duration::from_secs(10), Duration::from_secs(30))
+            (c.max_connections, c.header_timeout, c.body_timeout, c.write_timeout),
+            (4096, Duration::from_secs(10), Duration::from_secs(30), Duration::from_secs(30))
         );
+        let reader = c.worker_config().reader;
+        assert_eq!((reader.stall_timeout, reader.min_read_rate), (Duration::from_secs(30), 0.5));
+    }
+
+    #[test]
+    fn the_least_read_rate_is_a_fraction_of_real_time() {
+        let rate = |v: &str| {
+            parse(&["--model", "/m", &format!("--min-read-rate={v}")]).map(|c| c.worker_config().reader.min_read_rate)
+        };
+        assert_eq!(rate("0").unwrap(), 0.0);
+        assert_eq!(rate("0.25").unwrap(), 0.25);
+        for bad in ["1.5", "-0.1", "NaN"] {
+            let e = rate(bad).unwrap_err().to_string();
+            assert!(e.contains("--min-read-rate") && e.contains(bad), "{bad}: {e}");
+        }
     }
 
     #[test]

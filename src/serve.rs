@@ -98,7 +98,11 @@ pub async fn serve(
     });
     let voices = open_voices(&config)?;
     let app = http::router(AppState::with_voices(scheduler.clone(), http_config, voices));
-    let limits = ServerLimits { max_connections: config.max_connections, header_timeout: config.header_timeout };
+    let limits = ServerLimits {
+        max_connections: config.max_connections,
+        header_timeout: config.header_timeout,
+        write_timeout: config.write_timeout,
+    };
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let server = tokio::spawn(http::server::run(listener, app, limits, async move {
         let _ = stop_rx.await;

@@ -12,6 +12,10 @@ use tracing_subscriber::EnvFilter;
 pub const REQUESTS_TOTAL: &str = "limelight_requests_total";
 /// Connections refused past `--max-connections` (answered 503 and closed).
 pub const CONNECTIONS_REFUSED_TOTAL: &str = "limelight_connections_refused_total";
+/// Connections closed because their client took none of the reply for `--write-timeout`.
+pub const CONNECTIONS_WRITE_TIMED_OUT_TOTAL: &str = "limelight_connections_write_timed_out_total";
+/// Jobs given up because their client fell behind (`--stall-timeout`, `--min-read-rate`).
+pub const SLOW_CLIENTS_GIVEN_UP_TOTAL: &str = "limelight_slow_clients_given_up_total";
 /// Jobs admitted and waiting for the worker.
 pub const QUEUE_DEPTH: &str = "limelight_queue_depth";
 /// Streams in the engine's decode batch now (prefilling or generating).
@@ -146,6 +150,14 @@ fn describe() {
     metrics::describe_histogram!(REAL_TIME_FACTOR, "Request wall time over the duration of its audio.");
     metrics::describe_counter!(FRAMES_GENERATED, "Frames generated (2048 samples each at 44.1 kHz).");
     metrics::describe_counter!(CONNECTIONS_REFUSED_TOTAL, "Connections refused past --max-connections (503, closed).");
+    metrics::describe_counter!(
+        CONNECTIONS_WRITE_TIMED_OUT_TOTAL,
+        "Connections closed because their client took no reply bytes for --write-timeout."
+    );
+    metrics::describe_counter!(
+        SLOW_CLIENTS_GIVEN_UP_TOTAL,
+        "Jobs given up because their client stalled (--stall-timeout) or read too slowly (--min-read-rate)."
+    );
     metrics::describe_counter!(
         CHUNKS_CUT,
         "Chunks of long requests that ran to their frame bound (the runaway guard's, or max_frames)."

@@ -6,7 +6,10 @@ mod common;
 use std::path::Path;
 
 use common::{SEED, first_shard, tiny_checkpoint, tiny_plan, write_plan};
+use limelight::backend::cpu::Cpu;
 use limelight::checkpoint::Dtype;
+use limelight::checkpoint::pth::PthArchive;
+use limelight::engine::generate::ResidentModel;
 use limelight::inspect::summary;
 use limelight::model::load::Checkpoint;
 use limelight::model::weights::Mixer;
@@ -287,4 +290,81 @@ fn integer_tensor_where_a_float_is_needed_is_refused() {
     let shard = dir.path().join(index["weight_map"][name].as_str().unwrap());
     edit_header(&shard, |h| h[name]["dtype"] = json!("I32"));
     assert_contains(&refusal(dir.path()), &[&format!("`{name}`"), "dtype I32", "BF16 or F32"]);
+}
+
+/// The first tensor of `shard` stored as `dtype`: its name and the absolute byte offset of its data.
+fn first_tensor_of(shard: &Path, dtype: &str) -> Option<(String, usize)> {
+    let bytes = std::fs::read(shard).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Map<String, Value> = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let mut found: Vec<(String, usize)> = header
+        .iter()
+        .filter(|(k, v)| *k != "__metadata__" && v["dtype"] == dtype)
+        .map(|(k, v)| (k.clone(), 8 + n + v["data_offsets"][0].as_u64().unwrap() as usize))
+        .collect();
+    found.sort();
+    found.into_iter().next()
+}
+
+/// Overwrites `value` at byte `at` of `path`.
+fn poke(path: &Path, at: usize, value: &[u8]) {
+    let mut bytes = std::fs::read(path).unwrap();
+    bytes[at..at + value.len()].copy_from_slice(value);
+    std::fs::write(path, bytes).unwrap();
+}
+
+fn load_refusal(dir: &Path) -> String {
+    // The layout is intact: the checkpoint opens; the values are refused when loaded.
+    let ckpt = Checkpoint::open(dir).expect("the layout checks pass");
+    match ResidentModel::load(&ckpt, &Cpu) {
+        Ok(_) => panic!("the checkpoint in {} must be refused", dir.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// Issue 16, finding 8: a checkpoint with a NaN or an infinity in any weight loaded, reported
+/// ready, and then failed every request. It is refused at load, naming the file, the tensor
+/// and the element, whatever the stored dtype.
+#[test]
+fn non_finite_weights_are_refused_at_load_by_file_and_tensor() {
+    // (dtype in the shard, element, its bytes: bf16 NaN, FP8 E4M3 NaN, f32 +inf).
+    for (dtype, element, bad) in
+        [("BF16", 3usize, &[0xC0u8, 0x7F][..]), ("F8_E4M3", 5, &[0x7F]), ("F32", 1, &[0, 0, 0x80, 0x7F])]
+    {
+        let dir = tiny_checkpoint();
+        let mut shards: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+            .collect();
+        shards.sort();
+        // The published layout has all three: bf16 matrices, FP8 experts, f32 scale grids.
+        let (shard, (tensor, at)) = shards
+            .iter()
+            .find_map(|s| Some((s.clone(), first_tensor_of(s, dtype)?)))
+            .unwrap_or_else(|| panic!("the tiny checkpoint has {dtype} tensors"));
+        poke(&shard, at + element * bad.len(), bad);
+        let message = load_refusal(dir.path());
+        let file = shard.file_name().unwrap().to_str().unwrap();
+        assert_contains(&message, &[file, &tensor, &format!("element {element}"), "NaN or infinite"]);
+    }
+}
+
+/// The same for `codec.pth`: a NaN in a decoder parameter is refused by file and tensor (the
+/// encoder's, read by the same reader, when voice cloning loads it).
+#[test]
+fn a_non_finite_codec_parameter_is_refused_at_load() {
+    let dir = tiny_checkpoint();
+    let path = dir.path().join("codec.pth");
+    let archive = PthArchive::open(&path).unwrap();
+    let (name, tensor) = archive
+        .tensors()
+        .filter(|(n, t)| t.dtype == Dtype::F32 && t.numel() > 4 && n.starts_with("decoder."))
+        .map(|(n, t)| (n.to_owned(), t.clone()))
+        .next()
+        .expect("an f32 codec parameter");
+    drop(archive);
+    let at = tensor.storage.start + 4 * (tensor.storage_offset + 2);
+    poke(&path, at, &f32::NAN.to_le_bytes());
+    assert_contains(&load_refusal(dir.path()), &["codec.pth", &name, "NaN or infinite"]);
 }

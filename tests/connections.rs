@@ -1,7 +1,8 @@
 //! Hostile clients against the real accept loop (`http::server::run`) and router, over TCP
 //! (issue 16, finding 1): a head that trickles in, an idle keep-alive connection, a body shorter
-//! than its `Content-Length`, and more connections than `--max-connections`. Each must end in a
-//! stated way (the connection closed, or a 4xx/503 in OpenAI's shape) and free what it held.
+//! than its `Content-Length`, more connections than `--max-connections`, and a client that never
+//! reads its reply. Each must end in a stated way (the connection closed, or a 4xx/503 in
+//! OpenAI's shape) and free what it held.
 
 mod common;
 #[path = "http_contract/fixtures.rs"]
@@ -9,6 +10,8 @@ mod common;
 mod fixtures;
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -23,6 +26,7 @@ use limelight::request::validate::SpeechPolicy;
 /// The deadlines under test: short, so the tests are quick; the slack absorbs a loaded machine.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(1);
 const BODY_TIMEOUT: Duration = Duration::from_secs(1);
+const WRITE_TIMEOUT: Duration = Duration::from_secs(1);
 const SLACK: Duration = Duration::from_secs(5);
 
 /// A server on a free port with the given connection cap; dropping the sender stops it.
@@ -44,7 +48,7 @@ async fn start(max_connections: usize) -> (SocketAddr, oneshot::Sender<()>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
-    let limits = ServerLimits { max_connections, header_timeout: HEADER_TIMEOUT };
+    let limits = ServerLimits { max_connections, header_timeout: HEADER_TIMEOUT, write_timeout: WRITE_TIMEOUT };
     tokio::spawn(run(listener, router(AppState::new(scheduler, config)), limits, async move {
         let _ = stop_rx.await;
     }));
@@ -218,4 +222,81 @@ async fn pipelined_requests_are_answered_in_order() {
     let statuses: Vec<&str> = raw.match_indices("HTTP/1.1 ").map(|(i, _)| &raw[i + 9..i + 12]).collect();
     assert_eq!(statuses, ["200", "404", "200"], "{raw}");
     assert!(raw.contains("\"code\":\"unknown_url\""), "the 404 in OpenAI's shape: {raw}");
+}
+
+/// A body that never ends (64 KiB chunks as fast as they are taken), and a flag its drop raises:
+/// the response body dropped is what cancels a speech job.
+fn endless_body(dropped: Arc<AtomicBool>) -> axum::body::Body {
+    struct Raise(Arc<AtomicBool>);
+    impl Drop for Raise {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+    let raise = Raise(dropped);
+    let chunks = futures_util::stream::repeat_with(move || {
+        let _held = &raise;
+        Ok::<_, std::io::Error>(bytes::Bytes::from(vec![0u8; 64 * 1024]))
+    });
+    axum::body::Body::from_stream(chunks)
+}
+
+/// A server whose `/endless` route streams [`endless_body`]; returns the flag and the task.
+async fn start_endless(
+    max_connections: usize,
+) -> (SocketAddr, oneshot::Sender<()>, Arc<AtomicBool>, tokio::task::JoinHandle<std::io::Result<()>>) {
+    let dropped = Arc::new(AtomicBool::new(false));
+    let flag = dropped.clone();
+    let app = axum::Router::new().route(
+        "/endless",
+        axum::routing::get(move || {
+            let flag = flag.clone();
+            async move { endless_body(flag) }
+        }),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let limits = ServerLimits { max_connections, header_timeout: HEADER_TIMEOUT, write_timeout: WRITE_TIMEOUT };
+    let server = tokio::spawn(run(listener, app, limits, async move {
+        let _ = stop_rx.await;
+    }));
+    (addr, stop_tx, dropped, server)
+}
+
+/// A client that sends its request and never reads a byte of the reply: once the socket's
+/// buffers are full, the write deadline closes the connection, which drops the response body
+/// (for speech: cancels the job) and frees the connection's slot for the next client.
+#[tokio::test]
+async fn a_client_that_never_reads_is_cut_off_at_the_write_timeout() {
+    let (addr, _stop, dropped, _server) = start_endless(1).await;
+    let mut never_reads = TcpStream::connect(addr).await.unwrap();
+    never_reads.write_all(b"GET /endless HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    let began = Instant::now();
+    while !dropped.load(Ordering::SeqCst) {
+        assert!(began.elapsed() < WRITE_TIMEOUT + SLACK, "the body is still held after {:?}", began.elapsed());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(began.elapsed() >= WRITE_TIMEOUT, "cut off after {:?}, before the timeout", began.elapsed());
+    // The cap is one connection: the next client is served, so the slot was freed.
+    let mut next = TcpStream::connect(addr).await.unwrap();
+    next.write_all(b"GET /nowhere HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.unwrap();
+    let raw = read_to_close(&mut next).await;
+    assert!(String::from_utf8_lossy(&raw).starts_with("HTTP/1.1 404"), "{}", String::from_utf8_lossy(&raw));
+    drop(never_reads);
+}
+
+/// On shutdown the server waits for every connection's request in flight: one whose client
+/// never reads ends at the write deadline, so the drain ends too.
+#[tokio::test]
+async fn a_client_that_never_reads_cannot_hold_the_shutdown() {
+    let (addr, stop, dropped, server) = start_endless(16).await;
+    let mut never_reads = TcpStream::connect(addr).await.unwrap();
+    never_reads.write_all(b"GET /endless HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    stop.send(()).unwrap();
+    let stopped = tokio::time::timeout(WRITE_TIMEOUT + SLACK, server).await;
+    assert!(stopped.is_ok(), "the server stopped while the client still held its connection");
+    assert!(dropped.load(Ordering::SeqCst));
+    drop(never_reads);
 }

@@ -24,7 +24,8 @@ use limelight::request::chunked::{ChunkText, ChunkVoices, ChunkedText, chunk_tex
 use limelight::request::split::SplitLimits;
 use limelight::request::text::{CallerText, Field};
 use limelight::scheduler::{
-    BatchLimits, Job, JobEvent, MoreChunks, Readiness, Scheduler, WorkerConfig, chunk_seed, cpu_loader,
+    BatchLimits, Job, JobEvent, MoreChunks, RATE_WINDOW, ReaderPolicy, Readiness, Scheduler, WorkerConfig, chunk_seed,
+    cpu_loader,
 };
 
 /// Three sentences, each its own chunk at a 40-byte target.
@@ -119,7 +120,7 @@ fn config(dir: std::path::PathBuf) -> WorkerConfig {
         default_max_frames: 2048,
         served_model_name: String::from("drama-3"),
         model_aliases: Vec::new(),
-        stall_timeout: Duration::from_secs(30),
+        reader: ReaderPolicy { stall_timeout: Duration::from_secs(30), min_read_rate: 0.5, rate_window: RATE_WINDOW },
     }
 }
 

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 
+use limelight::audio::CODEC_SAMPLE_RATE;
 use limelight::engine::generate::{FinishReason, GenerateError, GenerateOptions, PREFILL_CHUNK, Stepped};
 use limelight::engine::prefix::SharedPrefix;
 use limelight::model::frame::Rows;
@@ -18,7 +19,8 @@ use limelight::model::sampling::SamplingParams;
 use limelight::model::vocabulary::Vocabulary;
 use limelight::scheduler::{
     AudioCodec, BatchLimits, Encoded, Job, JobEvent, JobStream, Loader, MemoryUse, ModelHost, Opened, Prefilled,
-    Readiness, Scheduler, StreamId, SubmitError, SynthError, Synthesizer, WorkerConfig, cpu_loader,
+    RATE_WINDOW, REPLY_CAPACITY, ReaderPolicy, Readiness, Scheduler, StreamId, SubmitError, SynthError, Synthesizer,
+    WorkerConfig, cpu_loader,
 };
 
 const TEXT: &str = "Hello there, how are you today?";
@@ -32,7 +34,7 @@ fn config(dir: PathBuf, max_queue: usize) -> WorkerConfig {
         default_max_frames: 2048,
         served_model_name: String::from("drama-3"),
         model_aliases: vec![String::from("tts-1")],
-        stall_timeout: Duration::from_secs(30),
+        reader: ReaderPolicy { stall_timeout: Duration::from_secs(30), min_read_rate: 0.5, rate_window: RATE_WINDOW },
     }
 }
 
@@ -477,7 +479,9 @@ async fn batched_jobs_get_the_audio_they_get_alone() {
 #[tokio::test]
 async fn a_stalled_client_never_stalls_the_batch() {
     let dir = common::tiny_checkpoint();
-    let stalling = WorkerConfig { stall_timeout: Duration::from_secs(1), ..config(dir.path().to_owned(), 4) };
+    let base = config(dir.path().to_owned(), 4);
+    let stalling =
+        WorkerConfig { reader: ReaderPolicy { stall_timeout: Duration::from_secs(1), ..base.reader }, ..base };
     let scheduler = Scheduler::start_with(stalling, loader(dir.path().into(), 2));
     tokio::time::timeout(LIMIT, async {
         ready(&scheduler).await;
@@ -497,6 +501,73 @@ async fn a_stalled_client_never_stalls_the_batch() {
         let (events, samples, _) = collect(&mut stalled).await;
         assert!(events.is_empty(), "no end event for a client that stopped reading: {events:?}");
         assert!(samples > 0 && samples < 2048 * 2048, "only the buffered audio: {samples} samples");
+    })
+    .await
+    .expect("bounded");
+}
+
+/// Reads `stream` to its end at `speed` × real time (each event's audio is waited out over
+/// `speed` before the next is taken) while `scheduler` holds any job, then at once: (events
+/// without audio, audio samples).
+async fn read_at(stream: &mut JobStream, speed: f64, scheduler: &Scheduler) -> (Vec<JobEvent>, usize) {
+    let (mut events, mut samples) = (Vec::new(), 0);
+    while let Some(event) = stream.next().await {
+        match event {
+            JobEvent::Audio(pcm) => {
+                samples += pcm.len();
+                let audio = Duration::from_secs_f64(pcm.len() as f64 / f64::from(CODEC_SAMPLE_RATE) / speed);
+                let until = Instant::now() + audio;
+                while Instant::now() < until && scheduler.active() != 0 {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+            other => events.push(other),
+        }
+    }
+    (events, samples)
+}
+
+/// A client that reads, but slower than `min_read_rate` × real time, is given up once a rate
+/// window shows it (issue 16, finding 2), and its slot is freed; a client reading faster than
+/// real time in the same batch, also held back by its own pace, keeps its stream to the end.
+#[tokio::test]
+async fn a_crawling_reader_is_given_up_and_a_live_one_is_not() {
+    let dir = common::tiny_checkpoint();
+    let base = config(dir.path().to_owned(), 4);
+    let reader = ReaderPolicy {
+        stall_timeout: Duration::from_secs(30),
+        min_read_rate: 0.5,
+        rate_window: Duration::from_secs(1),
+    };
+    let scheduler = Scheduler::start_with(WorkerConfig { reader, ..base }, loader(dir.path().into(), 2));
+    tokio::time::timeout(LIMIT, async {
+        ready(&scheduler).await;
+        // Greedy sampling: on the tiny checkpoint this text's most likely main token is never
+        // EOS, so the crawler's job is far longer than every buffer on its way.
+        let mut long = job("The first sentence is spoken here.", 2048);
+        long.options.params = SamplingParams { top_k: Some(1), ..SamplingParams::default() };
+        let mut crawling = scheduler.submit(long).unwrap();
+        let mut live = scheduler.submit(job(TEXT, 120)).unwrap();
+        let started = Instant::now();
+        let ((crawl_events, crawl_samples), (live_events, live_samples)) =
+            tokio::join!(read_at(&mut crawling, 0.2, &scheduler), read_at(&mut live, 2.0, &scheduler));
+        // The crawler (0.2×) ends without `Finished`: found in its first rate window once its
+        // buffers are full, while most of its frames are still to come.
+        assert!(
+            crawl_events.iter().all(|e| !matches!(e, JobEvent::Finished { .. })),
+            "the crawling reader was given up: {crawl_events:?}"
+        );
+        // What it took: its reply channel's events, and the few it read itself before the verdict
+        // (its dropped outbox never reaches it).
+        let event = 8 * 2048;
+        assert!(crawl_samples <= (REPLY_CAPACITY + 16) * event, "only its buffered audio: {crawl_samples} samples");
+        assert!(started.elapsed() < Duration::from_secs(40), "given up after {:?}", started.elapsed());
+        // The live reader (2×) gets every frame and its end.
+        assert!(
+            matches!(live_events[..], [JobEvent::Started { .. }, JobEvent::Finished { frames: 120, .. }]),
+            "{live_events:?}"
+        );
+        assert_eq!(live_samples, 120 * 2048);
     })
     .await
     .expect("bounded");

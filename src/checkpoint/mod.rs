@@ -2,6 +2,7 @@
 //! anything read from a file, and every error names the file and, where there is one, the tensor.
 
 pub mod dtype;
+pub mod finite;
 pub mod fp8;
 pub mod pickle;
 pub mod pth;

@@ -11,6 +11,7 @@ pub mod request_id;
 pub mod server;
 pub mod speech;
 pub mod voices;
+pub mod write_deadline;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

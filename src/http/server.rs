@@ -9,6 +9,8 @@
 //!   request's head, so it cuts off both slowloris heads, which trickle a byte at a time, and
 //!   keep-alive connections left idle between requests. Such a connection is closed.
 //! - **Bodies** have their own deadline, per request: [`super::deadline`].
+//! - **Writes** that take no byte for `write_timeout` (a client that stopped reading) close the
+//!   connection: [`super::write_deadline`].
 //! - **Unparsable requests**, which hyper answers itself, get OpenAI error bodies:
 //!   [`super::parse_errors`].
 //!
@@ -31,6 +33,7 @@ use tracing::{debug, warn};
 
 use super::error::ApiError;
 use super::parse_errors::OpenAiParseErrors;
+use super::write_deadline::WriteDeadline;
 
 /// What the accept loop enforces.
 #[derive(Clone, Copy, Debug)]
@@ -40,6 +43,8 @@ pub struct ServerLimits {
     /// `--header-timeout`: a request's head must arrive within this, and an idle keep-alive
     /// connection is closed after it.
     pub header_timeout: Duration,
+    /// `--write-timeout`: a connection whose client takes no reply bytes for this is closed.
+    pub write_timeout: Duration,
 }
 
 /// `Retry-After` of the refusal past the connection cap: connections come and go quickly.
@@ -76,7 +81,7 @@ pub async fn run(
         let _ = tcp.set_nodelay(true);
         match slots.clone().try_acquire_owned() {
             Ok(slot) => {
-                tokio::spawn(serve_connection(tcp, app.clone(), limits.header_timeout, closing_rx.clone(), slot));
+                tokio::spawn(serve_connection(tcp, app.clone(), limits, closing_rx.clone(), slot));
             }
             Err(_) => {
                 metrics::counter!(crate::telemetry::CONNECTIONS_REFUSED_TOTAL).increment(1);
@@ -96,13 +101,13 @@ pub async fn run(
 async fn serve_connection(
     tcp: TcpStream,
     app: Router,
-    header_timeout: Duration,
+    limits: ServerLimits,
     mut closing: watch::Receiver<bool>,
     _slot: OwnedSemaphorePermit,
 ) {
     let mut builder = hyper::server::conn::http1::Builder::new();
-    builder.timer(TokioTimer::new()).header_read_timeout(header_timeout).keep_alive(true);
-    let io = TokioIo::new(OpenAiParseErrors::new(tcp));
+    builder.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout).keep_alive(true);
+    let io = TokioIo::new(OpenAiParseErrors::new(WriteDeadline::new(tcp, limits.write_timeout)));
     let conn = builder.serve_connection(io, TowerToHyperService::new(app));
     tokio::pin!(conn);
     let mut stopping = false;

@@ -15,7 +15,6 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
 
 use tokio::sync::{Notify, watch};
 
@@ -26,6 +25,7 @@ pub use job::{
     ChunkPrompt, EncodeJob, Encoded, Job, JobEvent, JobStream, MoreChunks, REPLY_CAPACITY, chunk_seed, retries_chunk,
     retry_seed,
 };
+pub use worker::pace::{RATE_WINDOW, ReaderPolicy};
 
 use crate::engine::generate::{GenerateError, GenerateOptions, LoadModelError, Stepped};
 use crate::engine::prefix::{PrefixCacheStats, SharedPrefix};
@@ -47,9 +47,9 @@ pub struct WorkerConfig {
     pub served_model_name: String,
     /// Other names accepted for it (`--model-alias`).
     pub model_aliases: Vec<String>,
-    /// How long the worker waits on a client that does not read its audio before it gives the
-    /// job up (a stalled reader must not hold the engine forever).
-    pub stall_timeout: Duration,
+    /// How a client must keep up with its stream before the worker gives its job up (a stalled
+    /// or crawling reader must not hold a slot of the batch forever).
+    pub reader: ReaderPolicy,
 }
 
 /// Whether the server can take work (`/ready`).

@@ -12,7 +12,8 @@
 //!    stream's events as it comes back, and a stream's last event waits for its last group;
 //! 4. **delivers** each stream's events to its client without ever waiting: a client that reads
 //!    slowly has its events buffered (up to [`OUTBOX_EVENTS`]; its stream pauses while the buffer
-//!    is full) and is given up after `stall_timeout` without progress, while the batch goes on;
+//!    is full) and is given up after `stall_timeout` without progress, or when it reads slower
+//!    than `min_read_rate` × real time ([`pace`]), while the batch goes on;
 //! 5. **retires** streams that ended, failed, or whose client left: the slot is free at once.
 //!
 //! A failure inside one stream (a sampler fault on its row, a panic in its prompt) fails that
@@ -33,6 +34,7 @@ use tracing::{debug, error, info};
 mod active;
 mod chunks;
 mod lane;
+pub mod pace;
 
 use self::active::Active;
 use self::lane::CodecLane;
@@ -161,7 +163,7 @@ impl Host {
             }
             let now = Instant::now();
             for job in &mut batch {
-                job.deliver(self.config.stall_timeout, now);
+                job.deliver(&self.config.reader, model.sample_rate(), now);
             }
             self.retire(model, &mut batch);
             // A failure that broke the engine itself (a GPU fault poisons its context) would fail
@@ -248,7 +250,7 @@ impl Host {
                     reply,
                     span: job.span.clone(),
                     outbox,
-                    blocked_since: None,
+                    pace: Default::default(),
                     prompt_rows,
                     prompt_left: prompt_rows - restored_rows,
                     joined: Instant::now(),

@@ -24,7 +24,7 @@ use limelight::model::vocabulary::Vocabulary;
 use limelight::request::validate::SpeechPolicy;
 use limelight::scheduler::{
     AudioCodec, BatchLimits, DEFAULT_VOICE_CACHE_BYTES, Encoded, Loader, MemoryUse, ModelHost, Opened, Prefilled,
-    Scheduler, StreamId, SynthError, Synthesizer, WorkerConfig, cpu_loader,
+    RATE_WINDOW, ReaderPolicy, Scheduler, StreamId, SynthError, Synthesizer, WorkerConfig, cpu_loader,
 };
 
 pub const MODEL: &str = "drama-3";
@@ -49,7 +49,7 @@ pub fn worker_config(max_queue: usize) -> WorkerConfig {
         default_max_frames: MAX_FRAMES,
         served_model_name: MODEL.into(),
         model_aliases: vec!["tts-1".into(), "tts-1-hd".into(), "gpt-4o-mini-tts".into()],
-        stall_timeout: Duration::from_secs(10),
+        reader: ReaderPolicy { stall_timeout: Duration::from_secs(10), min_read_rate: 0.5, rate_window: RATE_WINDOW },
     }
 }
 

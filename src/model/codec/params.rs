@@ -12,7 +12,7 @@ use crate::backend::codec::{
 use crate::checkpoint::pth::PthArchive;
 use crate::model::load::{Checkpoint, CodecTensor};
 use crate::model::weights::codec::{DECODER_RATES, RESIDUAL_DILATIONS};
-use crate::model::weights::{ConvNeXt, ResampleStage, ResidualUnit, TransformerLayer, Vq, WnConv};
+use crate::model::weights::{ConvNeXt, ResampleStage, ResidualUnit, TransformerLayer, Vq, WeightError, WnConv};
 
 /// A decoder block: Snake + transposed conv, then the residual units (d = 1, 3, 9).
 pub struct DecoderBlockParams<W> {
@@ -69,8 +69,14 @@ pub(super) struct Reader<'a, W> {
 }
 
 impl<W> Reader<'_, W> {
+    /// A tensor's values, refusing a NaN or an infinity (issue 16, finding 8) by file and name.
     pub(super) fn values(&self, t: &CodecTensor<'_>) -> Result<(Vec<f32>, Vec<usize>), CodecError> {
-        Ok((self.archive.to_f32_vec(&t.name)?, t.tensor.shape.clone()))
+        let values = self.archive.to_f32_vec(&t.name)?;
+        if let Some(index) = values.iter().position(|v| !v.is_finite()) {
+            let file = self.archive.path().display().to_string();
+            return Err(WeightError::NonFinite { file, tensor: t.name.clone(), index }.into());
+        }
+        Ok((values, t.tensor.shape.clone()))
     }
 
     pub(super) fn plain(&self, t: &CodecTensor<'_>) -> Result<W, CodecError> {

@@ -189,6 +189,8 @@ pub enum WeightError {
     Unexpected { file: String, tensor: String },
     #[error("{file}: tensor `{tensor}`: {message}")]
     Invalid { file: String, tensor: String, message: String },
+    #[error("{file}: tensor `{tensor}`: element {index} is NaN or infinite (the file is corrupt)")]
+    NonFinite { file: String, tensor: String, index: usize },
 }
 
 impl fmt::Display for Accept {

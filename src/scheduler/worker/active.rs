@@ -2,10 +2,12 @@
 //! client has not taken yet, and the audio still on the codec thread.
 
 use std::collections::VecDeque;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tokio::sync::mpsc::error::TrySendError;
 use tracing::{error, warn};
+
+use super::pace::{ReaderPace, ReaderPolicy, Verdict};
 
 use crate::engine::generate::GenerateOptions;
 use crate::scheduler::job::{ChunkPrompt, JobEvent, MoreChunks, Reply};
@@ -22,8 +24,8 @@ pub(super) struct Active {
     pub(super) reply: Reply,
     pub(super) span: tracing::Span,
     pub(super) outbox: VecDeque<JobEvent>,
-    /// Since when events have waited for a client that takes none (for `stall_timeout`).
-    pub(super) blocked_since: Option<Instant>,
+    /// How its client keeps up (`--stall-timeout`, `--min-read-rate`).
+    pub(super) pace: ReaderPace,
     pub(super) prompt_rows: usize,
     /// Prompt rows not yet run.
     pub(super) prompt_left: usize,
@@ -125,12 +127,20 @@ impl Active {
         self.outbox.len() + self.codec_pending
     }
 
-    /// Hands waiting events to the client without blocking; gives the client up once it has
-    /// taken nothing for `stall`.
-    pub(super) fn deliver(&mut self, stall: Duration, now: Instant) {
+    /// Hands waiting events to the client without blocking; gives the client up once it falls
+    /// behind `policy` (audio at `sample_rate`).
+    pub(super) fn deliver(&mut self, policy: &ReaderPolicy, sample_rate: u32, now: Instant) {
+        let mut progressed = false;
         while let Some(event) = self.outbox.pop_front() {
+            let samples = match &event {
+                JobEvent::Audio(pcm) => pcm.len(),
+                _ => 0,
+            };
             match self.reply.tx.try_send(event) {
-                Ok(()) => self.blocked_since = None,
+                Ok(()) => {
+                    self.pace.took(samples);
+                    progressed = true;
+                }
                 Err(TrySendError::Full(event)) => {
                     self.outbox.push_front(event);
                     break;
@@ -141,15 +151,28 @@ impl Active {
                 }
             }
         }
-        if self.gone || self.outbox.is_empty() {
-            self.blocked_since = None;
+        if self.gone {
             return;
         }
-        let since = *self.blocked_since.get_or_insert(now);
-        if now.duration_since(since) >= stall {
-            let _enter = self.span.enter();
-            warn!(stall_secs = stall.as_secs_f64(), "client stopped reading; job given up");
-            self.gone = true;
+        let waiting = !self.outbox.is_empty();
+        match self.pace.judge(waiting, progressed, now, policy, sample_rate) {
+            Verdict::KeepsUp => {}
+            Verdict::Stalled => {
+                let _enter = self.span.enter();
+                warn!(stall_secs = policy.stall_timeout.as_secs_f64(), "client stopped reading; job given up");
+                metrics::counter!(telemetry::SLOW_CLIENTS_GIVEN_UP_TOTAL, "why" => "stalled").increment(1);
+                self.gone = true;
+            }
+            Verdict::TooSlow { rate } => {
+                let _enter = self.span.enter();
+                warn!(
+                    read_rate = rate,
+                    min_read_rate = policy.min_read_rate,
+                    "client reads slower than the least rate; job given up"
+                );
+                metrics::counter!(telemetry::SLOW_CLIENTS_GIVEN_UP_TOTAL, "why" => "too_slow").increment(1);
+                self.gone = true;
+            }
         }
     }
 }
