@@ -277,6 +277,35 @@ async fn internal_failure_is_500_naming_the_request_id() {
     }
 }
 
+/// Issue 16, injected fault: a request whose stream finds no device memory when it joins the
+/// batch is refused with 503 `insufficient_memory` and `Retry-After`, in every delivery; a
+/// request running beside it, and the next one, are served as usual.
+#[tokio::test]
+async fn no_device_memory_at_admission_is_503_for_that_request_alone() {
+    let scheduler = wrapped(Mode::OutOfMemoryOnSeed, 4, Control::default(), None);
+    scheduler.loaded().await.unwrap();
+    let app = app(scheduler, None);
+    let healthy = tokio::spawn(send_owned(app.clone(), speech(body(json!({"max_frames": 6, "seed": 3})))));
+    for extra in [json!({}), json!({"stream": false}), json!({"stream_format": "sse"})] {
+        let mut fields = body(extra);
+        fields["seed"] = json!(OOM_SEED);
+        let resp = send(&app, speech(fields)).await;
+        assert_eq!(resp.headers()[header::RETRY_AFTER], "2");
+        let (status, e) = error_of(resp).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{e}");
+        assert_eq!(
+            (e["type"].as_str(), e["code"].as_str()),
+            (Some("server_error"), Some("insufficient_memory")),
+            "{e}"
+        );
+    }
+    let beside = healthy.await.unwrap();
+    assert_eq!(beside.status(), StatusCode::OK);
+    assert!(!bytes_of(beside).await.is_empty(), "the stream beside it got its audio");
+    let after = send(&app, speech(body(json!({"stream": false})))).await;
+    assert_eq!(after.status(), StatusCode::OK, "the engine serves on");
+}
+
 // ---------------------------------------------------------------- successful replies
 
 const FORMATS: [(&str, &str); 5] =

@@ -22,6 +22,23 @@ pub mod tower;
 use crate::checkpoint::TensorView;
 use crate::model::weights::TensorSpec;
 
+/// The panic payload of a device allocation that failed while a stream was being set up (its
+/// state, from the memory pool). Backend operations return no `Result`, so a failed allocation
+/// unwinds; the worker, which catches every panic of a stream's work, knows this payload by its
+/// type and refuses that one request with a 503 and `Retry-After` (issue 16: "device OOM at
+/// admission"), where any other panic is that request's 500.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OutOfDeviceMemory {
+    /// What was being allocated, and the allocator's error.
+    pub what: String,
+}
+
+impl std::fmt::Display for OutOfDeviceMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "out of device memory: {}", self.what)
+    }
+}
+
 /// Types every operation shares.
 pub trait BackendTypes {
     /// Activations: a row-major `[rows, width]` matrix, one row per sequence position.

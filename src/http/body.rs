@@ -43,6 +43,9 @@ pub enum Step {
     End { reason: FinishReason, usage: Usage, tail: Bytes },
     /// The job or its encoding failed; the detail is logged, the client gets the request id.
     Failed,
+    /// The engine could not take the job (device memory): a 503 with `Retry-After`. Comes only
+    /// before any audio, so only [`Reply::head`] sees it.
+    Refused,
 }
 
 /// The stream broke after its headers were sent: hyper then ends the response without the
@@ -89,6 +92,10 @@ impl Reply {
                 self.tracker.failed(&message);
                 return Step::Failed;
             }
+            Some(JobEvent::Refused { message }) => {
+                tracing::warn!(request_id = %self.tracker.request_id(), reason = %message, "speech request refused");
+                return Step::Refused;
+            }
             None => {
                 // The worker drops a job without a last event only when it gives its client up.
                 self.tracker.given_up();
@@ -118,7 +125,7 @@ pub async fn whole(mut reply: Reply, content_type: &'static str, sample_rate: u3
                 audio.extend_from_slice(&tail);
                 break reason;
             }
-            Step::Failed => return reply.tracker.internal_error(),
+            Step::Failed | Step::Refused => return reply.tracker.internal_error(),
         }
         step = reply.step().await;
     };
@@ -163,7 +170,7 @@ pub fn chunked(reply: Reply, content_type: &'static str, sample_rate: u32, head:
                         (Ok(Frame::data(tail)), State::Trailers(map))
                     });
                 }
-                Step::End { .. } | Step::Failed => return Some((Err(reply.broken()), State::Done)),
+                Step::End { .. } | Step::Failed | Step::Refused => return Some((Err(reply.broken()), State::Done)),
             }
         }
     });
@@ -196,7 +203,7 @@ pub fn sse(reply: Reply, sample_rate: u32, head: Step) -> Response {
                 Step::End { reason, usage, .. } => {
                     SpeechEvent::Done { usage, finish_reason: reason.as_str().to_owned() }
                 }
-                Step::Failed => {
+                Step::Failed | Step::Refused => {
                     let request_id = reply.tracker.request_id().to_owned();
                     SpeechEvent::Error { error: ApiError::Internal { request_id }.body().error }
                 }

@@ -19,6 +19,8 @@ use crate::scheduler::SubmitError;
 pub const LOADING_RETRY_AFTER_SECS: u64 = 10;
 /// `Retry-After` while draining: this process is going away; a retry reaches its successor.
 pub const DRAINING_RETRY_AFTER_SECS: u64 = 5;
+/// `Retry-After` when device memory ran out at admission: streams end every few seconds.
+pub const OUT_OF_MEMORY_RETRY_AFTER_SECS: u64 = 2;
 
 /// A refusal or failure of one request.
 #[derive(Debug, thiserror::Error)]
@@ -74,6 +76,10 @@ pub enum ApiError {
     VoicesFull { max: usize },
     #[error("Voice cloning is unavailable on this server: its engine has no codec encoder (see its start-up log)")]
     NoEncoder,
+    /// The engine had no device memory for this request's stream when it joined the batch; the
+    /// streams already running are unaffected, and a retry may find room.
+    #[error("The server has no GPU memory free for this request now; retry shortly")]
+    OutOfMemory,
     /// Something failed inside this request only; the detail went to the log under the id.
     #[error("The server failed on this request; quote request id {request_id} when reporting it")]
     Internal { request_id: String },
@@ -144,6 +150,13 @@ impl ApiError {
             ApiError::NoEncoder => {
                 (StatusCode::SERVICE_UNAVAILABLE, SERVER, None, Some("voice_cloning_unavailable"), None)
             }
+            ApiError::OutOfMemory => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                SERVER,
+                None,
+                Some("insufficient_memory"),
+                Some(OUT_OF_MEMORY_RETRY_AFTER_SECS),
+            ),
             ApiError::Internal { .. } => {
                 (StatusCode::INTERNAL_SERVER_ERROR, SERVER, None, Some("internal_error"), None)
             }

@@ -107,6 +107,7 @@ pub async fn create_speech(
     let head = reply.head().await;
     match head {
         Step::Failed => return reply.tracker.internal_error(),
+        Step::Refused => return reply.tracker.refuse(ApiError::OutOfMemory),
         Step::End { reason: FinishReason::Cancelled, .. } => return reply.tracker.refuse(ApiError::Cancelled),
         _ => {}
     }

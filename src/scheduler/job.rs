@@ -95,6 +95,9 @@ pub enum JobEvent {
     /// This job failed (and only this job). `message` is safe to log; it is not meant for
     /// clients, who get a generic 500 naming the request id.
     Failed { message: String },
+    /// The engine could not take this job when it joined the batch (device memory for its
+    /// stream ran out): its client gets a 503 with `Retry-After`; nothing else is affected.
+    Refused { message: String },
 }
 
 /// The receiving end of a job. Dropping it cancels the job: the worker stops it within one frame.

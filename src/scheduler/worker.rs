@@ -29,7 +29,7 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use tracing::{debug, error, info};
+use tracing::{debug, error, info, warn};
 
 mod active;
 mod chunks;
@@ -41,6 +41,7 @@ use self::lane::CodecLane;
 use super::codec::CodecLink;
 use super::job::{Command, JobEvent, Queued, QueuedEncode};
 use super::{LoadState, Loader, ModelHost, ModelInfo, Opened, Shared, StreamId, Synthesizer, WorkerConfig};
+use crate::backend::OutOfDeviceMemory;
 use crate::engine::generate::{FinishReason, Stepped};
 use crate::telemetry;
 
@@ -272,7 +273,14 @@ impl Host {
                 });
             }
             Ok(Err(e)) => e.to_string(),
-            Err(panic) => format!("the engine panicked: {}", panic_message(&*panic)),
+            Err(panic) => {
+                if let Some(oom) = panic.downcast_ref::<OutOfDeviceMemory>() {
+                    warn!(error = %oom, "no device memory for the job's stream; refused");
+                    let _ = reply.tx.try_send(JobEvent::Refused { message: oom.to_string() });
+                    return None;
+                }
+                format!("the engine panicked: {}", panic_message(&*panic))
+            }
         };
         error!(error = %failure, "job failed");
         let _ = reply.tx.try_send(JobEvent::Failed { message: failure });
@@ -556,6 +564,8 @@ pub(super) fn panic_message(payload: &(dyn Any + Send)) -> String {
         (*s).to_owned()
     } else if let Some(s) = payload.downcast_ref::<String>() {
         s.clone()
+    } else if let Some(oom) = payload.downcast_ref::<OutOfDeviceMemory>() {
+        oom.to_string()
     } else {
         String::from("(no message)")
     }

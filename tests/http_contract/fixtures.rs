@@ -125,7 +125,13 @@ pub enum Mode {
     Endless,
     /// Speaks, but has no codec encoder (as a GPU engine whose encoder did not fit).
     NoEncoder,
+    /// A job with seed [`OOM_SEED`] finds no device memory for its stream: `open` unwinds with
+    /// the CUDA backend's typed payload (an injected fault).
+    OutOfMemoryOnSeed,
 }
+
+/// The seed whose job [`Mode::OutOfMemoryOnSeed`] refuses.
+pub const OOM_SEED: u64 = 9090;
 
 /// The test's hold on a wrapped engine: a latch it opens, and a flag the engine sets once a
 /// job was cancelled.
@@ -196,6 +202,10 @@ impl Synthesizer for Wrapped<'_> {
         self.model.max_batch()
     }
     fn open(&self, rows: &Rows, prefix: SharedPrefix, options: &GenerateOptions) -> Result<Opened, SynthError> {
+        if self.mode == Mode::OutOfMemoryOnSeed && options.seed == OOM_SEED {
+            let what = String::from("scratch of 67108864 bytes: injected");
+            std::panic::panic_any(limelight::backend::OutOfDeviceMemory { what });
+        }
         let inner = self.model.open(rows, prefix, options)?;
         let id = self.next_id.replace(self.next_id.get() + 1);
         let stream = WrappedStream {

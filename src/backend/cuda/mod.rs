@@ -290,7 +290,10 @@ impl Cuda {
 
     /// Uninitialised scratch of `bytes` from the pool (same panics as [`Cuda::matrix`]).
     pub fn scratch(&self, bytes: usize) -> PoolBuf {
-        self.pool.take(bytes).unwrap_or_else(|e| panic!("scratch of {bytes} bytes: {e}"))
+        // A typed payload: the worker refuses the request it was for with a 503, not a 500.
+        self.pool.take(bytes).unwrap_or_else(|e| {
+            std::panic::panic_any(crate::backend::OutOfDeviceMemory { what: format!("scratch of {bytes} bytes: {e}") })
+        })
     }
 
     /// Copies host values into device memory at `dst` (ordered on the stream; waits for the copy,
