@@ -7,7 +7,9 @@
 //! - a client that leaves while its request waits in the queue: the request never runs (no
 //!   frames), is logged `cancelled`, and the stream ahead of it is unharmed;
 //! - a client that leaves during the drain: its job is cancelled and the drain ends without
-//!   waiting for it, exit 0.
+//!   waiting for it, exit 0;
+//! - a truncated voice file in `--voices-dir` (an injected fault): that voice is refused by its
+//!   file's name in the log, and the server starts and serves.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -227,4 +229,26 @@ fn a_client_gone_during_the_drain_ends_the_drain_without_waiting() {
     assert!(log.iter().any(|l| l["message"] == "drained"), "{log:#?}");
     let request = log.iter().find(|l| l["target"] == "limelight::request").expect("a request line");
     assert_eq!(request["finish_reason"], "cancelled", "{request}");
+}
+
+#[test]
+fn a_truncated_voice_file_is_refused_by_name_and_the_server_starts() {
+    let voices = tempfile::tempdir().unwrap();
+    std::fs::write(
+        voices.path().join("narrator.voice.json"),
+        br#"{"format":"limelight-voice-1","voice":{"name":"narr"#,
+    )
+    .unwrap();
+    let dir = voices.path().to_str().unwrap().to_owned();
+    let mut serve = Serve::start(0, &["--voices-dir", &dir]);
+    let refused = serve.log.iter().find(|l| l["message"] == "voice file refused").cloned();
+    let refused = refused.unwrap_or_else(|| panic!("a refusal line: {:#?}", serve.log));
+    assert!(refused["file"].as_str().is_some_and(|f| f.ends_with("narrator.voice.json")), "{refused}");
+    let loaded = serve.log.iter().find(|l| l["message"] == "voices loaded").expect("a voices line");
+    assert_eq!((loaded["voices"].as_u64(), loaded["refused"].as_u64()), (Some(0), Some(1)), "{loaded}");
+    assert!(serve.get("/ready").starts_with("HTTP/1.1 200"), "the server serves");
+    let mut stream = serve.speech(8);
+    assert!(read_all(&mut stream).contains("\r\n0\r\nx-finish-reason: "));
+    serve.signal("-TERM");
+    assert!(serve.child.wait().unwrap().success());
 }
