@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The test command (README, CI): lint, every Rust test, the deploy files, then the Python
-# cross-checks against independent readers and clients. Installs what it needs on first use.
+# The test command (README, CI): lint, every Rust test, the deploy files, a smoke run of each
+# fuzz target, then the Python cross-checks against independent readers and clients. Installs what it needs on first use.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,6 +36,9 @@ cargo test --all-targets --locked
 
 echo "== deploy files"
 CHECK_DEPLOY_NO_INSTALL=1 tools/check-deploy.sh
+
+echo "== fuzz smoke (each reader's fuzz target for 5 s; long runs: tools/fuzz.sh, docs/fuzzing.md)"
+tools/fuzz.sh --smoke
 
 echo "== python cross-checks (safetensors, mlx-audio, the OpenAI SDK, python-soundfile)"
 cargo build --locked --bin limelight

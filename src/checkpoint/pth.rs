@@ -114,7 +114,7 @@ impl PthArchive {
         // SAFETY: the file is opened read-only and this process never modifies it while it is mapped;
         // like every mmap reader we assume no other process truncates or rewrites it meanwhile.
         let map = unsafe { Mmap::map(&file) }.map_err(|e| fail(PthErrorKind::Io(e)))?;
-        let tensors = resolve(&map).map_err(fail)?;
+        let tensors = resolve_tensors(&map).map_err(fail)?;
         let index = tensors.iter().enumerate().map(|(i, (k, _))| (k.clone(), i)).collect();
         Ok(PthArchive { path, map, tensors, index })
     }
@@ -225,7 +225,10 @@ impl Records {
     }
 }
 
-fn resolve(map: &[u8]) -> Result<Vec<(String, PthTensor)>, PthErrorKind> {
+/// Every tensor of an archive's bytes (what [`PthArchive::open`] maps), in pickle order: the zip
+/// layout checked, `data.pkl` unpickled, each view checked against its storage. Public for the
+/// fuzz target (`fuzz/fuzz_targets/pth.rs`).
+pub fn resolve_tensors(map: &[u8]) -> Result<Vec<(String, PthTensor)>, PthErrorKind> {
     let records = Records::read(map)?;
     let missing = |r: &str| PthErrorKind::MissingRecord(format!("{}/{r}", records.prefix));
     if let Some(r) = records.get("byteorder")

@@ -179,10 +179,22 @@ pub fn load_tokenizer(
     expect: &TokenizerExpectations,
 ) -> Result<(Tokenizer, SpecialTokenIds), TokenizerError> {
     check_expectations(expect)?;
-    let load_err = |message: String| TokenizerError::Load { path: path.to_owned(), message };
-    let bytes = std::fs::read(path).map_err(|e| load_err(e.to_string()))?;
-    let tok = Tokenizer::from_bytes(&bytes).map_err(|e| load_err(e.to_string()))?;
-    check_declared_ids(&tok, path, &bytes)?;
+    let bytes =
+        std::fs::read(path).map_err(|e| TokenizerError::Load { path: path.to_owned(), message: e.to_string() })?;
+    tokenizer_from_bytes(&bytes, path, expect)
+}
+
+/// [`load_tokenizer`] on a file's bytes (`path` only labels errors). Public for the fuzz target
+/// (`fuzz/fuzz_targets/tokenizer.rs`).
+pub fn tokenizer_from_bytes(
+    bytes: &[u8],
+    path: &Path,
+    expect: &TokenizerExpectations,
+) -> Result<(Tokenizer, SpecialTokenIds), TokenizerError> {
+    check_expectations(expect)?;
+    let tok = Tokenizer::from_bytes(bytes)
+        .map_err(|e| TokenizerError::Load { path: path.to_owned(), message: e.to_string() })?;
+    check_declared_ids(&tok, path, bytes)?;
     let ids = resolve_special_tokens(&tok, path, expect)?;
     Ok((tok, ids))
 }

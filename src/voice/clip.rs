@@ -95,8 +95,13 @@ pub fn decode(bytes: &[u8], hint: Option<&str>, limits: &ClipLimits) -> Result<C
     if bytes.len() > limits.max_bytes {
         return Err(ClipError::TooLarge { bytes: bytes.len(), max: limits.max_bytes });
     }
-    let (channels, rate) =
-        if is_ogg_opus(bytes) { decode_opus(bytes, limits)? } else { decode_symphonia(bytes, hint, limits)? };
+    // The decoders are third-party code fed a client's bytes: one that panics on a malformed
+    // file (symphonia's ADTS reader did, found by fuzzing: `fuzz/seeds/voice_clip/adts-step-zero`)
+    // must refuse that upload, not take down the request's task.
+    let decoded = std::panic::catch_unwind(|| {
+        if is_ogg_opus(bytes) { decode_opus(bytes, limits) } else { decode_symphonia(bytes, hint, limits) }
+    });
+    let (channels, rate) = decoded.map_err(|_| ClipError::Undecodable(String::from("the file is malformed")))??;
     let samples = resample(&mono(&channels), rate, ENCODER_RATE);
     if samples.iter().any(|v| !v.is_finite()) {
         return Err(ClipError::NonFinite);
@@ -253,6 +258,18 @@ fn decode_opus(bytes: &[u8], limits: &ClipLimits) -> Result<(Vec<Vec<f32>>, u32)
 mod tests {
     use super::*;
     use crate::audio::{EncodeOptions, ResponseFormat, encoder};
+
+    /// Found by `fuzz/fuzz_targets/voice_clip.rs`: an ADTS-looking stream on which symphonia's
+    /// reader panics (`step_by(0)`). It is an ordinary refusal.
+    #[test]
+    fn a_file_the_decoder_panics_on_is_refused() {
+        let bytes = [
+            0x79, 0x74, 0xff, 0x00, 0xf1, 0x66, 0x70, 0, 0, 0, 0, 0, 0x49, 0, 0, 0xff, 0xf1, 0x66, 0x74, 0x79, 0x70, 0,
+            0, 0, 0, 0, 0xfe, 0xff, 0xdf, 0xff, 0x00, 0x2a,
+        ];
+        let refused = decode(&bytes, Some("m4a"), &ClipLimits::default());
+        assert_eq!(refused, Err(ClipError::Undecodable(String::from("the file is malformed"))));
+    }
 
     /// A 1.5 s tone at 44.1 kHz, as the codec would produce it.
     fn tone(seconds: f64) -> Vec<f32> {

@@ -1,0 +1,17 @@
+//! `tokenizer.json` loading and the special-token checks on any bytes: an error naming the file,
+//! never a panic. The expectations are the tiny checkpoint's (the seed is its tokenizer).
+#![no_main]
+
+mod tiny;
+
+use std::path::Path;
+
+use libfuzzer_sys::fuzz_target;
+use limelight::checkpoint::tokenizer::tokenizer_from_bytes;
+
+fuzz_target!(|data: &[u8]| {
+    let expect = tiny::tokenizer_expectations();
+    if let Err(e) = tokenizer_from_bytes(data, Path::new("tokenizer.json"), &expect) {
+        assert!(e.to_string().contains("tokenizer.json"), "{e}");
+    }
+});

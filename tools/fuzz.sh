@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Fuzzes the readers (issue 16) with cargo-fuzz (libFuzzer): each target in fuzz/ runs for a
+# bounded time, from the committed seeds (fuzz/seeds/<target>) and the working corpus
+# (fuzz/corpus/<target>, git-ignored). A crash stops the script with the input saved under
+# fuzz/artifacts/<target>/; turn it into a regression test (docs/fuzzing.md).
+#
+#   tools/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]    default: 60 s, every target
+#   tools/fuzz.sh --smoke                             5 s each (the test command's check)
+#   FUZZ_RUNS=10000000 tools/fuzz.sh 0 TARGET         a fixed number of executions instead
+#   FUZZ_SANITIZER=none                               no AddressSanitizer (2-3x the executions;
+#                                                     the code under test is safe Rust)
+#
+# Installs cargo-fuzz if missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+seconds=60
+if [[ "${1:-}" == "--smoke" ]]; then
+    seconds=5
+    shift
+elif [[ "${1:-}" =~ ^[0-9]+$ ]]; then
+    seconds=$1
+    shift
+fi
+targets=("$@")
+if ((${#targets[@]} == 0)); then
+    targets=(safetensors pth config tokenizer speech_request voice_clip)
+fi
+
+# libFuzzer's instrumentation takes -Z flags: the nightly toolchain where the machine has one,
+# else the stable one told to accept them.
+toolchain=(+nightly)
+if ! rustup run nightly rustc --version >/dev/null 2>&1; then
+    echo "fuzz: no nightly toolchain; using stable with RUSTC_BOOTSTRAP=1"
+    toolchain=()
+    export RUSTC_BOOTSTRAP=1
+fi
+if ! cargo fuzz --version >/dev/null 2>&1; then
+    echo "fuzz: installing cargo-fuzz"
+    cargo install --locked cargo-fuzz@0.13.2 >/dev/null
+fi
+
+# cargo-fuzz's default build: release, debug assertions, AddressSanitizer.
+cd fuzz
+mkdir -p logs
+for target in "${targets[@]}"; do
+    mkdir -p "corpus/$target"
+    limit=(-max_total_time="$seconds")
+    if [[ -n "${FUZZ_RUNS:-}" ]]; then
+        limit=(-runs="$FUZZ_RUNS")
+    fi
+    echo "== fuzz $target (${FUZZ_RUNS:+$FUZZ_RUNS runs}${FUZZ_RUNS:-${seconds} s})"
+    log="logs/$target.log"
+    if ! cargo "${toolchain[@]}" fuzz run --sanitizer "${FUZZ_SANITIZER:-address}" "$target" "corpus/$target" "seeds/$target" -- "${limit[@]}" \
+        -print_final_stats=1 -max_len=1048576 -rss_limit_mb=4096 -timeout=30 >"$log" 2>&1; then
+        tail -n 60 "$log" >&2
+        echo "fuzz: $target failed; the input is under fuzz/artifacts/$target/ (log: fuzz/$log)" >&2
+        exit 1
+    fi
+    grep -E "^stat::(number_of_executed_units|average_exec_per_sec|peak_rss_mb)|^Done|cov: .* corp: " "$log" | tail -n 4
+done
+echo "fuzz: every target ran clean"
