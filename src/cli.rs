@@ -47,6 +47,9 @@ pub enum BenchCommand {
     Batch(BenchBatchArgs),
     /// Drive a running server with closed-loop streaming clients (a load test).
     Serve(BenchServeArgs),
+    /// A long run of closed-loop clients with random formats, deliveries and disconnects,
+    /// sampling the server's RSS, descriptors and memory (fails on any 5xx or broken stream).
+    Soak(BenchSoakArgs),
     /// Load a checkpoint's codec encoder on the GPU and time the encode of a reference clip.
     Encode(BenchEncodeArgs),
 }
@@ -104,6 +107,48 @@ pub struct BenchBatchArgs {
     /// Also write every number as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
+}
+
+#[derive(Clone, Debug, Args)]
+pub struct BenchSoakArgs {
+    /// The server, `http://HOST:PORT`.
+    #[arg(long, default_value = "http://127.0.0.1:8080")]
+    pub url: String,
+    /// Closed-loop clients.
+    #[arg(long, default_value_t = 64)]
+    pub clients: usize,
+    /// Seconds to run.
+    #[arg(long, default_value_t = 1800)]
+    pub duration_secs: u64,
+    /// Share of requests whose client leaves at a random moment.
+    #[arg(long, default_value_t = 0.25)]
+    pub disconnect: f64,
+    /// Each request asks for 8 to this many frames.
+    #[arg(long, default_value_t = 160)]
+    pub max_frames: usize,
+    /// The server's process id, for its RSS and open descriptors (`/proc`; same host only).
+    #[arg(long)]
+    pub server_pid: Option<u32>,
+    /// Seconds between two samples.
+    #[arg(long, default_value_t = 10)]
+    pub sample_every_secs: u64,
+    /// Seed of the clients' random plan.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// The text every request speaks.
+    #[arg(long, default_value = "A long night of many voices, each stream as if alone.")]
+    pub text: String,
+    /// The model name sent.
+    #[arg(long, default_value = "drama-3")]
+    pub served_model_name: String,
+    #[arg(long, env = "LIMELIGHT_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Seconds one request may take before it counts as failed.
+    #[arg(long, default_value_t = 600)]
+    pub timeout_secs: u64,
+    /// Folder for soak.json, soak.csv and soak.svg.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

@@ -41,6 +41,7 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Engine(args)) => commands::bench_engine(&args),
         Command::Bench(BenchCommand::Batch(args)) => commands::bench_batch(&args),
         Command::Bench(BenchCommand::Serve(args)) => commands::bench_serve(&args),
+        Command::Bench(BenchCommand::Soak(args)) => commands::bench_soak(&args),
         Command::Bench(BenchCommand::Encode(args)) => commands::bench_encode(&args),
     };
     match result {

@@ -49,7 +49,7 @@ for target in "${targets[@]}"; do
     if [[ -n "${FUZZ_RUNS:-}" ]]; then
         limit=(-runs="$FUZZ_RUNS")
     fi
-    echo "== fuzz $target (${FUZZ_RUNS:+$FUZZ_RUNS runs}${FUZZ_RUNS:-${seconds} s})"
+    echo "== fuzz $target (${FUZZ_RUNS:+$FUZZ_RUNS runs}${FUZZ_RUNS:+, }${FUZZ_SANITIZER:-address} sanitizer${FUZZ_RUNS:-, ${seconds} s})"
     log="logs/$target.log"
     if ! cargo "${toolchain[@]}" fuzz run --sanitizer "${FUZZ_SANITIZER:-address}" "$target" "corpus/$target" "seeds/$target" -- "${limit[@]}" \
         -print_final_stats=1 -max_len=1048576 -rss_limit_mb=4096 -timeout=30 >"$log" 2>&1; then

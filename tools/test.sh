@@ -4,11 +4,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-echo "== system packages (ffmpeg decodes our audio in tests; nginx and systemd check deploy/)"
+echo "== system packages (ffmpeg and chromium decode our audio in tests; nginx and systemd check deploy/)"
 missing=()
 command -v ffprobe >/dev/null || missing+=(ffmpeg)
 command -v nginx >/dev/null || missing+=(nginx)
 command -v systemd-analyze >/dev/null || missing+=(systemd)
+command -v chromium >/dev/null || missing+=(chromium)
 if ((${#missing[@]})); then
     echo "installing: ${missing[*]}"
     apt-get update -qq
@@ -40,6 +41,6 @@ CHECK_DEPLOY_NO_INSTALL=1 tools/check-deploy.sh
 echo "== fuzz smoke (each reader's fuzz target for 5 s; long runs: tools/fuzz.sh, docs/fuzzing.md)"
 tools/fuzz.sh --smoke
 
-echo "== python cross-checks (safetensors, mlx-audio, the OpenAI SDK, python-soundfile)"
+echo "== python cross-checks (safetensors, mlx-audio, the OpenAI SDK, python-soundfile, Chromium)"
 cargo build --locked --bin limelight
 LIMELIGHT_BIN="$PWD/target/debug/limelight" .venv/bin/python -m pytest tools/compat -q

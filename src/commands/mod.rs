@@ -10,6 +10,8 @@ pub mod bench_encode;
 #[cfg(feature = "cuda")]
 pub mod bench_engine;
 pub mod bench_serve;
+pub mod soak;
+mod soak_plot;
 
 use std::path::Path;
 
@@ -22,7 +24,8 @@ use crate::checkpoint::Dtype;
 use crate::checkpoint::safetensors::SafetensorsFile;
 use crate::checkpoint::safetensors_writer::{TensorHeader, f32_bytes, write_safetensors};
 use crate::cli::{
-    BenchBackboneArgs, BenchBatchArgs, BenchEncodeArgs, BenchEngineArgs, BenchServeArgs, SayArgs, TraceArgs,
+    BenchBackboneArgs, BenchBatchArgs, BenchEncodeArgs, BenchEngineArgs, BenchServeArgs, BenchSoakArgs, SayArgs,
+    TraceArgs,
 };
 use crate::engine::generate::{Engine, FinishReason, Finished, GenerateOptions, PREFILL_CHUNK, ResidentModel};
 use crate::engine::trace::trace;
@@ -241,6 +244,30 @@ pub fn bench_serve(args: &BenchServeArgs) -> anyhow::Result<()> {
     }
     if result.failed() != 0 {
         bail!("{} requests failed", result.failed());
+    }
+    Ok(())
+}
+
+/// `limelight bench soak`: prints the outcome table and drift; writes the JSON, the samples as
+/// CSV and their plot as SVG into `--out`; fails on any 5xx or wrongly ended body.
+pub fn bench_soak(args: &BenchSoakArgs) -> anyhow::Result<()> {
+    let report = soak::soak(args)?;
+    println!("{}", report.summary());
+    if let Some(dir) = &args.out {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let write = |name: &str, text: String| {
+            let path = dir.join(name);
+            std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
+        };
+        write("soak.json", serde_json::to_string_pretty(&report)?)?;
+        write("soak.csv", report.csv())?;
+        write("soak.svg", report.svg())?;
+    }
+    if report.faults() != 0 {
+        bail!("{} requests ended in a 5xx or a wrongly ended body", report.faults());
+    }
+    if report.count(soak::Outcome::Complete) == 0 {
+        bail!("no request completed");
     }
     Ok(())
 }
