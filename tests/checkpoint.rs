@@ -368,3 +368,26 @@ fn a_non_finite_codec_parameter_is_refused_at_load() {
     poke(&path, at, &f32::NAN.to_le_bytes());
     assert_contains(&load_refusal(dir.path()), &["codec.pth", &name, "NaN or infinite"]);
 }
+
+/// The upload reports its progress (the server's log and systemd `STATUS=` while loading): each
+/// time another `every` bytes are up, with the total; the reports rise and stay within it.
+#[test]
+fn the_upload_reports_its_progress() {
+    let dir = tiny_checkpoint();
+    let ckpt = Checkpoint::open(dir.path()).unwrap();
+    let every = 4 << 20;
+    let mut reports = Vec::new();
+    ckpt.upload_model_weights_reporting(&Cpu, every, &mut |done, total| reports.push((done, total))).unwrap();
+    let total = reports.first().expect("reports on a 50 MB checkpoint").1;
+    let bytes: u64 = (1..=4)
+        .map(|i| std::fs::metadata(dir.path().join(format!("model-0000{i}-of-00004.safetensors"))).unwrap().len())
+        .sum();
+    assert!(total <= bytes && total > bytes * 9 / 10, "{total} of {bytes} file bytes are tensors");
+    assert!(
+        reports.len() as u64 >= total / every - 2 && reports.len() as u64 <= total / every,
+        "{} reports",
+        reports.len()
+    );
+    assert!(reports.windows(2).all(|w| w[1].0 >= w[0].0 + every && w[1].1 == total), "{reports:?}");
+    assert!(reports.last().unwrap().0 <= total);
+}

@@ -134,12 +134,23 @@ impl<B: Backend> ResidentModel<B> {
     /// prepares the codec's host image (reading `codec.pth`, folding weight norm), then uploads
     /// that too.
     pub fn load(ckpt: &Checkpoint, backend: &B) -> Result<ResidentModel<B>, LoadModelError> {
+        Self::load_reporting(ckpt, backend, u64::MAX, &mut |_, _| {})
+    }
+
+    /// [`ResidentModel::load`], reporting the weights' upload as `report(bytes done, bytes in all)`
+    /// ([`Checkpoint::upload_model_weights_reporting`]).
+    pub fn load_reporting(
+        ckpt: &Checkpoint,
+        backend: &B,
+        every: u64,
+        report: &mut dyn FnMut(u64, u64),
+    ) -> Result<ResidentModel<B>, LoadModelError> {
         std::thread::scope(|scope| {
             let codec_host = std::thread::Builder::new()
                 .name(String::from("limelight-codec-load"))
                 .spawn_scoped(scope, || crate::model::codec::host_params(ckpt))
                 .expect("spawning the codec loading thread");
-            let weights = ckpt.upload_model_weights(backend)?;
+            let weights = ckpt.upload_model_weights_reporting(backend, every, report)?;
             let host = codec_host.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
             Ok(ResidentModel { weights, codec: CodecModel::from_host(ckpt, backend, host) })
         })

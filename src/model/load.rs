@@ -115,8 +115,22 @@ impl Checkpoint {
     /// Every backbone and tower tensor made resident on `backend`, once every value is known to
     /// be finite ([`Checkpoint::check_finite`]).
     pub fn upload_model_weights<B: BackendTypes>(&self, backend: &B) -> Result<ModelWeights<B::Weight>, WeightError> {
+        self.upload_model_weights_reporting(backend, u64::MAX, &mut |_, _| {})
+    }
+
+    /// [`Checkpoint::upload_model_weights`], calling `report(bytes uploaded, bytes in all)` each
+    /// time another `every` bytes are up (the server uses [`UPLOAD_REPORT_BYTES`]: the load's
+    /// progress in the log and systemd's `STATUS=`).
+    pub fn upload_model_weights_reporting<B: BackendTypes>(
+        &self,
+        backend: &B,
+        every: u64,
+        report: &mut dyn FnMut(u64, u64),
+    ) -> Result<ModelWeights<B::Weight>, WeightError> {
         self.check_finite()?;
-        let mut src = UploadSource { inner: ShardSource { shards: &self.shards, used: BTreeSet::new() }, backend };
+        let total = self.shards.names().filter_map(|n| self.shards.get(n)).map(|(_, v)| v.bytes.len() as u64).sum();
+        let inner = ShardSource { shards: &self.shards, used: BTreeSet::new() };
+        let mut src = UploadSource { inner, backend, done: 0, total, every, next_report: every, report };
         model_weights(&self.dims, &mut src)
     }
 
@@ -216,10 +230,19 @@ impl<'a> TensorSource for ShardSource<'a> {
     }
 }
 
+/// Bytes uploaded between two progress reports (about 20 at full size).
+pub const UPLOAD_REPORT_BYTES: u64 = 2 << 30;
+
 /// Uploads each checked shard tensor to a backend as the builders ask for it.
 struct UploadSource<'a, 'b, B> {
     inner: ShardSource<'a>,
     backend: &'b B,
+    /// Bytes uploaded so far, of `total`; the next report is due at `next_report`.
+    done: u64,
+    total: u64,
+    every: u64,
+    next_report: u64,
+    report: &'b mut dyn FnMut(u64, u64),
 }
 
 impl<B: BackendTypes> TensorSource for UploadSource<'_, '_, B> {
@@ -227,7 +250,13 @@ impl<B: BackendTypes> TensorSource for UploadSource<'_, '_, B> {
 
     fn tensor(&mut self, spec: TensorSpec) -> Result<B::Weight, WeightError> {
         let view = self.inner.tensor(spec.clone())?;
-        Ok(self.backend.upload(&spec, view))
+        let weight = self.backend.upload(&spec, view);
+        self.done += view.bytes.len() as u64;
+        if self.done >= self.next_report {
+            (self.report)(self.done, self.total);
+            self.next_report = self.done.saturating_add(self.every);
+        }
+        Ok(weight)
     }
 }
 

@@ -18,7 +18,7 @@ use crate::engine::prefix::{PrefixCache, PrefixCacheStats, SharedPrefix};
 use crate::model::codec::CodecError;
 use crate::model::codec::encode::CodecEncoder;
 use crate::model::frame::Rows;
-use crate::model::load::Checkpoint;
+use crate::model::load::{Checkpoint, UPLOAD_REPORT_BYTES};
 use crate::model::memory::device_budget;
 use crate::model::sampling::SamplingParams;
 use crate::model::vocabulary::Vocabulary;
@@ -58,13 +58,32 @@ pub struct BatchLimits {
 /// `docs/perf/2026-12-04-voice-prefix.md`).
 pub const DEFAULT_VOICE_CACHE_BYTES: usize = 2 << 30;
 
+/// The load's progress while weights upload: what the log and systemd's `STATUS=` show.
+pub(super) fn upload_stage(done: u64, total: u64) -> String {
+    let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
+    format!("uploading weights: {:.1} of {:.1} GiB", gib(done), gib(total))
+}
+
+/// One line once the weights are resident: how many bytes, how long, how fast (a warm start reads
+/// the page cache, a cold one the disk; `docs/operations.md`, "Startup").
+pub(super) fn log_upload(ckpt: &Checkpoint, took: std::time::Duration) {
+    let bytes: u64 = ckpt.shards.names().filter_map(|n| ckpt.shards.get(n)).map(|(_, v)| v.bytes.len() as u64).sum();
+    let gib = bytes as f64 / f64::from(1u32 << 30);
+    let secs = took.as_secs_f64();
+    tracing::info!(gib, secs, gib_per_s = gib / secs.max(1e-9), "engine: weights resident (checked finite, uploaded)");
+}
+
 /// The CPU reference engine: checkpoint → resident weights → engine, then serve.
 pub fn cpu_loader(model_dir: PathBuf, max_frames: usize, limits: BatchLimits) -> Loader {
     Box::new(move |host: &mut dyn ModelHost| {
         host.progress(&format!("opening checkpoint {}", model_dir.display()));
         let ckpt = Checkpoint::open(&model_dir)?;
         host.progress("loading weights");
-        let model = ResidentModel::load(&ckpt, &Cpu)?;
+        let started = std::time::Instant::now();
+        let model = ResidentModel::load_reporting(&ckpt, &Cpu, UPLOAD_REPORT_BYTES, &mut |done, total| {
+            host.progress(&upload_stage(done, total))
+        })?;
+        log_upload(&ckpt, started.elapsed());
         host.progress("building the engine");
         let max_batch = limits.max_batch.unwrap_or(crate::config::CPU_MAX_BATCH);
         let budget = device_budget(&ckpt, max_frames + PROMPT_ROWS_ALLOWANCE);

@@ -64,8 +64,17 @@ mod with_cuda {
             admit(&plan, free, source).map_err(|e| ModelLoadError::Gpu(e.to_string()))?;
             tracing::info!(max_batch, context = gpu.context, cuda_graph = graph, plan = %plan, "engine: memory plan");
             host.progress(&format!("uploading weights to {}", cuda.info().name));
-            let model = ResidentModel::load(&ckpt, &cuda)?;
+            let started = std::time::Instant::now();
+            let model = ResidentModel::load_reporting(
+                &ckpt,
+                &cuda,
+                crate::model::load::UPLOAD_REPORT_BYTES,
+                &mut |done, total| {
+                    host.progress(&crate::scheduler::engines::upload_stage(done, total));
+                },
+            )?;
             cuda.synchronize();
+            crate::scheduler::engines::log_upload(&ckpt, started.elapsed());
             host.progress("building the engine");
             if voice_cache > 0 {
                 cuda.reserve_saved_states(voice_cache as usize).map_err(|e| ModelLoadError::Gpu(e.to_string()))?;
