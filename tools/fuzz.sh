@@ -9,6 +9,7 @@
 #   FUZZ_RUNS=10000000 tools/fuzz.sh 0 TARGET         a fixed number of executions instead
 #   FUZZ_SANITIZER=none                               no AddressSanitizer (2-3x the executions;
 #                                                     the code under test is safe Rust)
+#   FUZZ_MAX_LEN=4096                                 longest input (default 1 MiB)
 #
 # Installs cargo-fuzz if missing.
 set -euo pipefail
@@ -49,14 +50,19 @@ for target in "${targets[@]}"; do
     if [[ -n "${FUZZ_RUNS:-}" ]]; then
         limit=(-runs="$FUZZ_RUNS")
     fi
-    echo "== fuzz $target (${FUZZ_RUNS:+$FUZZ_RUNS runs}${FUZZ_RUNS:+, }${FUZZ_SANITIZER:-address} sanitizer${FUZZ_RUNS:-, ${seconds} s})"
-    log="logs/$target.log"
-    if ! cargo "${toolchain[@]}" fuzz run --sanitizer "${FUZZ_SANITIZER:-address}" "$target" "corpus/$target" "seeds/$target" -- "${limit[@]}" \
-        -print_final_stats=1 -max_len=1048576 -rss_limit_mb=4096 -timeout=30 >"$log" 2>&1; then
+    if [[ -n "${FUZZ_RUNS:-}" ]]; then what="$FUZZ_RUNS runs"; else what="$seconds s"; fi
+    echo "== fuzz $target ($what, ${FUZZ_SANITIZER:-address} sanitizer, inputs up to ${FUZZ_MAX_LEN:-1048576} bytes)"
+    log="logs/$target-${FUZZ_SANITIZER:-address}.log"
+    # One build folder per sanitizer: a smoke run (address) and a campaign (none) do not rebuild
+    # each other's binaries.
+    if ! cargo "${toolchain[@]}" fuzz run --sanitizer "${FUZZ_SANITIZER:-address}" \
+        --target-dir "target/${FUZZ_SANITIZER:-address}" "$target" "corpus/$target" "seeds/$target" -- "${limit[@]}" \
+        -print_final_stats=1 -max_len="${FUZZ_MAX_LEN:-1048576}" -rss_limit_mb=4096 -timeout=30 >"$log" 2>&1; then
         tail -n 60 "$log" >&2
         echo "fuzz: $target failed; the input is under fuzz/artifacts/$target/ (log: fuzz/$log)" >&2
         exit 1
     fi
-    grep -E "^stat::(number_of_executed_units|average_exec_per_sec|peak_rss_mb)|^Done|cov: .* corp: " "$log" | tail -n 4
+    grep -a "cov: " "$log" | tail -n 1
+    grep -aE "^stat::(number_of_executed_units|average_exec_per_sec|peak_rss_mb)" "$log"
 done
 echo "fuzz: every target ran clean"
