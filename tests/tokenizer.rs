@@ -308,3 +308,21 @@ fn python_agrees_on_tiny() {
 fn python_agrees_on_full_size() {
     python_cross_check(&FULL);
 }
+
+/// Found by `fuzz/fuzz_targets/tokenizer.rs`: a `decoder` whose JSON is broken made tokenizers
+/// 0.23 panic (it unwraps its own parse error) instead of returning an error. The file is
+/// refused by name, as any other malformed tokenizer.json.
+#[test]
+fn a_broken_decoder_section_is_refused_naming_the_file() {
+    let (json, ids) = build_tokenizer_json(&TINY);
+    let decoder = json.find("\"decoder\":{\"type\":").expect("the tiny tokenizer has a decoder");
+    let at = decoder + "\"decoder\":{\"type\":".len();
+    let broken = format!("{}x{}", &json[..at], &json[at + 1..]);
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(&dir, &broken);
+    let message = match load_tokenizer(&path, &expect_of(&ids)) {
+        Ok(_) => panic!("a broken decoder was accepted"),
+        Err(e) => e.to_string(),
+    };
+    assert!(message.contains("tokenizer.json") && message.contains("cannot load tokenizer"), "{message}");
+}
