@@ -136,18 +136,52 @@ impl ClientPlan {
 
 /// `http://host:port` (the path of the API is fixed).
 #[derive(Clone, Debug)]
-struct Target {
-    host_port: String,
+pub(super) struct Target {
+    pub host_port: String,
 }
 
 impl Target {
-    fn parse(url: &str) -> anyhow::Result<Target> {
+    pub(super) fn parse(url: &str) -> anyhow::Result<Target> {
         let rest = url.strip_prefix("http://").context("--url must start with http:// (no TLS in the load tool)")?;
         let host_port = rest.trim_end_matches('/').to_owned();
         if host_port.is_empty() || host_port.contains('/') {
             bail!("--url must be http://HOST:PORT, got {url}");
         }
         Ok(Target { host_port })
+    }
+}
+
+/// What a response's head says about its body.
+pub(super) struct Head {
+    pub code: u16,
+    pub chunked: bool,
+    pub length: Option<usize>,
+}
+
+/// Reads a response's status line and headers; `None` if the connection closed inside them.
+pub(super) async fn read_head(reader: &mut BufReader<TcpStream>) -> anyhow::Result<Option<Head>> {
+    let mut status = String::new();
+    if reader.read_line(&mut status).await? == 0 {
+        return Ok(None);
+    }
+    let code: u16 = status.split_whitespace().nth(1).and_then(|c| c.parse().ok()).context("no HTTP status line")?;
+    let (mut chunked, mut length) = (false, None);
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).await? == 0 {
+            return Ok(None);
+        }
+        let line = line.trim_end();
+        if line.is_empty() {
+            return Ok(Some(Head { code, chunked, length }));
+        }
+        if let Some((name, value)) = line.split_once(':') {
+            let (name, value) = (name.trim().to_ascii_lowercase(), value.trim());
+            chunked |= name == "transfer-encoding" && value.eq_ignore_ascii_case("chunked");
+            if name == "content-length" {
+                length = value.parse::<usize>().ok();
+            }
+        }
     }
 }
 
@@ -165,27 +199,8 @@ async fn speak(target: &Target, body: &str, api_key: Option<&str>) -> anyhow::Re
     stream.write_all(head.as_bytes()).await?;
     stream.write_all(body.as_bytes()).await?;
     let mut reader = BufReader::new(stream);
-    let mut status = String::new();
-    reader.read_line(&mut status).await?;
-    let code: u16 = status.split_whitespace().nth(1).and_then(|c| c.parse().ok()).context("no HTTP status line")?;
-    let (mut chunked, mut length) = (false, None);
-    loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line).await? == 0 {
-            bail!("the connection closed inside the response head");
-        }
-        let line = line.trim_end();
-        if line.is_empty() {
-            break;
-        }
-        if let Some((name, value)) = line.split_once(':') {
-            let (name, value) = (name.trim().to_ascii_lowercase(), value.trim());
-            chunked |= name == "transfer-encoding" && value.eq_ignore_ascii_case("chunked");
-            if name == "content-length" {
-                length = value.parse::<usize>().ok();
-            }
-        }
-    }
+    let Head { code, chunked, length } =
+        read_head(&mut reader).await?.context("the connection closed inside the response head")?;
     let mut first_audio = None;
     let mut bytes = 0usize;
     let mut note = |n: usize| {

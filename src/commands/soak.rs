@@ -17,6 +17,7 @@ use serde::Serialize;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
+use super::bench_serve::{Head, Target, read_head};
 use super::soak_plot;
 use crate::cli::BenchSoakArgs;
 
@@ -123,8 +124,7 @@ pub fn soak(args: &BenchSoakArgs) -> anyhow::Result<SoakReport> {
 }
 
 async fn run(args: &BenchSoakArgs) -> anyhow::Result<SoakReport> {
-    let host_port = args.url.strip_prefix("http://").context("--url must be http://HOST:PORT")?.trim_end_matches('/');
-    let host_port = host_port.to_owned();
+    let host_port = Target::parse(&args.url)?.host_port;
     let start = Instant::now();
     let deadline = start + Duration::from_secs(args.duration_secs);
     let done = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -266,29 +266,7 @@ async fn exchange(
         return Ok(Outcome::Left);
     }
     let mut reader = BufReader::new(tcp);
-    let mut status = String::new();
-    if reader.read_line(&mut status).await? == 0 {
-        return Ok(Outcome::Broken);
-    }
-    let code: u16 = status.split_whitespace().nth(1).and_then(|c| c.parse().ok()).context("no status line")?;
-    let (mut chunked, mut length) = (false, None);
-    loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line).await? == 0 {
-            return Ok(Outcome::Broken);
-        }
-        let line = line.trim_end();
-        if line.is_empty() {
-            break;
-        }
-        if let Some((name, value)) = line.split_once(':') {
-            let (name, value) = (name.trim().to_ascii_lowercase(), value.trim());
-            chunked |= name == "transfer-encoding" && value.eq_ignore_ascii_case("chunked");
-            if name == "content-length" {
-                length = value.parse::<usize>().ok();
-            }
-        }
-    }
+    let Some(Head { code, chunked, length }) = read_head(&mut reader).await? else { return Ok(Outcome::Broken) };
     match code {
         200 => {}
         500..=599 if code != 503 => return Ok(Outcome::ServerError),

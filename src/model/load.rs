@@ -128,10 +128,15 @@ impl Checkpoint {
         report: &mut dyn FnMut(u64, u64),
     ) -> Result<ModelWeights<B::Weight>, WeightError> {
         self.check_finite()?;
-        let total = self.shards.names().filter_map(|n| self.shards.get(n)).map(|(_, v)| v.bytes.len() as u64).sum();
+        let total = self.shard_tensor_bytes();
         let inner = ShardSource { shards: &self.shards, used: BTreeSet::new() };
         let mut src = UploadSource { inner, backend, done: 0, total, every, next_report: every, report };
         model_weights(&self.dims, &mut src)
+    }
+
+    /// Bytes of every shard tensor (what the upload moves).
+    pub fn shard_tensor_bytes(&self) -> u64 {
+        self.shards.names().filter_map(|n| self.shards.get(n)).map(|(_, v)| v.bytes.len() as u64).sum()
     }
 
     /// Refuses a shard tensor holding a NaN or an infinity (issue 16, finding 8): such a

@@ -67,8 +67,7 @@ pub(super) fn upload_stage(done: u64, total: u64) -> String {
 /// One line once the weights are resident: how many bytes, how long, how fast (a warm start reads
 /// the page cache, a cold one the disk; `docs/operations.md`, "Startup").
 pub(super) fn log_upload(ckpt: &Checkpoint, took: std::time::Duration) {
-    let bytes: u64 = ckpt.shards.names().filter_map(|n| ckpt.shards.get(n)).map(|(_, v)| v.bytes.len() as u64).sum();
-    let gib = bytes as f64 / f64::from(1u32 << 30);
+    let gib = ckpt.shard_tensor_bytes() as f64 / f64::from(1u32 << 30);
     let secs = took.as_secs_f64();
     tracing::info!(gib, secs, gib_per_s = gib / secs.max(1e-9), "engine: weights resident (checked finite, uploaded)");
 }

@@ -124,3 +124,14 @@ def drop_tensor(ckpt: Path, name: str) -> None:
     begin, end = removed["data_offsets"]
     index["metadata"]["total_size"] -= end - begin
     (ckpt / INDEX).write_text(json.dumps(index, indent=2))
+
+
+def speak(base: str, fmt: str, stream: bool, text: str, seed: int, max_frames: int) -> bytes:
+    """One `POST /v1/audio/speech` to the server at `base`; its 200 reply's bytes."""
+    body = {"model": "tts-1", "input": text, "response_format": fmt, "stream": stream, "seed": seed,
+            "max_frames": max_frames}
+    req = urllib.request.Request(base + "/v1/audio/speech", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        assert r.status == 200
+        return r.read()

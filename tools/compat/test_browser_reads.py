@@ -13,10 +13,11 @@ import os
 import shutil
 import subprocess
 import threading
-import urllib.request
 from pathlib import Path
 
 import pytest
+
+import conftest
 
 MAX_FRAMES = 12
 SECONDS = MAX_FRAMES * 2048 / 44100
@@ -112,13 +113,7 @@ def server(limelight_server):
 
 
 def speak(base: str, fmt: str, stream: bool) -> bytes:
-    body = {"model": "tts-1", "input": "Browsers everywhere.", "response_format": fmt,
-            "stream": stream, "seed": 9, "max_frames": MAX_FRAMES}
-    req = urllib.request.Request(base + "/v1/audio/speech", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=120) as r:
-        assert r.status == 200
-        return r.read()
+    return conftest.speak(base, fmt, stream, 'Browsers everywhere.', 9, MAX_FRAMES)
 
 
 def test_every_format_whole_and_streamed_plays_in_chromium(server, tmp_path):

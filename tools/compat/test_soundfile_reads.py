@@ -8,12 +8,12 @@ request whole is complete and reads. ffmpeg reads every file, streamed or whole
 (test_openai_sdk.py)."""
 
 import io
-import json
-import urllib.request
 
 import numpy as np
 import pytest
 import soundfile as sf
+
+import conftest
 
 MAX_FRAMES = 12
 SAMPLES_PER_FRAME = 2048
@@ -27,13 +27,7 @@ def server(limelight_server):
 
 
 def speak(base: str, fmt: str, stream: bool) -> bytes:
-    body = {"model": "tts-1", "input": "Readers everywhere.", "response_format": fmt,
-            "stream": stream, "seed": 5, "max_frames": MAX_FRAMES}
-    req = urllib.request.Request(base + "/v1/audio/speech", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=120) as r:
-        assert r.status == 200
-        return r.read()
+    return conftest.speak(base, fmt, stream, 'Readers everywhere.', 5, MAX_FRAMES)
 
 
 @pytest.mark.parametrize("fmt,rate", FORMATS)
