@@ -306,15 +306,24 @@ fn remove_dead_staging(parent: &Path) {
 /// Writes the tiny random checkpoint into `dir` unless a complete one from this version is there.
 pub fn ensure_demo_checkpoint(dir: &Path) -> Result<(), ServeError> {
     let stamp = format!("limelight {} tiny seed 0\n", env!("CARGO_PKG_VERSION"));
-    let parent = dir.parent().unwrap_or(Path::new("."));
-    remove_dead_staging(parent);
-    if std::fs::read_to_string(dir.join(DEMO_STAMP_FILE)).is_ok_and(|s| s == stamp) {
+    let is_complete = || std::fs::read_to_string(dir.join(DEMO_STAMP_FILE)).is_ok_and(|s| s == stamp);
+    if is_complete() {
         return Ok(());
     }
     let demo_error = |source| ServeError::Demo { dir: dir.to_owned(), source };
+    let parent = dir.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(parent).map_err(demo_error)?;
-    // Written beside its final place and renamed, so two servers starting at once never see
-    // half a checkpoint.
+    // One writer at a time: without the lock, a second server finishing later removed the
+    // first one's fresh copy while the first was loading it. The lock is released when the
+    // file closes, also when the process dies.
+    let lock = std::fs::File::create(parent.join(".demo-tiny.lock")).map_err(demo_error)?;
+    lock.lock().map_err(demo_error)?;
+    if is_complete() {
+        return Ok(());
+    }
+    remove_dead_staging(parent);
+    // Written beside its final place and renamed, so a start killed midway never leaves half a
+    // checkpoint where the next start looks.
     let staging = parent.join(format!(".demo-tiny.{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&staging);
     info!(dir = %dir.display(), "writing the demo checkpoint (tiny, random weights)");
@@ -322,14 +331,7 @@ pub fn ensure_demo_checkpoint(dir: &Path) -> Result<(), ServeError> {
         .write(&staging)
         .and_then(|()| std::fs::write(staging.join(DEMO_STAMP_FILE), &stamp))
         .map_err(demo_error)?;
+    // What is there now is another version's or half-written: nobody loads it.
     let _ = std::fs::remove_dir_all(dir);
-    match std::fs::rename(&staging, dir) {
-        Ok(()) => Ok(()),
-        // Another server finished first; its copy is as good as ours.
-        Err(_) if std::fs::read_to_string(dir.join(DEMO_STAMP_FILE)).is_ok_and(|s| s == stamp) => {
-            let _ = std::fs::remove_dir_all(&staging);
-            Ok(())
-        }
-        Err(e) => Err(demo_error(e)),
-    }
+    std::fs::rename(&staging, dir).map_err(demo_error)
 }

@@ -3,7 +3,9 @@
 //! - text logs written to a file (not a terminal) carry no ANSI colour codes (issue 16,
 //!   finding 10);
 //! - a demo start killed while writing its checkpoint left `.demo-tiny.<pid>`; the next start
-//!   removes the folder of a process that is gone, and leaves a live one's (finding 9).
+//!   removes the folder of a process that is gone, and leaves a live one's (finding 9);
+//! - servers started at once on one empty cache all load the demo checkpoint (a later writer
+//!   once removed the first one's copy while it was loading it).
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -161,4 +163,57 @@ fn serve_drains_on_sigterm_and_exits_zero() {
     assert!(draining.contains("\"running\":1"), "SIGTERM came while the stream ran: {draining}");
     assert!(log.iter().any(|l| l.contains("\"drained\"")), "{log:#?}");
     assert!(log.iter().any(|l| l.contains("limelight::request") && l.contains("\"status\":200")), "{log:#?}");
+}
+
+/// Three `--demo` servers started together on one empty cache: each reaches `ready`, none sees
+/// its checkpoint vanish under it.
+#[test]
+fn servers_started_at_once_share_one_demo_checkpoint() {
+    let cache = tempfile::tempdir().unwrap();
+    let mut servers: Vec<_> = (0..3)
+        .map(|_| {
+            Command::new(env!("CARGO_BIN_EXE_limelight"))
+                .args(["serve", "--demo", "--port", "0", "--log-format", "json"])
+                .env("XDG_CACHE_HOME", cache.path())
+                .env("RUST_LOG", "info")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let readers: Vec<_> = servers
+        .iter_mut()
+        .map(|child| {
+            let stdout = child.stdout.take().unwrap();
+            std::thread::spawn(move || {
+                let mut lines = Vec::new();
+                for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                    let message = serde_json::from_str::<serde_json::Value>(&line).expect("JSON log lines")["message"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned();
+                    lines.push(line);
+                    if message == "ready" || message == "the model failed to load" {
+                        break;
+                    }
+                }
+                lines
+            })
+        })
+        .collect();
+    let deadline = std::time::Instant::now() + LIMIT;
+    while readers.iter().any(|r| !r.is_finished()) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for child in &mut servers {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let logs: Vec<Vec<String>> = readers.into_iter().map(|r| r.join().unwrap()).collect();
+    for log in &logs {
+        assert!(log.iter().any(|l| l.contains("\"message\":\"ready\"")), "every server loads: {log:#?}");
+    }
+    let writers = logs.iter().filter(|log| log.iter().any(|l| l.contains("writing the demo checkpoint"))).count();
+    assert_eq!(writers, 1, "one server wrote the checkpoint, the others waited for it and used it");
 }
