@@ -201,9 +201,23 @@ pub struct BenchEngineArgs {
     /// Hard cap on GPU memory; default: free memory at start minus 1 GiB.
     #[arg(long, value_parser = parse_bytes)]
     pub gpu_memory_budget: Option<u64>,
+    /// After the timings, run one more prompt (`prompt`) or two graph frame steps (`step`)
+    /// between cuProfilerStart and cuProfilerStop, for `ncu --profile-from-start off`
+    /// (`tools/gpu/step-ncu.sh`).
+    #[arg(long, value_enum)]
+    pub profiler_range: Option<ProfilerRange>,
     /// Also write every number as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
+}
+
+/// What `bench engine --profiler-range` brackets for an external profiler.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ProfilerRange {
+    /// One prompt's prefill (backbone and tower), synced.
+    Prompt,
+    /// Two frame steps as CUDA graph replays, after eight unprofiled ones.
+    Step,
 }
 
 #[derive(Debug, Args)]

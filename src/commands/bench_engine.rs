@@ -11,8 +11,9 @@ use serde::Serialize;
 
 use super::bench::decode_bytes_per_row;
 use crate::backend::cuda::admission::{MemoryPlan, admit, gib};
+use crate::backend::cuda::profile::external_range;
 use crate::backend::cuda::{Cuda, CudaOptions};
-use crate::cli::BenchEngineArgs;
+use crate::cli::{BenchEngineArgs, ProfilerRange};
 use crate::engine::cuda_frames::CudaFrames;
 use crate::engine::generate::{Engine, GenerateOptions, ResidentModel};
 use crate::model::codec::StreamingDecoder;
@@ -94,6 +95,9 @@ pub fn bench_engine(args: &BenchEngineArgs) -> anyhow::Result<EngineBench> {
     let step_bytes_per_frame =
         decode_bytes_per_row(&ckpt.dims, position) + tower_bytes_per_frame(&ckpt.config, position);
     let step_floor_ms = step_bytes_per_frame as f64 / (copy_bandwidth_gb_per_s * 1e9) * 1e3;
+    if let Some(range) = args.profiler_range {
+        run_profiler_range(&cuda, &graph, &prompt, &opts, range)?;
+    }
     Ok(EngineBench {
         gpu: cuda.info().name.clone(),
         model: args.model.display().to_string(),
@@ -142,6 +146,43 @@ fn time_frames(
     }
     let ms_per_frame = t.elapsed().as_secs_f64() * 1e3 / opts.max_frames.max(1) as f64;
     Ok(FrameTiming { prompt_ms, ms_per_frame, rows })
+}
+
+/// The graph path's prompt, or two of its frame steps after eight unprofiled ones, inside an
+/// external profiler's range (nothing else runs on the device meanwhile).
+fn run_profiler_range(
+    cuda: &Cuda,
+    engine: &Engine<'_, Cuda>,
+    prompt: &Rows,
+    opts: &GenerateOptions,
+    range: ProfilerRange,
+) -> anyhow::Result<()> {
+    const WARM_FRAMES: usize = 8;
+    const PROFILED_FRAMES: usize = 2;
+    let opts = GenerateOptions { max_frames: WARM_FRAMES + PROFILED_FRAMES, ..opts.clone() };
+    cuda.synchronize();
+    let mut frames = match range {
+        ProfilerRange::Prompt => external_range(|| {
+            let frames = engine.frames(prompt, &opts);
+            cuda.synchronize();
+            frames
+        })?,
+        ProfilerRange::Step => engine.frames(prompt, &opts)?,
+    };
+    for _ in 0..WARM_FRAMES {
+        frames.next_frame(false)?;
+    }
+    cuda.synchronize();
+    if range == ProfilerRange::Step {
+        external_range(|| {
+            for f in 0..PROFILED_FRAMES {
+                frames.next_frame(f + 1 == PROFILED_FRAMES)?;
+            }
+            cuda.synchronize();
+            anyhow::Ok(())
+        })?;
+    }
+    Ok(())
 }
 
 /// A fresh stream's first call (one frame), then the rest in calls of `group` frames (each call

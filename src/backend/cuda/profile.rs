@@ -91,3 +91,22 @@ fn discard() {
         }
     }
 }
+
+/// Runs `f` between `cuProfilerStart` and `cuProfilerStop`, so that a profiler started with
+/// `--profile-from-start off` (ncu) sees exactly the launches inside: one frame step, or one
+/// prompt, among the thousands of launches a bench makes. The caller has synchronised its
+/// streams before and does after, so no other work falls into the range.
+pub fn external_range<R>(f: impl FnOnce() -> R) -> R {
+    // SAFETY: both calls take no arguments and act on this thread's current context, which the
+    // caller's Cuda made current; a failure (no profiler attached is not one) only loses the
+    // range, so it is ignored.
+    unsafe {
+        let _ = sys::cuProfilerStart();
+    }
+    let out = f();
+    // SAFETY: as above.
+    unsafe {
+        let _ = sys::cuProfilerStop();
+    }
+    out
+}
