@@ -57,22 +57,10 @@ enum { FMT_E4M3 = 0, FMT_F16 = 1, FMT_F16X2 = 2 };
 // ---------------------------------------------------------------------------------------------
 // Operands
 
-// Each row of x ([rows, K], ACT_BF16 or ACT_F32) in 1×128 groups, as an MMA operand of format
-// `fmt`, with one f32 scale per group (scales [rows, K/128]):
-//   FMT_E4M3: e4m3 codes of x/s, s = max(amax, 1e-10)/448 (the dynamic quantiser, as the CPU
-//             `quantise`); codes [rows, K] bytes;
-//   FMT_F16:  f16 of x·2^-e, s = 2^e (header); codes [rows, K] f16;
-//   FMT_F16X2: as FMT_F16 (hi), and f16 of the remainder x·2^-e − hi (lo) at codes + rows·K f16.
-// One warp per group, 8 per block: grid (ceil(K/128 / 8), rows), 256 threads. K % 128 == 0.
-extern "C" __global__ void moe_rows_operand(const void* __restrict__ x, int in_kind, int rows, int K, int fmt,
-                                            void* __restrict__ codes, float* __restrict__ scales) {
-    pdl_begin();
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int groups = K >> 7;
-    const int g = blockIdx.x * (blockDim.x >> 5) + warp;
-    if (g >= groups) return;
-    const size_t at = (size_t)blockIdx.y * K + g * 128 + lane * 4;
-    const float4 v = load_act4(x, in_kind, at);
+// This lane's 4 elements v of one 1×128 group (lanes in order) as operand codes of format `fmt`
+// at element `at` of `codes` (FMT_F16X2: the lo halves at `lo` + at); returns the group's scale.
+// The warp must be converged (the group's amax is a warp reduction).
+__device__ __forceinline__ float operand_group(float4 v, int fmt, void* codes, __half* lo, size_t at) {
     const float amax = warp_max(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
     float s;
     if (fmt == FMT_E4M3) {
@@ -88,19 +76,63 @@ extern "C" __global__ void moe_rows_operand(const void* __restrict__ x, int in_k
         s = __int_as_float((127 + e) << 23);
         const float inv = __int_as_float((127 - e) << 23);
         const float y[4] = {v.x * inv, v.y * inv, v.z * inv, v.w * inv};
-        uint32_t hi[2] = {0u, 0u}, lo[2] = {0u, 0u};
+        uint32_t hi[2] = {0u, 0u}, lw[2] = {0u, 0u};
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             const __half h = __float2half_rn(y[j]);
             const __half l = __float2half_rn(y[j] - __half2float(h));  // the difference is exact in f32
             hi[j >> 1] |= (uint32_t)__half_as_ushort(h) << (16 * (j & 1));
-            lo[j >> 1] |= (uint32_t)__half_as_ushort(l) << (16 * (j & 1));
+            lw[j >> 1] |= (uint32_t)__half_as_ushort(l) << (16 * (j & 1));
         }
-        __half* out = (__half*)codes + at;
-        *reinterpret_cast<uint2*>(out) = make_uint2(hi[0], hi[1]);
-        if (fmt == FMT_F16X2) *reinterpret_cast<uint2*>(out + (size_t)rows * K) = make_uint2(lo[0], lo[1]);
+        *reinterpret_cast<uint2*>((__half*)codes + at) = make_uint2(hi[0], hi[1]);
+        if (fmt == FMT_F16X2) *reinterpret_cast<uint2*>(lo + at) = make_uint2(lw[0], lw[1]);
     }
+    return s;
+}
+
+// Each row of x ([rows, K], ACT_BF16 or ACT_F32) in 1×128 groups, as an MMA operand of format
+// `fmt`, with one f32 scale per group (scales [rows, K/128]):
+//   FMT_E4M3: e4m3 codes of x/s, s = max(amax, 1e-10)/448 (the dynamic quantiser, as the CPU
+//             `quantise`); codes [rows, K] bytes;
+//   FMT_F16:  f16 of x·2^-e, s = 2^e (header); codes [rows, K] f16;
+//   FMT_F16X2: as FMT_F16 (hi), and f16 of the remainder x·2^-e − hi (lo) at codes + rows·K f16.
+// One warp per group, 8 per block: grid (ceil(K/128 / 8), rows), 256 threads. K % 128 == 0.
+extern "C" __global__ void moe_rows_operand(const void* __restrict__ x, int in_kind, int rows, int K, int fmt,
+                                            void* __restrict__ codes, float* __restrict__ scales) {
+    pdl_begin();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int groups = K >> 7;
+    const int g = blockIdx.x * (blockDim.x >> 5) + warp;
+    if (g >= groups) return;
+    const size_t at = (size_t)blockIdx.y * K + g * 128 + lane * 4;
+    const float s = operand_group(load_act4(x, in_kind, at), fmt, codes, (__half*)codes + (size_t)rows * K, at);
     if (lane == 0) scales[(size_t)blockIdx.y * groups + g] = s;
+}
+
+// A tile's operand rows in shared memory: moe_rows_operand's format and arithmetic (so the same
+// bits), for the tile's n ≤ ROWS_PAIRS rows. Slot i holds the row at element offset base(i) of x
+// ([·, K] of in_kind). Layout from smem: codes [ROWS_PAIRS][K] (FMT_F16X2: the lo halves follow,
+// [ROWS_PAIRS][K] more), then scales [ROWS_PAIRS][K/128] f32. One warp per group; ends with a
+// block barrier (every thread of the block must call it).
+template <class Base>
+__device__ __forceinline__ void tile_operand(const void* x, int in_kind, int fmt, int K, int n, Base base,
+                                             unsigned char* smem) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, groups = K >> 7;
+    const int code_bytes = fmt == FMT_E4M3 ? 1 : fmt == FMT_F16 ? 2 : 4;
+    float* scales = reinterpret_cast<float*>(smem + (size_t)ROWS_PAIRS * K * code_bytes);
+    __half* lo = reinterpret_cast<__half*>(smem) + (size_t)ROWS_PAIRS * K;
+    for (int item = warp; item < n * groups; item += blockDim.x >> 5) {
+        const int slot = item / groups, g = item - slot * groups;
+        const float4 v = load_act4(x, in_kind, base(slot) + g * 128 + lane * 4);
+        const float sc = operand_group(v, fmt, smem, lo, (size_t)slot * K + g * 128 + lane * 4);
+        if (lane == 0) scales[slot * groups + g] = sc;
+    }
+    __syncthreads();
+}
+
+// Bytes of shared memory tile_operand takes.
+__host__ __device__ constexpr size_t tile_operand_bytes(int fmt, int K) {
+    return (size_t)ROWS_PAIRS * K * (fmt == FMT_E4M3 ? 1 : fmt == FMT_F16 ? 2 : 4) + (size_t)ROWS_PAIRS * (K / 128) * 4;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -117,8 +149,21 @@ struct OperandVecs {
     static constexpr int n = FMT == FMT_E4M3 ? 1 : FMT == FMT_F16 ? 2 : 4;
 };
 
+// A 16-byte operand load: through the read-only cache from global memory, or from shared memory
+// (a tile's operand that the block converted itself).
+template <bool SMEM>
+__device__ __forceinline__ uint4 load_vec(const uint4* p) {
+    if constexpr (SMEM) return *p;
+    else return __ldg(p);
+}
+template <bool SMEM>
+__device__ __forceinline__ float load_scale(const float* p) {
+    if constexpr (SMEM) return *p;
+    else return __ldg(p);
+}
+
 // The lane's 16 operand codes at k of row `src` (zeros for src < 0: a column past the tile).
-template <int FMT>
+template <int FMT, bool SMEM>
 __device__ __forceinline__ void load_operand(const void* act, const void* act_lo, int src, int K, int k,
                                              uint4 (&b)[OperandVecs<FMT>::n]) {
 #pragma unroll
@@ -126,15 +171,15 @@ __device__ __forceinline__ void load_operand(const void* act, const void* act_lo
     if (src < 0) return;
     const size_t at = (size_t)src * K + k;
     if constexpr (FMT == FMT_E4M3) {
-        b[0] = __ldg(reinterpret_cast<const uint4*>((const unsigned char*)act + at));
+        b[0] = load_vec<SMEM>(reinterpret_cast<const uint4*>((const unsigned char*)act + at));
     } else {
         const uint4* hi = reinterpret_cast<const uint4*>((const __half*)act + at);
-        b[0] = __ldg(hi);
-        b[1] = __ldg(hi + 1);
+        b[0] = load_vec<SMEM>(hi);
+        b[1] = load_vec<SMEM>(hi + 1);
         if constexpr (FMT == FMT_F16X2) {
             const uint4* lo = reinterpret_cast<const uint4*>((const __half*)act_lo + at);
-            b[OperandVecs<FMT>::n - 2] = __ldg(lo);
-            b[OperandVecs<FMT>::n - 1] = __ldg(lo + 1);
+            b[OperandVecs<FMT>::n - 2] = load_vec<SMEM>(lo);
+            b[OperandVecs<FMT>::n - 1] = load_vec<SMEM>(lo + 1);
         }
     }
 }
@@ -162,7 +207,7 @@ __device__ __forceinline__ void operand_frag(const uint4 (&b)[OperandVecs<FMT>::
 // groups' loads issued together). This lane loads column g from operand row `src`; it holds the
 // outputs of columns 2c, 2c + 1, whose operand rows are src0, src1 (-1 past the tile):
 //   total[m][0, 1] = features f0 + g, columns 2c, 2c + 1; total[m][2, 3] = feature f0 + g + 8.
-template <int NB, int FMT, int GPB>
+template <int NB, int FMT, int GPB, bool SMEM>
 __device__ __forceinline__ void warp_tile(const unsigned char* const (&w)[NB], const float* const (&sw)[NB],
                                           const void* act, const void* act_lo, const float* act_scales, int src,
                                           int src0, int src1, int K, int ks, int KS, float (&total)[NB][4]) {
@@ -189,10 +234,10 @@ __device__ __forceinline__ void warp_tile(const unsigned char* const (&w)[NB], c
                     a[j][half][m][0] = load_stream(reinterpret_cast<const uint4*>(w[m] + (size_t)g * K + k));
                     a[j][half][m][1] = load_stream(reinterpret_cast<const uint4*>(w[m] + (size_t)(g + 8) * K + k));
                 }
-                load_operand<FMT>(act, act_lo, src, K, k, b[j][half]);
+                load_operand<FMT, SMEM>(act, act_lo, src, K, k, b[j][half]);
             }
-            sx[j][0] = src0 >= 0 ? __ldg(act_scales + (size_t)src0 * groups + gi) : 0.f;
-            sx[j][1] = src1 >= 0 ? __ldg(act_scales + (size_t)src1 * groups + gi) : 0.f;
+            sx[j][0] = src0 >= 0 ? load_scale<SMEM>(act_scales + (size_t)src0 * groups + gi) : 0.f;
+            sx[j][1] = src1 >= 0 ? load_scale<SMEM>(act_scales + (size_t)src1 * groups + gi) : 0.f;
 #pragma unroll
             for (int m = 0; m < NB; ++m) swg[j][m] = __ldg(sw[m] + gi);
         }
@@ -248,33 +293,50 @@ __device__ __forceinline__ bool rows_tile(const int* tiles, const int* offsets, 
 // Kernels
 
 // h[pos, f] = SiLU(gate_f · x) · (up_f · x) (f32) for the tile's sorted positions pos, x the
-// operand row of the pair's token row (sorted[pos] / top_k). act, act_scales: the layer input
-// as moe_rows_operand writes it (fmt FMT_E4M3 or FMT_F16); K = hidden, N = intermediate (both
-// multiples of 128); h: [pairs, N]. Grid (max_tiles, N/16), 256 threads (ROWS_THREADS); blocks
-// past tiles[0] exit.
+// operand row of the pair's token row (sorted[pos] / top_k); K = hidden, N = intermediate (both
+// multiples of 128); h: [pairs, N]. The operand comes one of two ways:
+//   - raw null: act, act_scales as moe_rows_operand wrote them (fmt FMT_E4M3 or FMT_F16);
+//   - raw the layer input itself ([rows, K] of raw_kind, fmt FMT_F16): the block converts its
+//     tile's rows into dynamic shared memory (tile_operand_bytes(FMT_F16, K)) with
+//     moe_rows_operand's arithmetic, which saves that kernel's launch in the decode step.
+// Grid (max_tiles, N/16), 256 threads (ROWS_THREADS); blocks past tiles[0] exit.
 extern "C" __global__ void __launch_bounds__(ROWS_THREADS)
     moe_rows_gate_up(const void* __restrict__ act, const float* __restrict__ act_scales, int fmt,
-                     const int* __restrict__ sorted, const int* __restrict__ tiles, const int* __restrict__ offsets,
+                     const void* __restrict__ raw, int raw_kind, const int* __restrict__ sorted,
+                     const int* __restrict__ tiles, const int* __restrict__ offsets,
                      const unsigned long long* __restrict__ table, int top_k, int K, int N, float* __restrict__ h) {
     pdl_begin();
+    extern __shared__ __align__(16) unsigned char rows_smem[];
     __shared__ float slices[GU_KS][GU_FS][8][32];  // [K slice][feature warp][total][lane]
     RowsTile tile;
     if (!rows_tile(tiles, offsets, tile)) return;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     const int fs = warp / GU_KS, ks = warp % GU_KS;
     const int f0 = blockIdx.y * (16 * GU_FS) + 16 * fs;
-    const auto row_of = [&](int pos) { return pos < tile.end ? sorted[pos] / top_k : -1; };
-    const int src = row_of(tile.start + g), src0 = row_of(tile.start + 2 * c), src1 = row_of(tile.start + 2 * c + 1);
     const unsigned long long* t = table + (size_t)tile.e * T_STRIDE;
     const size_t srow = (size_t)(f0 >> 7) * (K >> 7);
     const unsigned char* const w[2] = {(const unsigned char*)t[T_GATE_W] + (size_t)f0 * K,
                                        (const unsigned char*)t[T_UP_W] + (size_t)f0 * K};
     const float* const sw[2] = {(const float*)t[T_GATE_S] + srow, (const float*)t[T_UP_S] + srow};
     float total[2][4];
-    if (fmt == FMT_E4M3)
-        warp_tile<2, FMT_E4M3, 1>(w, sw, act, nullptr, act_scales, src, src0, src1, K, ks, GU_KS, total);
-    else
-        warp_tile<2, FMT_F16, 1>(w, sw, act, nullptr, act_scales, src, src0, src1, K, ks, GU_KS, total);
+    if (raw) {
+        // Operand rows by slot: the tile's pair i reads slot i.
+        const int n = tile.end - tile.start;
+        tile_operand(raw, raw_kind, FMT_F16, K, n,
+                     [&](int slot) { return (size_t)(sorted[tile.start + slot] / top_k) * K; }, rows_smem);
+        const auto slot_of = [&](int i) { return tile.start + i < tile.end ? i : -1; };
+        const float* scales = reinterpret_cast<const float*>(rows_smem + (size_t)ROWS_PAIRS * K * 2);
+        warp_tile<2, FMT_F16, 1, true>(w, sw, rows_smem, nullptr, scales, slot_of(g), slot_of(2 * c),
+                                       slot_of(2 * c + 1), K, ks, GU_KS, total);
+    } else {
+        const auto row_of = [&](int pos) { return pos < tile.end ? sorted[pos] / top_k : -1; };
+        const int src = row_of(tile.start + g), src0 = row_of(tile.start + 2 * c),
+                  src1 = row_of(tile.start + 2 * c + 1);
+        if (fmt == FMT_E4M3)
+            warp_tile<2, FMT_E4M3, 1, false>(w, sw, act, nullptr, act_scales, src, src0, src1, K, ks, GU_KS, total);
+        else
+            warp_tile<2, FMT_F16, 1, false>(w, sw, act, nullptr, act_scales, src, src0, src1, K, ks, GU_KS, total);
+    }
 
     // The K slices' totals, added in slice order by each feature warp's slice-0 warp.
 #pragma unroll
@@ -298,28 +360,35 @@ extern "C" __global__ void __launch_bounds__(ROWS_THREADS)
 
 // y[pair, f] = down_f · h[pos] for the tile's sorted positions pos (pair = sorted[pos]), written
 // at the pair's row of y [pairs, N] f32 (unweighted; the combine applies the routing weight).
-// act, act_lo, act_scales: h as moe_rows_operand writes it (fmt FMT_E4M3, or FMT_F16X2 with
-// act_lo its lo half); K = intermediate, N = hidden. Grid (max_tiles, N/128), 256 threads.
+// h: [pairs, K] f32 by sorted position, as moe_rows_gate_up wrote it; the block converts its
+// tile's rows to operand format fmt (FMT_E4M3, or FMT_F16X2) in dynamic shared memory
+// (tile_operand_bytes(fmt, K)) with moe_rows_operand's arithmetic. K = intermediate, N = hidden.
+// Grid (max_tiles, N/128), 256 threads.
 extern "C" __global__ void __launch_bounds__(ROWS_THREADS)
-    moe_rows_down(const void* __restrict__ act, const void* __restrict__ act_lo, const float* __restrict__ act_scales,
-                  int fmt, const int* __restrict__ sorted, const int* __restrict__ tiles,
-                  const int* __restrict__ offsets, const unsigned long long* __restrict__ table, int K, int N,
-                  float* __restrict__ y) {
+    moe_rows_down(const float* __restrict__ h, int fmt, const int* __restrict__ sorted,
+                  const int* __restrict__ tiles, const int* __restrict__ offsets,
+                  const unsigned long long* __restrict__ table, int K, int N, float* __restrict__ y) {
     pdl_begin();
+    extern __shared__ __align__(16) unsigned char rows_smem[];
     RowsTile tile;
     if (!rows_tile(tiles, offsets, tile)) return;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     const int f0 = blockIdx.y * (16 * DN_FS) + 16 * warp;
-    const auto row_of = [&](int pos) { return pos < tile.end ? pos : -1; };
-    const int src = row_of(tile.start + g), src0 = row_of(tile.start + 2 * c), src1 = row_of(tile.start + 2 * c + 1);
     const unsigned long long* t = table + (size_t)tile.e * T_STRIDE;
     const unsigned char* const w[1] = {(const unsigned char*)t[T_DOWN_W] + (size_t)f0 * K};
     const float* const sw[1] = {(const float*)t[T_DOWN_S] + (size_t)(f0 >> 7) * (K >> 7)};
+    const int n = tile.end - tile.start;
+    tile_operand(h, ACT_F32, fmt, K, n, [&](int slot) { return (size_t)(tile.start + slot) * K; }, rows_smem);
+    const auto slot_of = [&](int i) { return i < n ? i : -1; };
+    const int src = slot_of(g), src0 = slot_of(2 * c), src1 = slot_of(2 * c + 1);
+    const float* scales = reinterpret_cast<const float*>(rows_smem + tile_operand_bytes(fmt, K) -
+                                                         (size_t)ROWS_PAIRS * (K / 128) * 4);
     float total[1][4];
     if (fmt == FMT_E4M3)
-        warp_tile<1, FMT_E4M3, 2>(w, sw, act, nullptr, act_scales, src, src0, src1, K, 0, 1, total);
+        warp_tile<1, FMT_E4M3, 2, true>(w, sw, rows_smem, nullptr, scales, src, src0, src1, K, 0, 1, total);
     else
-        warp_tile<1, FMT_F16X2, 1>(w, sw, act, act_lo, act_scales, src, src0, src1, K, 0, 1, total);
+        warp_tile<1, FMT_F16X2, 1, true>(w, sw, rows_smem, (const __half*)rows_smem + (size_t)ROWS_PAIRS * K, scales,
+                                         src, src0, src1, K, 0, 1, total);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const int pos = tile.start + 2 * c + (i & 1);

@@ -3,6 +3,13 @@
 // (`residual ← bf16(residual + delta)`, then the norm of the rounded sum, as transformers does).
 #include "common.cuh"
 
+// Rows up to NORM_REGS · blockDim columns (2048 at 256 threads: every backbone and tower row) are
+// read in one go: each thread issues its NORM_REGS loads together and keeps the values, so a row
+// costs one memory round trip, not one per column a thread visits. A thread still visits its
+// columns c = tid, tid + blockDim, … and sums their squares in that order, as the loop for wider
+// rows does: both give the same bits.
+#define NORM_REGS 8
+
 // One block per row. x, y: [rows, cols] bf16; w: [cols] f32 (the stored gain w, not 1 + w).
 extern "C" __global__ void rms_norm_zc(const bf16* __restrict__ x, const float* __restrict__ w,
                                        bf16* __restrict__ y, int cols, float eps) {
@@ -10,13 +17,31 @@ extern "C" __global__ void rms_norm_zc(const bf16* __restrict__ x, const float* 
     __shared__ float scratch[32];
     const bf16* xr = x + (size_t)blockIdx.x * cols;
     bf16* yr = y + (size_t)blockIdx.x * cols;
+    const int t = threadIdx.x, n = blockDim.x;
     float ss = 0.f;
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+    if (cols <= NORM_REGS * n) {
+        float v[NORM_REGS], g[NORM_REGS];
+#pragma unroll
+        for (int j = 0; j < NORM_REGS; ++j) {
+            const int c = t + j * n;
+            v[j] = c < cols ? to_f32(xr[c]) : 0.f;
+            g[j] = c < cols ? w[c] : 0.f;
+        }
+#pragma unroll
+        for (int j = 0; j < NORM_REGS; ++j)
+            if (t + j * n < cols) ss += v[j] * v[j];
+        const float inv = rsqrtf(block_sum(ss, scratch) / cols + eps);
+#pragma unroll
+        for (int j = 0; j < NORM_REGS; ++j)
+            if (t + j * n < cols) yr[t + j * n] = to_bf16(v[j] * inv * (1.f + g[j]));
+        return;
+    }
+    for (int c = t; c < cols; c += n) {
         float v = to_f32(xr[c]);
         ss += v * v;
     }
     const float inv = rsqrtf(block_sum(ss, scratch) / cols + eps);
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = to_bf16(to_f32(xr[c]) * inv * (1.f + w[c]));
+    for (int c = t; c < cols; c += n) yr[c] = to_bf16(to_f32(xr[c]) * inv * (1.f + w[c]));
 }
 
 // residual += delta (rounded to bf16), then y = rms_norm_zc(residual).
@@ -27,15 +52,42 @@ extern "C" __global__ void add_rms_norm_zc(bf16* __restrict__ residual, const bf
     bf16* rr = residual + (size_t)blockIdx.x * cols;
     const bf16* dr = delta + (size_t)blockIdx.x * cols;
     bf16* yr = y + (size_t)blockIdx.x * cols;
+    const int t = threadIdx.x, n = blockDim.x;
     float ss = 0.f;
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+    if (cols <= NORM_REGS * n) {
+        float v[NORM_REGS], g[NORM_REGS];
+        bf16 a[NORM_REGS], b[NORM_REGS];
+#pragma unroll
+        for (int j = 0; j < NORM_REGS; ++j) {
+            const int c = t + j * n;
+            a[j] = c < cols ? rr[c] : to_bf16(0.f);
+            b[j] = c < cols ? dr[c] : to_bf16(0.f);
+            g[j] = c < cols ? w[c] : 0.f;
+        }
+#pragma unroll
+        for (int j = 0; j < NORM_REGS; ++j) {
+            const int c = t + j * n;
+            if (c < cols) {
+                const bf16 s = to_bf16(to_f32(a[j]) + to_f32(b[j]));
+                rr[c] = s;
+                v[j] = to_f32(s);
+                ss += v[j] * v[j];
+            }
+        }
+        const float inv = rsqrtf(block_sum(ss, scratch) / cols + eps);
+#pragma unroll
+        for (int j = 0; j < NORM_REGS; ++j)
+            if (t + j * n < cols) yr[t + j * n] = to_bf16(v[j] * inv * (1.f + g[j]));
+        return;
+    }
+    for (int c = t; c < cols; c += n) {
         bf16 s = to_bf16(to_f32(rr[c]) + to_f32(dr[c]));
         rr[c] = s;
         float v = to_f32(s);
         ss += v * v;
     }
     const float inv = rsqrtf(block_sum(ss, scratch) / cols + eps);
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = to_bf16(to_f32(rr[c]) * inv * (1.f + w[c]));
+    for (int c = t; c < cols; c += n) yr[c] = to_bf16(to_f32(rr[c]) * inv * (1.f + w[c]));
 }
 
 // x += y elementwise (bf16, rounded once).

@@ -39,6 +39,9 @@ __device__ __forceinline__ float embedding_value(const bf16* emb_row, const bf16
     return e;
 }
 
+// Columns per thread held in registers by tower_mix's one-pass path.
+#define MIX_REGS 8
+
 // One block per row, 256 threads. hidden: [rows, dim] bf16; emb: [V, dim] bf16; codes, mask: row
 // r's at r · label_stride words (1 for packed arrays, a `SamplerOut`'s words for the sampler's
 // rows); unseen: [rows, dim] bf16 or null; enorm, hnorm: [dim] f32 (stored gains w, applied as
@@ -57,6 +60,40 @@ extern "C" __global__ void tower_mix(const bf16* __restrict__ hidden, const bf16
     const bf16* h_row = hidden + (size_t)r * dim;
     bf16* o = out + (size_t)r * 2 * dim;
     float se = 0.f, sh = 0.f;
+    if (dim <= MIX_REGS * (int)blockDim.x) {
+        // The whole row in one go (every tower width up to 2048): each thread issues its loads
+        // together, one memory round trip; same columns, same order, same bits as the loop below.
+        const int t = threadIdx.x, n = blockDim.x;
+        float e[MIX_REGS], h[MIX_REGS], ge[MIX_REGS], gh[MIX_REGS];
+#pragma unroll
+        for (int j = 0; j < MIX_REGS; ++j) {
+            const int d = t + j * n;
+            const bool in = d < dim;
+            e[j] = in && on ? to_f32(emb_row[d]) : 0.f;
+            const float u = in && u_row ? to_f32(u_row[d]) : 0.f;
+            h[j] = in ? to_f32(h_row[d]) : 0.f;
+            ge[j] = in ? enorm[d] : 0.f;
+            gh[j] = in ? hnorm[d] : 0.f;
+            if (u_row) e[j] += u;
+        }
+#pragma unroll
+        for (int j = 0; j < MIX_REGS; ++j)
+            if (t + j * n < dim) {
+                se += e[j] * e[j];
+                sh += h[j] * h[j];
+            }
+        const float inv_e = rsqrtf(block_sum(se, scratch) / dim + eps);
+        const float inv_h = rsqrtf(block_sum(sh, scratch) / dim + eps);
+#pragma unroll
+        for (int j = 0; j < MIX_REGS; ++j) {
+            const int d = t + j * n;
+            if (d < dim) {
+                o[d] = to_bf16(e[j] * inv_e * (1.f + ge[j]));
+                o[dim + d] = to_bf16(h[j] * inv_h * (1.f + gh[j]));
+            }
+        }
+        return;
+    }
     for (int d = threadIdx.x; d < dim; d += blockDim.x) {
         const float e = embedding_value(emb_row, u_row, on, d), h = to_f32(h_row[d]);
         se += e * e;

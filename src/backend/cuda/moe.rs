@@ -57,8 +57,8 @@ impl MoeKernels {
             gemv_gate_up: m.kernel("moe_gemv_gate_up")?,
             gemv_down: m.kernel("moe_gemv_down")?,
             rows_operand: r.kernel("moe_rows_operand")?,
-            rows_gate_up: r.kernel("moe_rows_gate_up")?,
-            rows_down: r.kernel("moe_rows_down")?,
+            rows_gate_up: r.kernel_with_shared("moe_rows_gate_up", rows::TILE_SHARED_CAP)?,
+            rows_down: r.kernel_with_shared("moe_rows_down", rows::TILE_SHARED_CAP)?,
             swiglu_bf16: m.kernel("moe_swiglu_bf16")?,
             combine: m.kernel("moe_combine")?,
             tables: Mutex::new(HashMap::new()),
@@ -223,6 +223,14 @@ fn check_shapes(s: &MoeShape, w: &MoeWeights<GpuWeight>, x: &GpuMatrix) {
     // Dynamic shared memory of the GEMV kernels holds one activation row and its scales.
     let widest = h.max(s.intermediate);
     assert!((widest + widest / GROUP) * 4 <= 48 << 10, "MoE width {widest} too wide for the GEMV kernels");
+    // The decode batch's tiles hold their operand rows in shared memory.
+    assert!(
+        rows::tile_operand_bytes(rows::Format::F16, h)
+            .max(rows::tile_operand_bytes(rows::Format::F16x2, s.intermediate))
+            <= rows::TILE_SHARED_CAP,
+        "MoE widths {h} and {} too wide for the decode batch's tiles",
+        s.intermediate
+    );
 }
 
 fn check_fp8(l: &Fp8Linear<GpuWeight>, out: usize, inp: usize, what: &str) {

@@ -87,19 +87,25 @@ impl Operand {
         let dims = Dims::grid((groups.div_ceil(OPERAND_GROUPS_PER_BLOCK) as u32, rows as u32, 1), THREADS);
         cuda.kernels.moe.rows_operand.launch(cuda.stream(), dims, &args);
     }
+}
 
-    /// The lo rows of an `F16x2` operand filled with `rows` rows (0 for the other formats).
-    fn lo(&self, rows: usize) -> u64 {
-        if self.fmt == Format::F16x2 { self.codes.ptr() + (rows * self.cols * 2) as u64 } else { 0 }
-    }
+/// The most dynamic shared memory a tile kernel may take (the kernels are loaded allowing it):
+/// at full size a gate/up tile's input rows take 32.5 KiB and a down tile's h rows 16.1 KiB.
+pub(super) const TILE_SHARED_CAP: usize = 160 << 10;
+
+/// Bytes of dynamic shared memory the tile kernels take for a tile's operand rows of `cols`
+/// elements (`tile_operand_bytes` in the kernel file).
+pub(super) fn tile_operand_bytes(fmt: Format, cols: usize) -> usize {
+    TILE_PAIRS * cols * fmt.bytes() + TILE_PAIRS * (cols / GROUP) * 4
 }
 
 impl Job<'_> {
-    /// The decode batch, in passes of at most `CHUNK_ROWS` rows: the pass's input rows as an
-    /// operand (`Fp8Dynamic`: the quantised codes; `Exact`: f16 of the bf16 rows), its pairs
-    /// grouped by expert into tiles of up to 8, gate/up tiles → h [pairs, I] f32 by sorted
-    /// position, h as an operand (requantised to e4m3, or hi + lo f16), down tiles → y
-    /// [pairs, hidden] f32; combine.
+    /// The decode batch, in passes of at most `CHUNK_ROWS` rows: its pairs grouped by expert into
+    /// tiles of up to 8; gate/up tiles → h [pairs, I] f32 by sorted position; down tiles → y
+    /// [pairs, hidden] f32; combine. Each tile block makes its own operand rows in shared memory
+    /// (`Exact`: f16 of the bf16 input rows, and h as hi + lo f16; `Fp8Dynamic`: the quantised
+    /// input codes, made once for every path, and h requantised to e4m3), with the operand
+    /// kernel's arithmetic: two launches a layer fewer than filling operands in global memory.
     pub(super) fn rows(&self) {
         let (cuda, k, e, h, i) = (self.cuda, self.s.top_k, self.s.experts, self.hidden, self.s.intermediate);
         let kernels = &cuda.kernels.moe;
@@ -107,28 +113,30 @@ impl Job<'_> {
         let max_rows = self.rows.min(CHUNK_ROWS);
         let max_pairs = max_rows * k;
         let grouping = Grouping::new(cuda, e, max_pairs, TILE_PAIRS);
-        let exact_input = (!fp8).then(|| Operand::new(cuda, max_rows, h, Format::F16));
         let hbuf = cuda.scratch(max_pairs * i * 4);
-        let hop = Operand::new(cuda, max_pairs, i, if fp8 { Format::E4m3 } else { Format::F16x2 });
+        let h_fmt = if fp8 { Format::E4m3 } else { Format::F16x2 };
         let y = cuda.scratch(max_pairs * h * 4);
         for r0 in (0..self.rows).step_by(CHUNK_ROWS) {
             let rows = CHUNK_ROWS.min(self.rows - r0);
-            let pairs = rows * k;
             let input = self.input;
-            let (act, act_scales, fmt) = match &exact_input {
-                Some(x) => {
-                    x.fill(cuda, input.ptr + (r0 * h * input.elem) as u64, input.kind, rows);
-                    (x.codes.ptr(), x.scales.ptr(), Format::F16)
-                }
-                None => (input.ptr + (r0 * h) as u64, input.scales + (r0 * (h / GROUP) * 4) as u64, Format::E4m3),
+            // Fp8Dynamic: the quantised codes in global memory; Exact: the bf16 rows, converted
+            // by each tile block.
+            let (act, act_scales, fmt, raw, shared_bytes) = if fp8 {
+                let codes = input.ptr + (r0 * h) as u64;
+                (codes, input.scales + (r0 * (h / GROUP) * 4) as u64, Format::E4m3, 0, 0)
+            } else {
+                let raw = input.ptr + (r0 * h * input.elem) as u64;
+                (0, 0, Format::F16, raw, tile_operand_bytes(Format::F16, h))
             };
             let max_tiles = self.group(&grouping, r0, rows);
             let (sorted, tiles, offsets) = (grouping.sorted.ptr(), grouping.tiles.ptr(), grouping.offsets.ptr());
 
-            let args: [Arg; 11] = [
+            let args: [Arg; 13] = [
                 act.into(),
                 act_scales.into(),
                 (fmt as i32).into(),
+                raw.into(),
+                input.kind.into(),
                 sorted.into(),
                 tiles.into(),
                 offsets.into(),
@@ -138,15 +146,13 @@ impl Job<'_> {
                 i.into(),
                 hbuf.ptr().into(),
             ];
-            let dims = Dims::grid((max_tiles as u32, (i / GATE_UP_FEATURES) as u32, 1), THREADS);
+            let dims = Dims::grid((max_tiles as u32, (i / GATE_UP_FEATURES) as u32, 1), THREADS)
+                .with_shared(shared_bytes as u32);
             kernels.rows_gate_up.launch(cuda.stream(), dims, &args);
 
-            hop.fill(cuda, hbuf.ptr(), ACT_F32, pairs);
-            let args: [Arg; 11] = [
-                hop.codes.ptr().into(),
-                hop.lo(pairs).into(),
-                hop.scales.ptr().into(),
-                (hop.fmt as i32).into(),
+            let args: [Arg; 9] = [
+                hbuf.ptr().into(),
+                (h_fmt as i32).into(),
                 sorted.into(),
                 tiles.into(),
                 offsets.into(),
@@ -155,7 +161,8 @@ impl Job<'_> {
                 h.into(),
                 y.ptr().into(),
             ];
-            let dims = Dims::grid((max_tiles as u32, (h / DOWN_FEATURES) as u32, 1), THREADS);
+            let dims = Dims::grid((max_tiles as u32, (h / DOWN_FEATURES) as u32, 1), THREADS)
+                .with_shared(tile_operand_bytes(h_fmt, i) as u32);
             kernels.rows_down.launch(cuda.stream(), dims, &args);
             self.combine(r0, rows, y.ptr());
         }
