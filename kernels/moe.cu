@@ -65,15 +65,11 @@ extern "C" __global__ void moe_router_logits(const bf16* __restrict__ x, const b
 // expert's gate sigmoid(logit[E]). One warp per row, 4 rows per block: grid ceil(rows/4), 128
 // threads, dynamic shared 4·E floats. ids/weights: [rows, top_k] (most probable first);
 // shared_gate: [rows]. top_k ≤ 32 and ≤ E (checked by the wrapper).
-extern "C" __global__ void moe_route(const float* __restrict__ logits, int rows, int E, int top_k,
-                                     int* __restrict__ ids, float* __restrict__ weights,
-                                     float* __restrict__ shared_gate) {
-    pdl_begin();
-    extern __shared__ float route_smem[];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int row = blockIdx.x * (blockDim.x >> 5) + warp;
-    if (row >= rows) return;  // warp-uniform; the kernel has no block barrier
-    float* ex = route_smem + warp * E;
+// One row's routing, by one warp (ex: E floats of shared memory, the warp's own).
+__device__ __forceinline__ void route_row(const float* __restrict__ logits, int row, int E, int top_k, float* ex,
+                                          int* __restrict__ ids, float* __restrict__ weights,
+                                          float* __restrict__ shared_gate) {
+    const int lane = threadIdx.x & 31;
     const float* l = logits + (size_t)row * (E + 1);
 
     float m = -INFINITY;
@@ -125,6 +121,18 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int rows,
         weights[(size_t)row * top_k + lane] = my_p / kept;
     }
     if (lane == 0) shared_gate[row] = sigmoidf_(l[E]);
+    __syncwarp();  // ex is reused for the warp's next row
+}
+
+extern "C" __global__ void moe_route(const float* __restrict__ logits, int rows, int E, int top_k,
+                                     int* __restrict__ ids, float* __restrict__ weights,
+                                     float* __restrict__ shared_gate) {
+    pdl_begin();
+    extern __shared__ float route_smem[];
+    const int warp = threadIdx.x >> 5;
+    const int row = blockIdx.x * (blockDim.x >> 5) + warp;
+    if (row >= rows) return;  // warp-uniform; the kernel has no block barrier
+    route_row(logits, row, E, top_k, route_smem + warp * E, ids, weights, shared_gate);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -163,11 +171,11 @@ __device__ __forceinline__ int block_exclusive_scan(int v, int* warp_totals, int
 // computed independently of its neighbours), and the tile list for the grouped GEMMs:
 // tiles = [n_tiles, (expert, first sorted position) × n_tiles], one tile per tile_rows pairs of
 // an expert, at most max_tiles. One block of 1024 threads; dynamic shared 2·E ints.
-extern "C" __global__ void moe_group_pairs(const int* __restrict__ ids, int pairs, int E, int tile_rows,
-                                           int* __restrict__ offsets, int* __restrict__ sorted,
-                                           int* __restrict__ tiles, int max_tiles) {
-    pdl_begin();
-    extern __shared__ int group_smem[];
+// (ids without __restrict__: moe_route_group writes them earlier in the same kernel, so they must
+// not be read through the read-only cache.)
+__device__ __forceinline__ void group_pairs_block(const int* ids, int pairs, int E, int tile_rows,
+                                                  int* __restrict__ offsets, int* __restrict__ sorted,
+                                                  int* __restrict__ tiles, int max_tiles, int* group_smem) {
     __shared__ int warp_totals[32];
     __shared__ int totals[2];
     int* count = group_smem;
@@ -211,6 +219,33 @@ extern "C" __global__ void moe_group_pairs(const int* __restrict__ ids, int pair
         const int e = ids[p];
         if (e >= 0 && e < E) sorted[atomicAdd(&cursor[e], 1)] = p;
     }
+}
+
+extern "C" __global__ void moe_group_pairs(const int* __restrict__ ids, int pairs, int E, int tile_rows,
+                                           int* __restrict__ offsets, int* __restrict__ sorted,
+                                           int* __restrict__ tiles, int max_tiles) {
+    pdl_begin();
+    extern __shared__ int group_smem[];
+    group_pairs_block(ids, pairs, E, tile_rows, offsets, sorted, tiles, max_tiles, group_smem);
+}
+
+// moe_route then moe_group_pairs in one block, for a decode step's few rows: one launch a layer
+// fewer. Each warp routes rows warp, warp + 32, … with moe_route's code, the block waits, then
+// groups the pairs with moe_group_pairs' code: the same results. 1024 threads; dynamic shared
+// max(32·E floats, 2·E ints).
+extern "C" __global__ void moe_route_group(const float* __restrict__ logits, int rows, int E, int top_k,
+                                           int* __restrict__ ids, float* __restrict__ weights,
+                                           float* __restrict__ shared_gate, int tile_rows,
+                                           int* __restrict__ offsets, int* __restrict__ sorted,
+                                           int* __restrict__ tiles, int max_tiles) {
+    pdl_begin();
+    extern __shared__ float route_group_smem[];
+    const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    for (int row = warp; row < rows; row += warps)
+        route_row(logits, row, E, top_k, route_group_smem + warp * E, ids, weights, shared_gate);
+    __syncthreads();  // the ids are written; the shared memory is free for the grouping
+    group_pairs_block(ids, rows * top_k, E, tile_rows, offsets, sorted, tiles, max_tiles,
+                      reinterpret_cast<int*>(route_group_smem));
 }
 
 // ---------------------------------------------------------------------------------------------

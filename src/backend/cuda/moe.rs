@@ -8,8 +8,10 @@
 //! Three expert paths with the same math: per-(row, slot) GEMVs for the single-stream decode (few
 //! rows); for prefill a device-side grouping of the (row, slot) pairs by expert followed by
 //! grouped GEMMs over each expert's rows; and for the decode batch the same grouping followed by
-//! swap-AB tensor-core tiles of up to 8 pairs (`rows`, `kernels/moe_rows.cu`). Routing never
-//! leaves the device: no host sync in any path. The experts' weight and scale addresses live in
+//! swap-AB tensor-core tiles of up to 8 pairs (`rows`, `kernels/moe_rows.cu`); a decode step's
+//! few rows are routed inside the grouping launch (`moe_route_group`, the same code as the
+//! separate `moe_route`), one launch a layer fewer. Routing never leaves the device: no host
+//! sync in any path. The experts' weight and scale addresses live in
 //! a device table built once per layer (first call, the warm-up) and cached under the router
 //! weight's address.
 
@@ -31,6 +33,7 @@ pub struct MoeKernels {
     router_logits: Kernel,
     route: Kernel,
     group_pairs: Kernel,
+    route_group: Kernel,
     grouped_gate_up: Kernel,
     grouped_down: Kernel,
     gemv_gate_up: Kernel,
@@ -52,6 +55,7 @@ impl MoeKernels {
             router_logits: m.kernel("moe_router_logits")?,
             route: m.kernel("moe_route")?,
             group_pairs: m.kernel("moe_group_pairs")?,
+            route_group: m.kernel("moe_route_group")?,
             grouped_gate_up: m.kernel("moe_grouped_gate_up")?,
             grouped_down: m.kernel("moe_grouped_down")?,
             gemv_gate_up: m.kernel("moe_gemv_gate_up")?,
@@ -84,6 +88,9 @@ pub const DECODE_MAX_ROWS: usize = 4;
 const CHUNK_ROWS: usize = 1024;
 const GROUP_THREADS: u32 = 1024;
 const ROUTE_ROWS_PER_BLOCK: usize = 4;
+/// Up to this many rows the decode batch routes and groups in one launch (one block: the rows
+/// are routed 32 at a time, so many rows would be slower than `moe_route`'s grid).
+const ROUTE_GROUP_MAX_ROWS: usize = 64;
 /// Output columns per block of the GEMV kernels (2 per warp for gate/up, 4 per warp for down).
 const GEMV_GATE_UP_COLS: usize = 16;
 const GEMV_DOWN_COLS: usize = 32;
@@ -151,15 +158,31 @@ pub fn moe_with(cuda: &Cuda, s: &MoeShape, w: &MoeWeights<GpuWeight>, x: &GpuMat
         return out;
     }
     let table = expert_table(cuda, s, w);
-    let routing = route(cuda, s, w, x);
+    // The decode batch's few rows route inside the grouping launch (`Job::group`).
+    let (routing, pending) = if path == MoePath::Rows && routes_in_group(x.rows, s.experts) {
+        let (routing, logits) = router_logits(cuda, s, w, x);
+        (routing, Some(logits))
+    } else {
+        (route(cuda, s, w, x), None)
+    };
     let shared = shared_expert(cuda, w, x, path == MoePath::Rows);
     let quantised = (s.activations == ExpertActivations::Fp8Dynamic).then(|| quantise_rows(cuda, x));
     let input = match &quantised {
         Some(q) => Input { ptr: q.codes.ptr(), scales: q.scales.ptr(), kind: ACT_E4M3, elem: 1 },
         None => Input { ptr: x.ptr(), scales: 0, kind: ACT_BF16, elem: 2 },
     };
-    let job =
-        Job { cuda, s, table, routing: &routing, shared: &shared, input, out: &out, rows: x.rows, hidden: x.cols };
+    let job = Job {
+        cuda,
+        s,
+        table,
+        routing: &routing,
+        pending_logits: pending.as_ref().map(PoolBuf::ptr),
+        shared: &shared,
+        input,
+        out: &out,
+        rows: x.rows,
+        hidden: x.cols,
+    };
     match path {
         MoePath::Auto if x.rows <= DECODE_MAX_ROWS => job.per_pair(),
         MoePath::PerPair => job.per_pair(),
@@ -171,21 +194,11 @@ pub fn moe_with(cuda: &Cuda, s: &MoeShape, w: &MoeWeights<GpuWeight>, x: &GpuMat
 
 /// Router logits in fp32, softmax, top-k, renormalise; and the shared expert's sigmoid gate.
 pub fn route(cuda: &Cuda, s: &MoeShape, w: &MoeWeights<GpuWeight>, x: &GpuMatrix) -> Routing {
-    check_shapes(s, w, x);
-    let (rows, h, e, k) = (x.rows, x.cols, s.experts, s.top_k);
-    let kernels = &cuda.kernels.moe;
-    let logits = cuda.scratch(rows * (e + 1) * 4);
-    let routing = Routing {
-        ids: cuda.scratch(rows * k * 4),
-        weights: cuda.scratch(rows * k * 4),
-        shared_gate: cuda.scratch(rows * 4),
-    };
+    let (routing, logits) = router_logits(cuda, s, w, x);
+    let (rows, e, k) = (x.rows, s.experts, s.top_k);
     if rows == 0 {
         return routing;
     }
-    let args =
-        [x.ptr().into(), w.router.ptr.into(), w.shared_expert_gate.ptr.into(), logits.ptr().into(), e.into(), h.into()];
-    kernels.router_logits.launch(cuda.stream(), Dims::grid(((e + 1).div_ceil(8) as u32, rows as u32, 1), 256), &args);
     let args = [
         logits.ptr().into(),
         rows.into(),
@@ -197,8 +210,40 @@ pub fn route(cuda: &Cuda, s: &MoeShape, w: &MoeWeights<GpuWeight>, x: &GpuMatrix
     ];
     let dims = Dims::linear(rows.div_ceil(ROUTE_ROWS_PER_BLOCK), (ROUTE_ROWS_PER_BLOCK * 32) as u32)
         .with_shared((ROUTE_ROWS_PER_BLOCK * e * 4) as u32);
-    kernels.route.launch(cuda.stream(), dims, &args);
+    cuda.kernels.moe.route.launch(cuda.stream(), dims, &args);
     routing
+}
+
+/// The router's logits `[rows, E + 1]` f32 (the last column the shared expert's gate), and the
+/// routing buffers that `moe_route` (or `moe_route_group`) fills from them.
+fn router_logits(cuda: &Cuda, s: &MoeShape, w: &MoeWeights<GpuWeight>, x: &GpuMatrix) -> (Routing, PoolBuf) {
+    check_shapes(s, w, x);
+    let (rows, h, e, k) = (x.rows, x.cols, s.experts, s.top_k);
+    let logits = cuda.scratch(rows * (e + 1) * 4);
+    let routing = Routing {
+        ids: cuda.scratch(rows * k * 4),
+        weights: cuda.scratch(rows * k * 4),
+        shared_gate: cuda.scratch(rows * 4),
+    };
+    if rows > 0 {
+        let args = [
+            x.ptr().into(),
+            w.router.ptr.into(),
+            w.shared_expert_gate.ptr.into(),
+            logits.ptr().into(),
+            e.into(),
+            h.into(),
+        ];
+        let dims = Dims::grid(((e + 1).div_ceil(8) as u32, rows as u32, 1), 256);
+        cuda.kernels.moe.router_logits.launch(cuda.stream(), dims, &args);
+    }
+    (routing, logits)
+}
+
+/// Whether the decode batch routes and groups in one launch (`moe_route_group`): few rows, and
+/// the block's 32 warps' softmax rows fit the default shared memory.
+fn routes_in_group(rows: usize, experts: usize) -> bool {
+    rows <= ROUTE_GROUP_MAX_ROWS && experts * 4 * (GROUP_THREADS as usize / 32) <= 48 << 10
 }
 
 /// Dynamic e4m3 quantisation of each row in 1×128 groups (`s = max(amax, 1e-10)/448`, RNE).
@@ -312,6 +357,8 @@ struct Job<'a> {
     s: &'a MoeShape,
     table: u64,
     routing: &'a Routing,
+    /// Router logits not yet routed: `group` routes them in its launch (`moe_route_group`).
+    pending_logits: Option<u64>,
     shared: &'a GpuMatrix,
     input: Input,
     out: &'a GpuMatrix,
@@ -433,6 +480,27 @@ impl Job<'_> {
         let pairs = rows * k;
         let max_tiles = g.max_tiles(e, pairs);
         let ids = self.routing.ids.ptr() + (r0 * k * 4) as u64;
+        if let Some(logits) = self.pending_logits {
+            assert!(r0 == 0 && rows == self.rows, "rows route in the grouping launch only in one pass");
+            let args = [
+                logits.into(),
+                rows.into(),
+                e.into(),
+                k.into(),
+                ids.into(),
+                self.routing.weights.ptr().into(),
+                self.routing.shared_gate.ptr().into(),
+                g.tile_rows.into(),
+                g.offsets.ptr().into(),
+                g.sorted.ptr().into(),
+                g.tiles.ptr().into(),
+                max_tiles.into(),
+            ];
+            let smem = (e * 4 * (GROUP_THREADS as usize / 32)).max(2 * e * 4);
+            let dims = Dims::linear(1, GROUP_THREADS).with_shared(smem as u32);
+            cuda.kernels.moe.route_group.launch(cuda.stream(), dims, &args);
+            return max_tiles;
+        }
         let args = [
             ids.into(),
             pairs.into(),
