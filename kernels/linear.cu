@@ -197,8 +197,23 @@ __host__ __device__ constexpr int mma_stage_stride(int k) {
     return ((min((k + 31) >> 5, STAGE_STEPS) * 4 + 7) / 8) * 8 + 4;
 }
 
-__device__ __forceinline__ void linear_mma_staged(const bf16* __restrict__ x, const bf16* __restrict__ w,
-                                                  bf16* __restrict__ y, int rows, int n, int k, int bx) {
+// bf16(SiLU(g) · u) of 8 bf16 pairs, each as moe_swiglu_bf16 computes it.
+__device__ __forceinline__ uint4 swiglu8(uint4 g, uint4 u) {
+    const bf16* gb = reinterpret_cast<const bf16*>(&g);
+    const bf16* ub = reinterpret_cast<const bf16*>(&u);
+    uint4 out;
+    bf16* ob = reinterpret_cast<bf16*>(&out);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) ob[j] = to_bf16(siluf_(to_f32(gb[j])) * to_f32(ub[j]));
+    return out;
+}
+
+// x's rows as staged: copied (up == null), or bf16(SiLU(x) · up) elementwise, the SwiGLU that
+// moe_swiglu_bf16 computes with the same expression (so the same bits), made while staging
+// instead of by a launch of its own.
+__device__ __forceinline__ void linear_mma_staged(const bf16* __restrict__ x, const bf16* __restrict__ up,
+                                                  const bf16* __restrict__ w, bf16* __restrict__ y, int rows, int n,
+                                                  int k, int bx) {
     extern __shared__ uint4 stage[];
     __shared__ float part[MMA_SLICES][4][32];
     const int slice = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
@@ -225,11 +240,20 @@ __device__ __forceinline__ void linear_mma_staged(const bf16* __restrict__ x, co
         }
         cp_async_commit();
         if (first == 0) pdl_wait();
-        for (int r = 0; r < rows; ++r)
-            for (int v = threadIdx.x; v < vectors; v += blockDim.x) {
-                const bool ok = v0 + v < k8;
-                cp_async16_zfill(stage + (16 + r) * stride + v, ok ? xv + (size_t)r * k8 + v0 + v : xv, ok);
-            }
+        if (up) {
+            const uint4* uv = reinterpret_cast<const uint4*>(up);
+            for (int r = 0; r < rows; ++r)
+                for (int v = threadIdx.x; v < vectors; v += blockDim.x)
+                    stage[(16 + r) * stride + v] = v0 + v < k8 ? swiglu8(xv[(size_t)r * k8 + v0 + v],
+                                                                         uv[(size_t)r * k8 + v0 + v])
+                                                               : make_uint4(0u, 0u, 0u, 0u);
+        } else {
+            for (int r = 0; r < rows; ++r)
+                for (int v = threadIdx.x; v < vectors; v += blockDim.x) {
+                    const bool ok = v0 + v < k8;
+                    cp_async16_zfill(stage + (16 + r) * stride + v, ok ? xv + (size_t)r * k8 + v0 + v : xv, ok);
+                }
+        }
         cp_async_commit();
         cp_async_wait<0>();
         __syncthreads();
@@ -244,7 +268,15 @@ __device__ __forceinline__ void linear_mma_staged(const bf16* __restrict__ x, co
 
 extern "C" __global__ void __launch_bounds__(256) linear_mma_r8(const bf16* x, const bf16* w, bf16* y, int rows, int n, int k) {
     pdl_launch_dependents();
-    linear_mma_staged(x, w, y, rows, n, k, blockIdx.x);
+    linear_mma_staged(x, nullptr, w, y, rows, n, k, blockIdx.x);
+}
+// y = bf16(SiLU(gate) · up) · wᵀ at ≤ 8 rows (gate, up: [rows, k]): the shared expert's and the
+// tower's down projection with their SwiGLU folded into the staging, with the bits of
+// moe_swiglu_bf16 then linear_mma_r8.
+extern "C" __global__ void __launch_bounds__(256) linear_mma_r8_swiglu(const bf16* gate, const bf16* up, const bf16* w,
+                                                                    bf16* y, int rows, int n, int k) {
+    pdl_launch_dependents();
+    linear_mma_staged(gate, up, w, y, rows, n, k, blockIdx.x);
 }
 // ≤ 64 rows per block (eight n8 tiles): the decode batch.
 extern "C" __global__ void __launch_bounds__(256, 2) linear_mma_r64(const bf16* x, const bf16* w, bf16* y, int rows, int n, int k) {
@@ -283,7 +315,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_mma_r8_many(LINEAR_MMA_
     bf16* y[MMA_MANY] = {y0, y1, y2, y3};
     const int n[MMA_MANY] = {n0, n1, n2, n3};
     linear_mma_many(count, w, y, n, [&](const bf16* wi, bf16* yi, int ni, int b) {
-        linear_mma_staged(x, wi, yi, rows, ni, k, b);
+        linear_mma_staged(x, nullptr, wi, yi, rows, ni, k, b);
     });
 }
 extern "C" __global__ void __launch_bounds__(256, 2) linear_mma_r64_many(LINEAR_MMA_MANY_ARGS) {

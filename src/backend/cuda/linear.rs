@@ -53,6 +53,8 @@ pub struct LinearKernels {
     /// block): the same arithmetic.
     mma_r8: Kernel,
     mma_r64: Kernel,
+    /// `linear_mma_r8_swiglu`: `linear_mma_r8` of `bf16(SiLU(gate) · up)`, made while staging.
+    mma_r8_swiglu: Kernel,
     /// `linear_mma_r8_many`, `linear_mma_r64_many`: up to [`MMA_MANY`] weights over one input in
     /// one launch, each output with the bits of its own `linear_mma_*` launch.
     mma_r8_many: Kernel,
@@ -106,6 +108,7 @@ impl LinearKernels {
         let staged = |name| m.kernel_with_shared(name, staged_cap);
         Ok(LinearKernels {
             mma_r8: staged("linear_mma_r8")?,
+            mma_r8_swiglu: staged("linear_mma_r8_swiglu")?,
             mma_r64: m.kernel("linear_mma_r64")?,
             mma_r8_many: staged("linear_mma_r8_many")?,
             mma_r64_many: m.kernel("linear_mma_r64_many")?,
@@ -190,6 +193,24 @@ fn project_by_rows(cuda: &Cuda, x: u64, rows: usize, w: &GpuWeight, y: u64) {
 pub fn linear_rows(cuda: &Cuda, x: &GpuMatrix, w: &GpuWeight) -> GpuMatrix {
     let path = if mma_fits(w.matrix_dims().1) { Path::Mma } else { Path::Tiled };
     linear_via(cuda, x, w, path).expect("the tensor-core and tiled paths have no failure path")
+}
+
+/// `bf16(SiLU(gate) ⊙ up) · Wᵀ` in one launch where the projection of that product would take
+/// the staged decode kernel (≤ 8 rows, `k % 8 == 0`, the stage within its grant): the bits of
+/// `moe::swiglu` followed by [`linear`] or [`linear_rows`], with one launch fewer. `None`
+/// elsewhere; the caller then runs the two steps.
+pub fn swiglu_project(cuda: &Cuda, gate: &GpuMatrix, up: &GpuMatrix, w: &GpuWeight) -> Option<GpuMatrix> {
+    assert_eq!((gate.rows, gate.cols), (up.rows, up.cols), "SwiGLU of different shapes");
+    assert_eq!(w.dtype, DType::Bf16, "dense projection weight must be bf16");
+    let (n, k) = w.matrix_dims();
+    assert_eq!(gate.cols, k, "projection input width");
+    let kernels = &cuda.kernels.linear;
+    let shared = kernels.staged_bytes(gate.rows, k).filter(|_| mma_fits(k) && gate.rows > 0 && n > 0)?;
+    let y = cuda.matrix(gate.rows, n);
+    let args = [gate.ptr().into(), up.ptr().into(), w.ptr.into(), y.ptr().into(), gate.rows.into(), n.into(), k.into()];
+    let grid = (n.div_ceil(MMA_BLOCK_FEATURES) as u32, 1, 1);
+    kernels.mma_r8_swiglu.launch(cuda.stream(), Dims::grid(grid, THREADS).with_shared(shared as u32), &args);
+    Some(y)
 }
 
 /// Weights one `linear_mma_*_many` launch takes (`MMA_MANY` in the .cu).

@@ -327,7 +327,8 @@ fn shared_expert(cuda: &Cuda, w: &MoeWeights<GpuWeight>, x: &GpuMatrix, rows: bo
     let [gate, up]: [GpuMatrix; 2] = project_many(cuda, x, &[&se.gate_proj, &se.up_proj])
         .try_into()
         .unwrap_or_else(|_| unreachable!("one output per weight"));
-    project(cuda, &swiglu(cuda, &gate, &up), &se.down_proj)
+    linear::swiglu_project(cuda, &gate, &up, &se.down_proj)
+        .unwrap_or_else(|| project(cuda, &swiglu(cuda, &gate, &up), &se.down_proj))
 }
 
 /// `bf16(SiLU(gate) ⊙ up)` elementwise (also the tower's SwiGLU).

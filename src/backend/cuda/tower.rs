@@ -13,7 +13,7 @@ use cudarc::driver::CudaContext;
 
 use super::attention::{self, GpuKvCache, PrefillSegments, RowCaches};
 use super::launch::{Arg, Dims, Kernel, KernelError, Module, embedded};
-use super::linear::{linear, linear_many, linear_rows, linear_rows_many, linear_segments};
+use super::linear::{self, linear, linear_many, linear_rows, linear_rows_many, linear_segments};
 use super::memory::PoolBuf;
 use super::tensor::{GpuMatrix, GpuWeight};
 use super::{Cuda, moe, norm};
@@ -439,8 +439,10 @@ impl Cuda {
         let f = norm::add_rms_norm(self, &mut x, &attn, &w.ffn_norm, s.norm_eps);
         let [w1, w3]: [GpuMatrix; 2] =
             project(&f, &[&w.w1, &w.w3]).try_into().unwrap_or_else(|_| unreachable!("one output per weight"));
-        let act = moe::swiglu(self, &w1, &w3);
-        let down = one(&act, &w.w2);
+        // Every projection path takes the staged decode kernel at ≤ 8 rows, so the SwiGLU can
+        // fold into it (`linear::swiglu_project`: the same bits, one launch fewer).
+        let down =
+            linear::swiglu_project(self, &w1, &w3, &w.w2).unwrap_or_else(|| one(&moe::swiglu(self, &w1, &w3), &w.w2));
         norm::add_rms_norm(self, &mut x, &down, &w.final_norm, s.norm_eps)
     }
 
