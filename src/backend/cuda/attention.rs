@@ -584,5 +584,6 @@ pub(super) fn attend_decode_seq(
     ];
     cuda.kernels.attention.variant(hd).decode.launch(cuda.stream(), dims, &args);
     let args = [part_o.ptr().into(), part_ml.ptr().into(), qg.into(), out.into(), h.into(), hd.into(), splits.into()];
-    cuda.kernels.attention.combine.launch(cuda.stream(), Dims::grid((h as u32, t as u32, 1), hd as u32), &args);
+    let dims = Dims::grid((h as u32, t as u32, 1), hd as u32).with_shared((2 * splits * 4) as u32);
+    cuda.kernels.attention.combine.launch(cuda.stream(), dims, &args);
 }
