@@ -285,6 +285,12 @@ pub struct ServeArgs {
     /// Positions (prompt rows + audio frames) each request's GPU caches hold; default 16384.
     #[arg(long, env = "LIMELIGHT_CONTEXT_LENGTH")]
     pub context_length: Option<usize>,
+    /// How the GPU engine reads the weights at start (front to back, by several threads):
+    /// `auto` copies pieces the page cache holds and reads the rest by direct I/O; `direct`
+    /// reads everything by direct I/O (a cold start's speed); `cached` reads through the page
+    /// cache. Where the file system refuses direct I/O, reads fall back to the page cache.
+    #[arg(long, value_enum, env = "LIMELIGHT_WEIGHTS_IO", default_value = "auto")]
+    pub weights_io: crate::checkpoint::sequential::ReadMode,
     /// Host round trips instead of the device-side step: with `--max-batch 1`, each frame as
     /// separate launches instead of one captured CUDA graph; with a batch, the draws on the host
     /// instead of the GPU (same audio, slower: for comparisons and as a fallback).

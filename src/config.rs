@@ -190,7 +190,13 @@ impl ServeConfig {
         Ok(ServeConfig {
             model,
             device: args.device,
-            gpu: GpuOptions { ordinal: 0, memory_budget: args.gpu_memory_budget, context, graph: !args.no_cuda_graph },
+            gpu: GpuOptions {
+                ordinal: 0,
+                memory_budget: args.gpu_memory_budget,
+                context,
+                graph: !args.no_cuda_graph,
+                weights_io: args.weights_io,
+            },
             listen: resolve(&args.host, args.port)?,
             model_aliases: aliases(&served_model_name, &args.model_aliases),
             served_model_name,
@@ -367,6 +373,7 @@ fn demo_cache_dir() -> Result<PathBuf, ConfigError> {
 
 #[cfg(test)]
 mod tests {
+    use crate::checkpoint::sequential::ReadMode;
     use clap::Parser;
 
     use super::*;
@@ -390,7 +397,16 @@ mod tests {
         assert_eq!((c.max_input_chars, c.max_frames), (100_000, 2048));
         assert!(c.api_keys.is_empty());
         assert_eq!(c.device, Device::Auto);
-        assert_eq!(c.gpu, GpuOptions { ordinal: 0, memory_budget: None, context: DEFAULT_CONTEXT, graph: true });
+        assert_eq!(
+            c.gpu,
+            GpuOptions {
+                ordinal: 0,
+                memory_budget: None,
+                context: DEFAULT_CONTEXT,
+                graph: true,
+                weights_io: ReadMode::Auto
+            }
+        );
         assert!(c.accepts_model("tts-1") && c.accepts_model("drama-3") && !c.accepts_model("whisper-1"));
         assert_eq!(
             (c.max_connections, c.header_timeout, c.body_timeout, c.write_timeout),

@@ -62,6 +62,31 @@ pub trait BackendTypes {
     fn stack_rows(&self, parts: &[Self::Act]) -> Self::Act;
 }
 
+/// A backend that takes big checkpoint tensors straight from file pieces, in file order
+/// (`model::file_order`, issue 16's fast restarts): each weight is allocated first, then its bytes
+/// are copied out of staging buffers as the reading threads fill them. The CUDA engine does this
+/// through pinned memory; the CPU backend converts every weight and has no need to.
+pub trait FileOrderUpload: BackendTypes {
+    /// A host buffer the reading threads fill, aligned for direct I/O.
+    type Staging: AsRef<[u8]> + AsMut<[u8]> + Send;
+    /// Marks the end of the copies out of one staging buffer.
+    type Fence;
+
+    /// Allocates `spec`'s resident weight. `Some(address)`: the weight is the stored bytes as they
+    /// are, copied to `address` later by [`FileOrderUpload::copy_staged`]; `None`: the backend
+    /// converted `view` and made it resident now (the small tensors).
+    fn reserve(&self, spec: &TensorSpec, view: TensorView<'_>) -> (Self::Weight, Option<u64>);
+
+    /// `count` staging buffers of `bytes` each (a multiple of the direct-I/O alignment).
+    fn staging(&self, count: usize, bytes: usize) -> Result<Vec<Self::Staging>, String>;
+
+    /// Queues copies out of `staging`, each `(range in the buffer, destination address)`.
+    fn copy_staged(&self, staging: &Self::Staging, copies: &[(std::ops::Range<usize>, u64)]) -> Self::Fence;
+
+    /// Returns once the fence's copies are done, so that their buffer may be refilled.
+    fn wait(&self, fence: Self::Fence);
+}
+
 /// Everything the engine needs from a backend: one sub-trait per model part, and saved request
 /// state (a voice's prompt prefix kept across requests).
 pub trait Backend: backbone::BackboneOps + tower::TowerOps + codec::CodecOps + saved::SavedStateOps {}

@@ -44,6 +44,12 @@ fn piece_has(piece: &[u8], size: usize, mask: u64) -> bool {
     }
 }
 
+/// Whether `bytes` (whole elements stored as `dtype`) holds a NaN or an infinity, scanned on
+/// this thread alone (the file-order load calls it from each of its reading threads).
+pub fn has_non_finite(dtype: Dtype, bytes: &[u8]) -> bool {
+    non_finite_mask(dtype).is_some_and(|mask| piece_has(bytes, dtype.size(), mask))
+}
+
 /// The index of the first element of `bytes` (stored as `dtype`) that is NaN or infinite.
 pub fn first_non_finite(dtype: Dtype, bytes: &[u8]) -> Option<usize> {
     let mask = non_finite_mask(dtype)?;
@@ -99,5 +105,15 @@ mod tests {
         assert_eq!(first_non_finite(Dtype::F8E4M3, &[0x10, 0x20, 0xFF, 0x7F]), Some(2));
         assert_eq!(first_non_finite(Dtype::F32, &[0, 0, 0x80, 0x7F]), Some(0));
         assert_eq!(first_non_finite(Dtype::F16, &[0, 0, 0, 0x7C]), Some(1));
+    }
+
+    #[test]
+    fn the_one_thread_scan_agrees() {
+        let mut values = vec![0.25f32; 4099];
+        assert!(!has_non_finite(Dtype::BF16, &bf16_bytes(&values)));
+        values[4098] = f32::INFINITY;
+        assert!(has_non_finite(Dtype::BF16, &bf16_bytes(&values)));
+        assert!(has_non_finite(Dtype::F8E4M3, &[0x10, 0xFF]));
+        assert!(!has_non_finite(Dtype::U8, &[0xFF; 8]));
     }
 }

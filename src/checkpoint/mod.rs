@@ -8,6 +8,7 @@ pub mod pickle;
 pub mod pth;
 pub mod safetensors;
 pub mod safetensors_writer;
+pub mod sequential;
 pub mod tokenizer;
 
 pub use dtype::Dtype;

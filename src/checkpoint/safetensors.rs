@@ -69,6 +69,12 @@ impl SafetensorsFile {
         &self.tensors
     }
 
+    /// The whole file as mapped (page-aligned): the file-order load asks it which pages the
+    /// page cache holds, and reads an element split across two of its pieces from it.
+    pub fn mapped(&self) -> &[u8] {
+        &self.mmap
+    }
+
     pub fn view(&self, name: &str) -> Option<TensorView<'_>> {
         self.tensors.get(name).map(|t| TensorView {
             dtype: t.dtype,
@@ -235,6 +241,11 @@ impl ShardedCheckpoint {
     pub fn get(&self, name: &str) -> Option<(&Path, TensorView<'_>)> {
         let shard = &self.shards[*self.index.get(name)?];
         Some((shard.path(), shard.view(name)?))
+    }
+
+    /// The shard files, each once, in the order the index first names them.
+    pub fn files(&self) -> &[SafetensorsFile] {
+        &self.shards
     }
 
     pub fn shard_paths(&self) -> impl Iterator<Item = &Path> {

@@ -13,10 +13,11 @@ use super::batch::{DeviceDraws, Stream};
 use super::generation::Source;
 pub use super::generation::{Generation, Stepped};
 use super::prefix::{PrefixCache, SharedPrefix};
-use crate::backend::Backend;
 use crate::backend::tower::TowerError;
+use crate::backend::{Backend, FileOrderUpload};
 use crate::model::backbone::{Backbone, BackboneConfig, BackboneError};
 use crate::model::codec::{CodecError, CodecModel};
+use crate::model::file_order::{FileOrderOptions, ReadStats};
 use crate::model::frame::Rows;
 use crate::model::load::Checkpoint;
 use crate::model::sampling::{MainCandidates, SamplingError, SamplingParams};
@@ -153,6 +154,29 @@ impl<B: Backend> ResidentModel<B> {
             let weights = ckpt.upload_model_weights_reporting(backend, every, report)?;
             let host = codec_host.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
             Ok(ResidentModel { weights, codec: CodecModel::from_host(ckpt, backend, host) })
+        })
+    }
+}
+
+impl<B: Backend + FileOrderUpload> ResidentModel<B> {
+    /// [`ResidentModel::load_reporting`] for a backend that takes weights in file order
+    /// (`model::file_order`): the shard files are read once, front to back, while the codec's
+    /// host image is prepared on another thread. Returns how the files were read.
+    pub fn load_in_file_order(
+        ckpt: &Checkpoint,
+        backend: &B,
+        options: FileOrderOptions,
+        every: u64,
+        report: &mut dyn FnMut(u64, u64),
+    ) -> Result<(ResidentModel<B>, ReadStats), LoadModelError> {
+        std::thread::scope(|scope| {
+            let codec_host = std::thread::Builder::new()
+                .name(String::from("limelight-codec-load"))
+                .spawn_scoped(scope, || crate::model::codec::host_params(ckpt))
+                .expect("spawning the codec loading thread");
+            let (weights, stats) = ckpt.upload_model_weights_in_file_order(backend, options, every, report)?;
+            let host = codec_host.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
+            Ok((ResidentModel { weights, codec: CodecModel::from_host(ckpt, backend, host) }, stats))
         })
     }
 }

@@ -2,18 +2,19 @@
 //! the server starts: `config.json` rules, `tokenizer.json` special tokens, every shard tensor
 //! against the name table, and `codec.pth`. Errors name the file and the tensor.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tokenizers::Tokenizer;
 
 use super::config::{ConfigError, Dims, ModelConfig};
+use super::file_order::{self, FileOrderOptions, ReadStats, StreamError};
 use super::weights::{
     CODEC_IGNORED_BUFFERS, CodecDims, CodecWeights, ModelWeights, TensorSource, TensorSpec, WeightError, codec_weights,
     in_model_namespace, model_weights,
 };
-use crate::backend::BackendTypes;
+use crate::backend::{BackendTypes, FileOrderUpload};
 use crate::checkpoint::finite::first_non_finite;
 use crate::checkpoint::pth::{PthArchive, PthError, PthTensor};
 use crate::checkpoint::safetensors::{INDEX_FILE, SafetensorsError, ShardedCheckpoint};
@@ -132,6 +133,38 @@ impl Checkpoint {
         let inner = ShardSource { shards: &self.shards, used: BTreeSet::new() };
         let mut src = UploadSource { inner, backend, done: 0, total, every, next_report: every, report };
         model_weights(&self.dims, &mut src)
+    }
+
+    /// [`Checkpoint::upload_model_weights_reporting`] for a backend that takes weights in file
+    /// order (`model::file_order`): each weight is allocated as the builders ask for it, then the
+    /// shard files are read once, front to back, checked finite piece by piece, and copied into
+    /// place. `report` counts file bytes read.
+    pub fn upload_model_weights_in_file_order<B: FileOrderUpload>(
+        &self,
+        backend: &B,
+        options: FileOrderOptions,
+        every: u64,
+        report: &mut dyn FnMut(u64, u64),
+    ) -> Result<(ModelWeights<B::Weight>, ReadStats), WeightError> {
+        let inner = ShardSource { shards: &self.shards, used: BTreeSet::new() };
+        let mut src = ReserveSource { inner, backend, reserved: BTreeMap::new() };
+        let weights = model_weights(&self.dims, &mut src)?;
+        let plans = file_order::plan(self.shards.files(), &src.reserved);
+        match file_order::stream(backend, &plans, options, every, report) {
+            Ok(stats) => Ok((weights, stats)),
+            // The first bad tensor in name order, with its element, whatever piece found one.
+            Err(StreamError::NonFinite { file, tensor }) => {
+                Err(self.check_finite().err().unwrap_or(WeightError::Read {
+                    file,
+                    message: format!("tensor `{tensor}` read as NaN or infinite, but not again"),
+                }))
+            }
+            Err(StreamError::Read { file, message }) => Err(WeightError::Read { file, message }),
+            Err(StreamError::Staging(message)) => Err(WeightError::Read {
+                file: self.dir.display().to_string(),
+                message: format!("no staging memory for the upload: {message}"),
+            }),
+        }
     }
 
     /// Bytes of every shard tensor (what the upload moves).
@@ -260,6 +293,33 @@ impl<B: BackendTypes> TensorSource for UploadSource<'_, '_, B> {
         if self.done >= self.next_report {
             (self.report)(self.done, self.total);
             self.next_report = self.done.saturating_add(self.every);
+        }
+        Ok(weight)
+    }
+}
+
+/// Allocates each checked shard tensor on a [`FileOrderUpload`] backend as the builders ask for
+/// it, noting where the ones copied as stored go.
+struct ReserveSource<'a, 'b, B> {
+    inner: ShardSource<'a>,
+    backend: &'b B,
+    /// Tensor name (as in the file) → destination address.
+    reserved: BTreeMap<String, u64>,
+}
+
+impl<B: FileOrderUpload> TensorSource for ReserveSource<'_, '_, B> {
+    type Tensor = B::Weight;
+
+    fn tensor(&mut self, spec: TensorSpec) -> Result<B::Weight, WeightError> {
+        let view = self.inner.tensor(spec.clone())?;
+        let (weight, dst) = self.backend.reserve(&spec, view);
+        if let Some(dst) = dst {
+            // The name the file uses: the spec's, or the alias it was found under.
+            let name = std::iter::once(&spec.name)
+                .chain(&spec.alias)
+                .find(|n| self.inner.shards.get(n).is_some())
+                .expect("a tensor just found");
+            self.reserved.insert(name.clone(), dst);
         }
         Ok(weight)
     }

@@ -6,6 +6,7 @@
 pub mod backbone;
 pub mod codec;
 pub mod config;
+pub mod file_order;
 pub mod frame;
 pub mod load;
 pub mod memory;

@@ -17,6 +17,8 @@ use crate::engine::generate::{
 use crate::engine::prefix::{PrefixCache, PrefixCacheStats, SharedPrefix};
 use crate::model::codec::CodecError;
 use crate::model::codec::encode::CodecEncoder;
+#[cfg(feature = "cuda")]
+use crate::model::file_order::ReadStats;
 use crate::model::frame::Rows;
 use crate::model::load::{Checkpoint, UPLOAD_REPORT_BYTES};
 use crate::model::memory::device_budget;
@@ -36,6 +38,8 @@ pub struct GpuOptions {
     pub context: usize,
     /// Each frame as one captured CUDA graph (`false`: the host-driven loop, `--no-cuda-graph`).
     pub graph: bool,
+    /// How the weights are read at start (`--weights-io`; `model::file_order`).
+    pub weights_io: crate::checkpoint::sequential::ReadMode,
 }
 
 /// How the decode batch is sized (`serve --max-batch`, `--prefill-chunk`).
@@ -70,6 +74,32 @@ pub(super) fn log_upload(ckpt: &Checkpoint, took: std::time::Duration) {
     let gib = ckpt.shard_tensor_bytes() as f64 / f64::from(1u32 << 30);
     let secs = took.as_secs_f64();
     tracing::info!(gib, secs, gib_per_s = gib / secs.max(1e-9), "engine: weights resident (checked finite, uploaded)");
+}
+
+/// [`log_upload`] for the file-order upload: also how the files were read, and a warning where
+/// the file system refused direct I/O (a cold start then goes through the page cache).
+#[cfg(feature = "cuda")]
+pub(super) fn log_file_order_upload(ckpt: &Checkpoint, took: std::time::Duration, read: &ReadStats) {
+    let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
+    let secs = took.as_secs_f64();
+    tracing::info!(
+        gib = gib(ckpt.shard_tensor_bytes()),
+        secs,
+        gib_per_s = gib(ckpt.shard_tensor_bytes()) / secs.max(1e-9),
+        read_gib = gib(read.bytes),
+        read_secs = read.took.as_secs_f64(),
+        read_gib_per_s = read.gib_per_s(),
+        from_page_cache_gib = gib(read.cached),
+        direct_io_gib = gib(read.direct),
+        buffered_gib = gib(read.buffered),
+        "engine: weights resident (read in file order, checked finite, uploaded)"
+    );
+    if read.direct_refused_files > 0 {
+        tracing::warn!(
+            files = read.direct_refused_files,
+            "engine: the file system refused direct I/O for the weights; they were read through the page cache"
+        );
+    }
 }
 
 /// The CPU reference engine: checkpoint → resident weights → engine, then serve.

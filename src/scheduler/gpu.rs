@@ -26,6 +26,7 @@ mod with_cuda {
     use crate::engine::generate::{LoadModelError, ResidentModel};
     use crate::engine::prefix::PrefixCache;
     use crate::model::codec::encode::{CodecEncoder, MAX_REFERENCE_SECONDS};
+    use crate::model::file_order::FileOrderOptions;
     use crate::model::load::Checkpoint;
     use crate::model::memory::encoder_weight_bytes;
     use crate::scheduler::codec::CodecThread;
@@ -65,16 +66,18 @@ mod with_cuda {
             tracing::info!(max_batch, context = gpu.context, cuda_graph = graph, plan = %plan, "engine: memory plan");
             host.progress(&format!("uploading weights to {}", cuda.info().name));
             let started = std::time::Instant::now();
-            let model = ResidentModel::load_reporting(
+            let read = FileOrderOptions { mode: gpu.weights_io, ..FileOrderOptions::default() };
+            let (model, stats) = ResidentModel::load_in_file_order(
                 &ckpt,
                 &cuda,
+                read,
                 crate::model::load::UPLOAD_REPORT_BYTES,
                 &mut |done, total| {
                     host.progress(&crate::scheduler::engines::upload_stage(done, total));
                 },
             )?;
             cuda.synchronize();
-            crate::scheduler::engines::log_upload(&ckpt, started.elapsed());
+            crate::scheduler::engines::log_file_order_upload(&ckpt, started.elapsed(), &stats);
             host.progress("building the engine");
             if voice_cache > 0 {
                 cuda.reserve_saved_states(voice_cache as usize).map_err(|e| ModelLoadError::Gpu(e.to_string()))?;

@@ -15,6 +15,7 @@ pub mod codec;
 pub mod codec_encode;
 pub mod cublaslt;
 pub mod device;
+pub mod file_upload;
 pub mod gdn;
 pub mod graph;
 pub mod launch;
@@ -385,10 +386,17 @@ impl Cuda {
         self.copy_to_device(dst, &vec![f32::NAN; n]);
     }
 
-    fn place_weight(&self, name: &str, shape: &[usize], dtype: DType, bytes: &[u8]) -> GpuWeight {
-        let (ptr, chunk) = self.arena.lock().expect("arena lock").place(name, bytes.len()).unwrap_or_else(|e| {
+    /// Room for a weight of `bytes` in the arena, not yet filled.
+    fn reserve_weight(&self, name: &str, shape: &[usize], dtype: DType, bytes: usize) -> GpuWeight {
+        let (ptr, chunk) = self.arena.lock().expect("arena lock").place(name, bytes).unwrap_or_else(|e| {
             panic!("weight `{name}`: {e} (the model is admitted against the budget before upload)")
         });
+        GpuWeight { ptr, shape: shape.to_vec(), dtype, _chunk: chunk }
+    }
+
+    fn place_weight(&self, name: &str, shape: &[usize], dtype: DType, bytes: &[u8]) -> GpuWeight {
+        let weight = self.reserve_weight(name, shape, dtype, bytes.len());
+        let ptr = weight.ptr;
         // Queued through pinned staging: later launches on the stream see the weight; nothing
         // waits here, so reading the next tensor from disk overlaps this copy.
         self.stager
@@ -398,7 +406,7 @@ impl Cuda {
             .expect("stager lock")
             .upload(self.stream(), ptr, bytes)
             .unwrap_or_else(|e| panic!("uploading weight `{name}`: {e}"));
-        GpuWeight { ptr, shape: shape.to_vec(), dtype, _chunk: chunk }
+        weight
     }
 }
 

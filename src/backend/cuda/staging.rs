@@ -43,6 +43,19 @@ impl PinnedBuffer {
     }
 }
 
+impl AsRef<[u8]> for PinnedBuffer {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: `ptr` addresses `bytes` bytes of host memory owned by `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.bytes) }
+    }
+}
+
+impl AsMut<[u8]> for PinnedBuffer {
+    fn as_mut(&mut self) -> &mut [u8] {
+        self.as_mut_slice()
+    }
+}
+
 impl Drop for PinnedBuffer {
     fn drop(&mut self) {
         // SAFETY: `ptr` came from cuMemHostAlloc and is freed once. Copies reading it were

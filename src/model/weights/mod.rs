@@ -191,6 +191,8 @@ pub enum WeightError {
     Invalid { file: String, tensor: String, message: String },
     #[error("{file}: tensor `{tensor}`: element {index} is NaN or infinite (the file is corrupt)")]
     NonFinite { file: String, tensor: String, index: usize },
+    #[error("{file}: {message}")]
+    Read { file: String, message: String },
 }
 
 impl fmt::Display for Accept {
