@@ -17,6 +17,7 @@ mod engine;
 mod gdn;
 mod harness;
 mod linear;
+mod load;
 mod moe;
 mod norm;
 mod prefix;
@@ -45,6 +46,7 @@ const SECTIONS: &[Section] = &[
     ("engine", engine::run),
     ("batch", batch::run),
     ("prefix", prefix::run),
+    ("load", load::run),
 ];
 
 fn main() {

@@ -30,7 +30,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total,clocks.sm --
 status=0
 : > "$report_dir/gpu-checks.md"
 sections_dir=$(mktemp -d)
-for section in ${LIMELIGHT_GPU_SECTIONS:-norm linear gdn attention moe backbone tower codec encode sampling engine batch prefix}; do
+for section in ${LIMELIGHT_GPU_SECTIONS:-norm linear gdn attention moe backbone tower codec encode sampling engine batch prefix load}; do
     rc=0
     LIMELIGHT_GPU_ONLY=$section LIMELIGHT_GPU_REPORT="$sections_dir/$section.md" .gpu/bin/gpu-checks || rc=$?
     if ((rc > 1)); then
