@@ -34,11 +34,11 @@ pub const TIME_TO_FIRST_AUDIO_SECONDS: &str = "limelight_time_to_first_audio_sec
 pub const REAL_TIME_FACTOR: &str = "limelight_real_time_factor";
 /// Frames generated (2048 samples each); its rate is frames per second.
 pub const FRAMES_GENERATED: &str = "limelight_frames_generated_total";
-/// Chunks of long requests that ran to their frame bound (the runaway guard's, or `max_frames`
-/// where lower).
+/// Chunks of long requests cut at a bound, by `bound`: `frames` (the runaway guard's frame
+/// bound, or `max_frames` where lower), `stall` (the stall guard: the audio stood still).
 pub const CHUNKS_CUT: &str = "limelight_chunks_cut_total";
-/// Chunks after a long request's first that the runaway guard cut and that were generated once
-/// more with another seed, their first take dropped unheard.
+/// Chunks after a long request's first that a guard cut and that were generated once more with
+/// another seed, their first take dropped unheard.
 pub const CHUNKS_RETRIED: &str = "limelight_chunks_retried_total";
 /// Bytes the resident model holds on its device (on the CPU: weights as stored).
 pub const MEMORY_IN_USE_BYTES: &str = "limelight_memory_in_use_bytes";
@@ -160,11 +160,11 @@ fn describe() {
     );
     metrics::describe_counter!(
         CHUNKS_CUT,
-        "Chunks of long requests that ran to their frame bound (the runaway guard's, or max_frames)."
+        "Chunks of long requests cut at a bound: `bound=frames` (the runaway guard's frame bound, or max_frames), `bound=stall` (the stall guard: the audio stood still)."
     );
     metrics::describe_counter!(
         CHUNKS_RETRIED,
-        "Later chunks of long requests cut by the runaway guard and generated again with another seed."
+        "Later chunks of long requests cut by a guard (frame bound or stall) and generated again with another seed."
     );
     metrics::describe_gauge!(
         MEMORY_IN_USE_BYTES,

@@ -18,7 +18,7 @@ use limelight::request::prompt::PromptBuilder;
 fn requests(ckpt: &Checkpoint) -> Vec<Planned> {
     let prompt = PromptBuilder::for_checkpoint(ckpt);
     let rows = |text: &str| prompt.build(text, &[]).unwrap();
-    let opts = |seed, max_frames, params: SamplingParams| GenerateOptions { params, seed, max_frames };
+    let opts = |seed, max_frames, params: SamplingParams| GenerateOptions { params, seed, max_frames, stall: None };
     let hot = SamplingParams { temperature: 1.3, top_p: 0.9, top_k: Some(40) };
     let cold = SamplingParams { temperature: 0.5, top_p: 0.7, top_k: Some(8) };
     // Longer than a prefill chunk: its prompt runs over several turns while others step.

@@ -16,7 +16,7 @@ use limelight::model::sampling::SamplingParams;
 use limelight::request::prompt::PromptBuilder;
 
 fn options(seed: u64, max_frames: usize) -> GenerateOptions {
-    GenerateOptions { params: SamplingParams::default(), seed, max_frames }
+    GenerateOptions { params: SamplingParams::default(), seed, max_frames, stall: None }
 }
 
 /// Runs one generation and returns (finish, pcm, chunk lengths).

@@ -15,7 +15,7 @@ use std::ops::ControlFlow;
 use std::time::Duration;
 
 use limelight::backend::cpu::Cpu;
-use limelight::engine::generate::{Engine, FinishReason, GenerateOptions, PREFILL_CHUNK, ResidentModel};
+use limelight::engine::generate::{Engine, FinishReason, GenerateOptions, PREFILL_CHUNK, ResidentModel, StallGuard};
 use limelight::engine::prefix::SharedPrefix;
 use limelight::model::frame::Rows;
 use limelight::model::load::Checkpoint;
@@ -34,7 +34,7 @@ const LIMITS: SplitLimits = SplitLimits { target_bytes: 40, max_speakers: 3 };
 const LIMIT: Duration = Duration::from_secs(120);
 
 fn options(seed: u64, max_frames: usize) -> GenerateOptions {
-    GenerateOptions { params: SamplingParams::default(), seed, max_frames }
+    GenerateOptions { params: SamplingParams::default(), seed, max_frames, stall: None }
 }
 
 /// Greedy sampling (top-k 1): on the tiny checkpoint's random weights the first chunk's most
@@ -48,18 +48,18 @@ fn texts() -> Vec<ChunkText> {
     chunk_texts(&CallerText::check(LONG.to_owned(), Field::Input).unwrap(), LIMITS)
 }
 
-/// Runs `generation` to its end, appending its PCM to `pcm`.
+/// Runs `generation` to its end, appending its PCM to `pcm`; returns why it ended.
 fn run_chunk(
     engine: &Engine<'_, Cpu>,
     generation: &mut limelight::engine::generate::Generation<'_, Cpu>,
     pcm: &mut Vec<f32>,
-) {
+) -> FinishReason {
     while !engine.prefill_generation(generation, PREFILL_CHUNK).unwrap() {}
     loop {
         let stepped = engine.step(&mut [&mut *generation]).pop().unwrap().unwrap();
         pcm.extend(stepped.pcm);
-        if stepped.finished.is_some() {
-            return;
+        if let Some(reason) = stepped.finished {
+            return reason;
         }
     }
 }
@@ -313,48 +313,97 @@ async fn the_runaway_guard_cuts_a_chunk_at_its_bound() {
 }
 
 /// One chunked request of LONG driven through the engine by hand under the stated retry policy
-/// (with `retry`; without it, every take is kept): a later chunk the guard cut is run again from
-/// the same prompt with `retry_seed`, its first take dropped before the decoder. Returns (the PCM
-/// bits, the frames heard, the prompt rows run, the takes dropped, the held takes kept).
-fn by_hand(engine: &Engine<'_, Cpu>, job: &Job, seed: u64, retry: bool) -> (Vec<u32>, usize, usize, usize, usize) {
-    use limelight::scheduler::retry_seed;
+/// (with `retry`; without it, every take is kept): a later chunk a guard cut (its frame bound
+/// when that is the guard's, or the job's stall guard) is run again from the same prompt with
+/// `retry_seed`, its first take dropped before the decoder. Returns (the PCM bits, the frames
+/// heard, the prompt rows run, the takes dropped, the held takes kept, the chunks the stall
+/// guard cut).
+fn by_hand(engine: &Engine<'_, Cpu>, job: &Job, seed: u64, retry: bool) -> HandRun {
+    use limelight::scheduler::{retries_chunk, retry_seed};
     let (first, first_frames, more) =
         ChunkedText::start(common::tiny_prompt_builder(), ChunkVoices::All(Vec::new()), false, texts(), 2048).unwrap();
     let mut more = more.expect("three chunks");
-    let opts = |seed, max_frames| GenerateOptions { params: job.options.params, seed, max_frames };
+    let stall = job.options.stall;
+    let opts = |seed, max_frames| GenerateOptions { params: job.options.params, seed, max_frames, stall };
     let mut generation = engine.start(&first.rows, &opts(seed, first_frames)).unwrap();
-    let (mut pcm, mut frames, mut prompt_rows, mut dropped, mut kept) = (Vec::new(), 0, first.rows.len(), 0, 0);
-    run_chunk(engine, &mut generation, &mut pcm);
+    let mut run = HandRun { prompt_rows: first.rows.len(), ..HandRun::default() };
+    let mut pcm = Vec::new();
+    let reason = run_chunk(engine, &mut generation, &mut pcm);
+    run.stalled += stalled_where_it_should(stall, reason, generation.produced());
     for chunk in 1.. {
-        frames += generation.produced().len();
+        run.frames += generation.produced().len();
         let Some(next) = more.next(&generation.produced().clone()) else { break };
         let next = next.unwrap();
         assert!(next.guarded, "max_frames 2048 is above every chunk's guard bound");
         engine
             .continue_prompt(&mut generation, &next.rows, next.prefix, &opts(chunk_seed(seed, chunk), next.max_frames))
             .unwrap();
-        prompt_rows += next.rows.len();
+        run.prompt_rows += next.rows.len();
         if !retry {
-            run_chunk(engine, &mut generation, &mut pcm);
+            let reason = run_chunk(engine, &mut generation, &mut pcm);
+            run.stalled += stalled_where_it_should(stall, reason, generation.produced());
             continue;
         }
         generation.hold_audio();
         let mut held = Vec::new();
-        run_chunk(engine, &mut generation, &mut held);
+        let reason = run_chunk(engine, &mut generation, &mut held);
+        run.stalled += stalled_where_it_should(stall, reason, generation.produced());
         assert!(held.is_empty(), "a held chunk decodes nothing");
-        if generation.produced().len() == next.max_frames {
+        if retries_chunk(reason, chunk, next.guarded, false) {
             assert!(generation.settle_audio(false).unwrap().pcm.is_empty(), "a dropped take is not heard");
-            dropped += 1;
+            run.dropped += 1;
             let options = opts(retry_seed(seed, chunk), next.max_frames);
             engine.continue_prompt(&mut generation, &next.rows, next.prefix, &options).unwrap();
-            prompt_rows += next.rows.len();
-            run_chunk(engine, &mut generation, &mut pcm);
+            run.prompt_rows += next.rows.len();
+            let reason = run_chunk(engine, &mut generation, &mut pcm);
+            run.stalled += stalled_where_it_should(stall, reason, generation.produced());
         } else {
-            kept += 1;
+            run.kept += 1;
             pcm.extend(generation.settle_audio(true).unwrap().pcm);
         }
     }
-    (pcm.iter().map(|x| x.to_bits()).collect(), frames, prompt_rows, dropped, kept)
+    run.pcm = pcm.iter().map(|x| x.to_bits()).collect();
+    run
+}
+
+/// Checks a chunk's end against the stall rule worked out here: it ended `Stalled` exactly when
+/// its last `window` frames are the first window of `produced` to hold at most `max_codes`
+/// distinct semantic codes. Returns 1 for a stall.
+fn stalled_where_it_should(stall: Option<StallGuard>, reason: FinishReason, produced: &Rows) -> usize {
+    let still = |end: usize| {
+        stall.is_some_and(|g| {
+            end >= g.window
+                && (end - g.window..end).map(|t| produced.code(t, 0)).collect::<std::collections::HashSet<_>>().len()
+                    <= g.max_codes
+        })
+    };
+    let first_still = (1..=produced.len()).find(|&end| still(end));
+    if reason == FinishReason::Stalled {
+        assert_eq!(first_still, Some(produced.len()), "a stall ends the chunk at its first still window");
+        1
+    } else {
+        assert_eq!(first_still, None, "a chunk with a still window ended {reason:?} instead");
+        0
+    }
+}
+
+/// What [`by_hand`] heard and counted.
+#[derive(Default, PartialEq)]
+struct HandRun {
+    pcm: Vec<u32>,
+    frames: usize,
+    prompt_rows: usize,
+    dropped: usize,
+    kept: usize,
+    stalled: usize,
+}
+
+impl std::fmt::Debug for HandRun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let HandRun { pcm, frames, prompt_rows, dropped, kept, stalled } = self;
+        write!(f, "{frames} frames ({} samples), {prompt_rows} prompt rows, ", pcm.len())?;
+        write!(f, "{dropped} takes dropped, {kept} held takes kept, {stalled} stalls")
+    }
 }
 
 /// The guard's retry (`scheduler::worker::chunks`): with top-k 2 sampling on the tiny checkpoint
@@ -373,12 +422,13 @@ async fn a_cut_later_chunk_is_retried_unheard_with_its_retry_seed() {
         job.options.params = SamplingParams { top_k: Some(2), ..SamplingParams::default() };
         job
     };
-    let (want, frames_want, rows_want, dropped, kept) = by_hand(&engine, &job(), 5, true);
-    let (kept_all, ..) = by_hand(&engine, &job(), 5, false);
+    let want = by_hand(&engine, &job(), 5, true);
+    let kept_all = by_hand(&engine, &job(), 5, false);
     // Seed 5 exercises both paths: one later chunk runs away and is retried, the other stops on
     // its own and its held audio is kept.
-    assert_eq!((dropped, kept), (1, 1), "one later chunk retried, one kept");
-    assert_ne!(want, kept_all, "the retries' audio is not the first takes'");
+    assert_eq!((want.dropped, want.kept, want.stalled), (1, 1, 0), "one later chunk retried, one kept");
+    assert_ne!(want.pcm, kept_all.pcm, "the retries' audio is not the first takes'");
+    let (frames_want, rows_want) = (want.frames, want.prompt_rows);
     tokio::time::timeout(LIMIT, async {
         for codec_thread in [true, false] {
             let scheduler =
@@ -390,7 +440,47 @@ async fn a_cut_later_chunk_is_retried_unheard_with_its_retry_seed() {
             };
             assert_eq!((frames, prompt_rows), (frames_want, rows_want), "codec thread {codec_thread}");
             assert_eq!(reason, FinishReason::Length);
-            assert!(pcm == want, "codec thread {codec_thread}: the served bytes are the policy's");
+            assert!(pcm == want.pcm, "codec thread {codec_thread}: the served bytes are the policy's");
+        }
+    })
+    .await
+    .expect("bounded");
+}
+
+/// The stall guard (`engine::stall`) in the worker. The tiny checkpoint's random weights never
+/// fall still, so the job's guard is loosened until they do — any 8 frames holding a repeated
+/// semantic code — which makes every chunk a scripted stall: the first chunk is cut where its
+/// first still window ends and streams as it is made; a later chunk cut there is dropped
+/// unheard and run again with its retry seed. The served request is, bit for bit, the same
+/// request driven by hand under that policy (with the codec on its own thread and inside the
+/// step), and its finish reason is `length`.
+#[tokio::test]
+async fn a_chunk_whose_audio_stands_still_is_cut_and_a_later_one_retried() {
+    let dir = common::tiny_checkpoint();
+    let ckpt = Checkpoint::open(dir.path()).unwrap();
+    let model = ResidentModel::load(&ckpt, &Cpu).unwrap();
+    let engine = Engine::new(&Cpu, &ckpt, &model).unwrap();
+    let loose = StallGuard { window: 8, max_codes: 7 };
+    let job = |stall| {
+        let mut job = chunked_job(11, 2048);
+        job.options.stall = stall;
+        job
+    };
+    // by_hand checks each stall against the rule worked out from the frames themselves.
+    let want = by_hand(&engine, &job(Some(loose)), 11, true);
+    assert!(want.stalled >= 3 && want.dropped >= 1, "the first chunk and a later one stalled: {want:?}");
+    tokio::time::timeout(LIMIT, async {
+        for codec_thread in [true, false] {
+            let scheduler =
+                Scheduler::start_with(config(dir.path().to_owned()), loader(dir.path().into(), codec_thread));
+            scheduler.loaded().await.expect("loads");
+            let (events, pcm) = events(&scheduler, job(Some(loose))).await;
+            let [JobEvent::Started { .. }, JobEvent::Finished { reason, frames, prompt_rows }] = events[..] else {
+                panic!("events {events:?}")
+            };
+            assert_eq!((frames, prompt_rows), (want.frames, want.prompt_rows), "codec thread {codec_thread}");
+            assert_eq!(reason, FinishReason::Length, "a cut chunk makes the request `length`");
+            assert!(pcm == want.pcm, "codec thread {codec_thread}: the served bytes are the policy's");
         }
     })
     .await

@@ -44,7 +44,7 @@ fn job(text: &str, max_frames: usize) -> Job {
         rows: common::tiny_rows(text),
         prefix: SharedPrefix::NONE,
         // Seed 3 gives no EOS on this checkpoint, so every job runs to `max_frames`.
-        options: GenerateOptions { params: SamplingParams::default(), seed: 3, max_frames },
+        options: GenerateOptions { params: SamplingParams::default(), seed: 3, max_frames, stall: None },
         span: tracing::Span::none(),
         more: None,
     }

@@ -18,7 +18,7 @@ use limelight::request::prompt::Reference;
 
 /// A request in `voice` (kept, as a stored voice's) saying `text`.
 fn request(ckpt: &Checkpoint, text: &str, voice: &Reference, seed: u64, joins_at: usize) -> Planned {
-    let opts = GenerateOptions { params: SamplingParams::default(), seed, max_frames: 8 };
+    let opts = GenerateOptions { params: SamplingParams::default(), seed, max_frames: 8, stall: None };
     in_voice(ckpt, text, voice, opts, joins_at)
 }
 

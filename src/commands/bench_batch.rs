@@ -124,7 +124,8 @@ pub fn bench_batch(args: &BenchBatchArgs) -> anyhow::Result<BatchBench> {
     let position = prompt.len() + args.frames / 2;
     let mut rows = Vec::new();
     for &batch in &args.batch {
-        let opts = |seed| GenerateOptions { params: SamplingParams::default(), seed, max_frames: steps + 1 };
+        let opts =
+            |seed| GenerateOptions { params: SamplingParams::default(), seed, max_frames: steps + 1, stall: None };
         // The frame step alone, over streams.
         // The B prompts together (as a burst of arrivals is run): once to warm up, once profiled
         // where asked, then timed; the timed streams go on to the frame step.

@@ -76,7 +76,7 @@ pub fn bench_engine(args: &BenchEngineArgs) -> anyhow::Result<EngineBench> {
     let graph_capture_ms = t.elapsed().as_secs_f64() * 1e3;
     let graph = Engine::new(&cuda, &ckpt, &model)?.with_device_frames(&frames);
 
-    let opts = GenerateOptions { params: SamplingParams::default(), seed: 7, max_frames: args.frames };
+    let opts = GenerateOptions { params: SamplingParams::default(), seed: 7, max_frames: args.frames, stall: None };
     // Warm-up of both paths (lazily built tables, the pool's size classes, the codec).
     time_frames(&cuda, &host_loop, &prompt, &GenerateOptions { max_frames: 4, ..opts.clone() })?;
     time_frames(&cuda, &graph, &prompt, &GenerateOptions { max_frames: 4, ..opts.clone() })?;

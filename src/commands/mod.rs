@@ -33,7 +33,7 @@ use crate::model::codec::encode::CodecEncoder;
 use crate::model::frame::Rows;
 use crate::model::load::Checkpoint;
 use crate::model::sampling::SamplingParams;
-use crate::request::chunked::{CHUNK_BYTES, CHUNK_SPEAKERS, ChunkVoices, ChunkedText, chunk_texts};
+use crate::request::chunked::{CHUNK_BYTES, CHUNK_SPEAKERS, ChunkVoices, ChunkedText, chunk_texts, stall_guard};
 use crate::request::normalize::normalize;
 use crate::request::prompt::{PromptBuilder, Reference};
 use crate::request::split::SplitLimits;
@@ -53,6 +53,7 @@ pub fn say(args: &SayArgs) -> anyhow::Result<Finished> {
     let text = if args.no_normalize { args.text.clone() } else { normalize(&args.text) };
     let text = CallerText::check(text, Field::Input).context("`--text`")?;
     let texts = chunk_texts(&text, SplitLimits { target_bytes: CHUNK_BYTES, max_speakers: CHUNK_SPEAKERS });
+    let stall = stall_guard(texts.len());
     let builder = PromptBuilder::for_checkpoint(&ckpt);
     builder.check_text(&text).context("`--text`")?;
     let (prompt, first_frames, mut more) =
@@ -60,7 +61,7 @@ pub fn say(args: &SayArgs) -> anyhow::Result<Finished> {
             .context("`--text` or the reference")?;
     let params = SamplingParams { temperature: args.temperature, top_p: args.top_p, top_k: args.top_k };
     params.validate().context("sampling parameters")?;
-    let opts = |seed: u64, max_frames: usize| GenerateOptions { params, seed, max_frames };
+    let opts = |seed: u64, max_frames: usize| GenerateOptions { params, seed, max_frames, stall };
     // The served engine's prompt chunks (restarting after the voice's rows), so the bytes are the
     // same; and its chunk policy (`scheduler::worker::chunks`): a later chunk's audio is held
     // until it ends, and one the runaway guard cut is generated once more with its retry seed.
@@ -77,8 +78,9 @@ pub fn say(args: &SayArgs) -> anyhow::Result<Finished> {
                 break reason;
             }
         };
-        let held = current.as_ref().is_some_and(|p| p.guarded) && !retried;
-        let retry = retries_chunk(reason, chunk, held, retried);
+        let guarded = current.as_ref().is_some_and(|p| p.guarded);
+        let held = chunk > 0 && (guarded || stall.is_some()) && !retried;
+        let retry = held && retries_chunk(reason, chunk, guarded, retried);
         if held {
             pcm.extend(generation.settle_audio(!retry)?.pcm);
         }
@@ -90,7 +92,7 @@ pub fn say(args: &SayArgs) -> anyhow::Result<Finished> {
             continue;
         }
         retried = false;
-        cut |= reason == FinishReason::Length;
+        cut |= matches!(reason, FinishReason::Length | FinishReason::Stalled);
         let produced = generation.produced().clone();
         (0..produced.len()).for_each(|t| rows.push_row(produced.row(t)));
         let next = match more.as_mut().and_then(|m| m.next(&produced)) {
@@ -109,7 +111,7 @@ pub fn say(args: &SayArgs) -> anyhow::Result<Finished> {
             next.prefix,
             &opts(chunk_seed(args.seed, chunk), next.max_frames),
         )?;
-        if next.guarded {
+        if next.guarded || stall.is_some() {
             generation.hold_audio();
         }
         current = Some(next);

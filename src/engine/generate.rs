@@ -13,6 +13,7 @@ use super::batch::{DeviceDraws, Stream};
 use super::generation::Source;
 pub use super::generation::{Generation, Stepped};
 use super::prefix::{PrefixCache, SharedPrefix};
+pub use super::stall::StallGuard;
 use crate::backend::tower::TowerError;
 use crate::backend::{Backend, FileOrderUpload};
 use crate::model::backbone::{Backbone, BackboneConfig, BackboneError};
@@ -31,6 +32,9 @@ pub struct GenerateOptions {
     pub seed: u64,
     /// Frames to generate at most; reaching it ends with [`FinishReason::Length`].
     pub max_frames: usize,
+    /// Ends the generation ([`FinishReason::Stalled`]) once its audio stands still (a long
+    /// request's chunks; `None` elsewhere).
+    pub stall: Option<StallGuard>,
 }
 
 /// Why generation ended.
@@ -42,6 +46,9 @@ pub enum FinishReason {
     Length,
     /// The caller stopped it between frames.
     Cancelled,
+    /// The stall guard ([`GenerateOptions::stall`]) cut it: its audio stood still. The audio of
+    /// every produced frame is kept. Clients see `length` (it was cut at a bound).
+    Stalled,
 }
 
 impl FinishReason {
@@ -50,6 +57,7 @@ impl FinishReason {
             FinishReason::Stop => "stop",
             FinishReason::Length => "length",
             FinishReason::Cancelled => "cancelled",
+            FinishReason::Stalled => "length",
         }
     }
 }
@@ -330,6 +338,7 @@ impl<'w, B: Backend> Engine<'w, B> {
     ) -> Result<Generation<'w, B>, GenerateError> {
         Ok(Generation {
             source: self.source(rows, prefix, opts)?,
+            stall: opts.stall,
             audio: AudioOut::new(self.codec, self.backend),
             produced: Rows::new(rows.codebooks()),
             done: false,
@@ -356,6 +365,7 @@ impl<'w, B: Backend> Engine<'w, B> {
         assert!(!generation.audio.holding(), "continue_prompt before the held chunk was settled");
         debug_assert!(!generation.audio.due(true), "the ended chunk's audio was flushed");
         generation.source = self.source(rows, prefix, opts)?;
+        generation.stall = opts.stall;
         generation.done = false;
         generation.produced = Rows::new(rows.codebooks());
         Ok(())

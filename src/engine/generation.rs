@@ -5,6 +5,7 @@
 use super::audio::AudioOut;
 use super::batch::Stream;
 use super::generate::{FinishReason, Finished, FrameSource, GenerateError};
+use super::stall::StallGuard;
 use crate::backend::Backend;
 use crate::model::frame::Rows;
 
@@ -17,11 +18,13 @@ pub(super) enum Source<'a, B: Backend> {
 }
 
 /// One request's generation: its frames, the codec's grouping of them into PCM, and when it
-/// ends (EOS, `max_frames`, or the caller cancelling it).
+/// ends (EOS, `max_frames`, its stall guard, or the caller cancelling it).
 pub struct Generation<'a, B: Backend> {
     pub(super) source: Source<'a, B>,
     pub(super) audio: AudioOut<'a, B>,
     pub(super) produced: Rows,
+    /// The running prompt's stall guard.
+    pub(super) stall: Option<StallGuard>,
     pub(super) done: bool,
 }
 
@@ -77,7 +80,11 @@ impl<B: Backend> Generation<'_, B> {
         } else {
             self.produced.push_row(&row);
             self.audio.add(&row[1..]);
-            (self.produced.len() >= max_frames).then_some(FinishReason::Length)
+            if self.produced.len() >= max_frames {
+                Some(FinishReason::Length)
+            } else {
+                self.stall.filter(|guard| guard.stalled(&self.produced)).map(|_| FinishReason::Stalled)
+            }
         };
         self.done |= finished.is_some();
         finished

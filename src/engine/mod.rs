@@ -13,4 +13,5 @@ pub mod cuda_frames;
 pub mod generate;
 pub mod generation;
 pub mod prefix;
+pub mod stall;
 pub mod trace;

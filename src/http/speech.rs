@@ -12,7 +12,7 @@ use super::{ApiError, ApiJson, AppState, RequestId, voices};
 use crate::api::speech::{SpeechRequest, StreamFormat};
 use crate::audio::{self, CODEC_SAMPLE_RATE, EncodeOptions};
 use crate::engine::generate::{FinishReason, GenerateOptions};
-use crate::request::chunked::{CHUNK_BYTES, CHUNK_SPEAKERS, ChunkedText, chunk_texts};
+use crate::request::chunked::{CHUNK_BYTES, CHUNK_SPEAKERS, ChunkedText, chunk_texts, stall_guard};
 use crate::request::prompt::PromptBuilder;
 use crate::request::split::SplitLimits;
 use crate::request::validate::{Delivery, quoted_name, validate};
@@ -76,6 +76,7 @@ pub async fn create_speech(
     };
     // Long text runs as chunks, one stream whose later prompts are built as each chunk ends.
     let texts = chunk_texts(&valid.text, SplitLimits { target_bytes: CHUNK_BYTES, max_speakers: CHUNK_SPEAKERS });
+    let stall = stall_guard(texts.len());
     let (prompt, first_frames, more) = match state.scheduler().vocabulary() {
         Ok(vocabulary) => {
             let builder = PromptBuilder::new(vocabulary);
@@ -96,7 +97,7 @@ pub async fn create_speech(
     let span = tracing::info_span!("speech", request_id = %request_id);
     let prefix = prompt.voice_prefix(stored_voice);
     let more = more.map(|m| Box::new(m) as Box<dyn MoreChunks>);
-    let options = GenerateOptions { max_frames: first_frames, ..valid.options };
+    let options = GenerateOptions { max_frames: first_frames, stall, ..valid.options };
     let job = Job { request_id, rows: prompt.rows, prefix, options, span, more };
     let stream = match state.scheduler().submit(job) {
         Ok(stream) => stream,

@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 use super::prompt::{Prompt, PromptBuilder, PromptError, Reference, Turn};
 use super::split::{SplitLimits, split};
 use super::text::{CallerText, Field, is_white_space, markup_len, speaker_tag_at};
+use crate::engine::generate::StallGuard;
 use crate::model::frame::Rows;
 use crate::scheduler::{ChunkPrompt, MoreChunks};
 
@@ -30,6 +31,17 @@ pub const CHUNK_SPEAKERS: usize = 3;
 pub const GUARD_FRAMES_PER_CHAR: usize = 5;
 /// See [`GUARD_FRAMES_PER_CHAR`]: 2 s of frames.
 pub const GUARD_BASE_FRAMES: usize = 43;
+
+/// The stall guard of a long request's chunks (`engine::stall`): a chunk is cut once its last
+/// 64 frames (3 s) draw on at most 4 semantic codes — silence, or one sound held. Speech changes
+/// its semantic code with nearly every frame; the model's own pauses are shorter.
+pub const STALL_GUARD: StallGuard = StallGuard { window: 64, max_codes: 4 };
+
+/// The stall guard for a request of `chunks` chunks: long text only (text that fits one chunk
+/// is generated as the reference generates it, bounded by `max_frames` alone).
+pub fn stall_guard(chunks: usize) -> Option<StallGuard> {
+    (chunks > 1).then_some(STALL_GUARD)
+}
 
 /// The guard's frame bound for a chunk of `text`: its characters that are spoken (outside tags
 /// and directions, not white space) counted.

@@ -228,7 +228,7 @@ pub fn validate(req: SpeechRequest, policy: &SpeechPolicy) -> Result<ValidSpeech
         delivery,
         sample_rate,
         speed: speed as f32,
-        options: GenerateOptions { params, seed, max_frames },
+        options: GenerateOptions { params, seed, max_frames, stall: None },
         references,
         speaker_voices,
     })
@@ -358,7 +358,10 @@ mod tests {
             (v.format, v.delivery, v.sample_rate, v.speed),
             (ResponseFormat::Mp3, Delivery::Streamed, 44_100, 1.0)
         );
-        assert_eq!(v.options, GenerateOptions { params: SamplingParams::default(), seed: 7, max_frames: 100 });
+        assert_eq!(
+            v.options,
+            GenerateOptions { params: SamplingParams::default(), seed: 7, max_frames: 100, stall: None }
+        );
         let v =
             validate(request(r#"{"model": "drama-3", "input": "hi", "response_format": "pcm"}"#), &policy()).unwrap();
         assert_eq!(v.sample_rate, 24_000);

@@ -241,7 +241,7 @@ impl<'w, B: Backend> EngineModel<'w, B> {
     /// them (`Pool::take`): serving makes no driver allocation.
     pub fn warm_up(&self) -> Result<WarmUp, SynthError> {
         let frames = crate::engine::generate::frames_to_largest_group();
-        let opts = |seed| GenerateOptions { params: SamplingParams::default(), seed, max_frames: frames };
+        let opts = |seed| GenerateOptions { params: SamplingParams::default(), seed, max_frames: frames, stall: None };
         // Rows of one text token: what the rows say does not matter, only their shapes.
         let room = self.context.map_or(usize::MAX, |c| c.saturating_sub(frames + 1)).max(1);
         let prompt = |len: usize| {

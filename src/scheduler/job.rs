@@ -76,10 +76,11 @@ pub fn retry_seed(seed: u64, chunk: usize) -> u64 {
 }
 
 /// Whether a chunk that ended with `reason` is generated once more: it is a later chunk (its
-/// audio held, not yet heard), the runaway guard's bound cut it (`guarded`), and it is its first
-/// take.
+/// audio held, not yet heard), a guard cut it (the stall guard, or the runaway guard's frame
+/// bound when that was its bound: `guarded`), and it is its first take.
 pub fn retries_chunk(reason: FinishReason, chunk: usize, guarded: bool, retried: bool) -> bool {
-    reason == FinishReason::Length && chunk > 0 && guarded && !retried
+    let cut = reason == FinishReason::Stalled || (reason == FinishReason::Length && guarded);
+    cut && chunk > 0 && !retried
 }
 
 /// What a job reports, in this order: `Started`, zero or more `Audio`, then exactly one of
@@ -199,12 +200,15 @@ mod tests {
     }
 
     #[test]
-    fn only_a_later_guarded_first_take_cut_at_its_bound_is_retried() {
-        use FinishReason::{Length, Stop};
+    fn only_a_later_first_take_a_guard_cut_is_retried() {
+        use FinishReason::{Length, Stalled, Stop};
         assert!(retries_chunk(Length, 1, true, false));
         assert!(!retries_chunk(Stop, 1, true, false), "it stopped on its own");
         assert!(!retries_chunk(Length, 0, true, false), "the first chunk streams live");
         assert!(!retries_chunk(Length, 2, false, false), "the request's max_frames cut it, not the guard");
         assert!(!retries_chunk(Length, 2, true, true), "a retry is not retried");
+        assert!(retries_chunk(Stalled, 2, false, false), "the stall guard cut it, whatever its frame bound");
+        assert!(!retries_chunk(Stalled, 0, true, false), "the first chunk streams live");
+        assert!(!retries_chunk(Stalled, 1, true, true), "a retry is not retried");
     }
 }

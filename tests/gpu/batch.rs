@@ -51,6 +51,7 @@ pub fn run(ctx: &mut Ctx) {
                     params: knobs[i % knobs.len()],
                     seed: ctx.rng.next_u64(),
                     max_frames: 6 + (i * 5) % 17,
+                    stall: None,
                 },
                 joins_at: (i * 3) % size.min(8),
                 cancel_after: (i % 9 == 4).then_some(3),

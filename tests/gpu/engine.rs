@@ -41,7 +41,12 @@ pub fn run(ctx: &mut Ctx) {
     let prompt = PromptBuilder::for_checkpoint(&ckpt).build(TEXT, &[]).expect("prompt");
     let other = PromptBuilder::for_checkpoint(&ckpt).build("Another, shorter one.", &[]).expect("prompt");
     // No EOS stop in the first frames is likely but not certain; min() below handles either.
-    let opts = GenerateOptions { params: SamplingParams::default(), seed: ctx.rng.next_u64(), max_frames: FRAMES };
+    let opts = GenerateOptions {
+        params: SamplingParams::default(),
+        seed: ctx.rng.next_u64(),
+        max_frames: FRAMES,
+        stall: None,
+    };
 
     let before = cuda.pool().stats().driver_allocations;
     let (first, first_pcm) = generate(&gpu, &prompt, &opts);

@@ -21,7 +21,12 @@ pub fn run(ctx: &mut Ctx) {
     let plain = Engine::new(cuda, &ckpt, &model_order).expect("GPU engine");
     let plan: Vec<Planned> = (0..TEXTS.len())
         .map(|i| {
-            let opts = GenerateOptions { params: SamplingParams::default(), seed: ctx.rng.next_u64(), max_frames: 12 };
+            let opts = GenerateOptions {
+                params: SamplingParams::default(),
+                seed: ctx.rng.next_u64(),
+                max_frames: 12,
+                stall: None,
+            };
             in_voice(&ckpt, TEXTS[i], &voice(&ckpt, ctx.rng.next_u64(), 8 + 5 * i), opts, 0)
         })
         .collect();

@@ -41,6 +41,7 @@ pub fn run(ctx: &mut Ctx) {
                 params: knobs[i % knobs.len()],
                 seed: ctx.rng.next_u64(),
                 max_frames: 4 + (i * 5) % 9,
+                stall: None,
             };
             // Four requests per voice in a row, the voices in turn: hits within each run of four,
             // and a small cache evicts as the turn comes round.

@@ -1,6 +1,7 @@
 //! A long request's chunks in the worker (issue 15): when a chunk ends, the stream goes on with
-//! the next chunk's prompt; a later chunk that the runaway guard cut is generated once more
-//! with another seed ([`retry_seed`]) before anyone hears it.
+//! the next chunk's prompt; a later chunk that a guard cut (the runaway guard's frame bound, or
+//! the stall guard: its audio stood still) is generated once more with another seed
+//! ([`retry_seed`]) before anyone hears it.
 //!
 //! Why a later chunk can be retried unheard: its audio is held undecoded while it runs
 //! ([`Synthesizer::continue_stream`] with `hold`), and the client meanwhile plays the chunks
@@ -32,11 +33,16 @@ impl Host {
         let id = job.stream.expect("a stepped job has a stream");
         if reason == FinishReason::Length && (job.more.is_some() || job.chunk > 0) {
             // A chunk of long text ran to its bound (the runaway guard's, or max_frames).
-            metrics::counter!(telemetry::CHUNKS_CUT).increment(1);
+            metrics::counter!(telemetry::CHUNKS_CUT, "bound" => "frames").increment(1);
             job.span.in_scope(|| warn!(chunk = job.chunk, "chunk cut at its frame bound"));
         }
+        if reason == FinishReason::Stalled {
+            metrics::counter!(telemetry::CHUNKS_CUT, "bound" => "stall").increment(1);
+            job.span.in_scope(|| warn!(chunk = job.chunk, "chunk cut: its audio stood still"));
+        }
         let held = std::mem::take(&mut job.holding);
-        let retry = retries_chunk(reason, job.chunk, held, job.retried);
+        let guarded = job.chunk_prompt.as_ref().is_some_and(|p| p.guarded);
+        let retry = held && retries_chunk(reason, job.chunk, guarded, job.retried);
         if held {
             let settled = engine_call(|| model.settle_chunk(id, !retry).map_err(|e| e.to_string()))?;
             self.take_audio(job, settled);
@@ -46,7 +52,7 @@ impl Host {
             return Ok(true);
         }
         job.retried = false;
-        job.cut |= reason == FinishReason::Length;
+        job.cut |= matches!(reason, FinishReason::Length | FinishReason::Stalled);
         self.next_chunk(model, job)
     }
 
@@ -74,8 +80,8 @@ impl Host {
             job.more = None;
             return Ok(false);
         };
-        // A chunk the guard may cut is held, so that its retry is heard instead.
-        let hold = prompt.guarded;
+        // A chunk a guard may cut is held, so that its retry is heard instead.
+        let hold = prompt.guarded || job.options.stall.is_some();
         start_chunk(model, job, prompt, chunk_seed(job.options.seed, job.chunk + 1), hold)?;
         metrics::counter!(telemetry::FRAMES_GENERATED).increment(previous.len() as u64);
         job.chunk += 1;
