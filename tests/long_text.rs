@@ -448,7 +448,7 @@ async fn a_cut_later_chunk_is_retried_unheard_with_its_retry_seed() {
 }
 
 /// The stall guard (`engine::stall`) in the worker. The tiny checkpoint's random weights never
-/// fall still, so the job's guard is loosened until they do — any 8 frames holding a repeated
+/// fall still, so the job's guard is loosened until they do — any 24 frames holding a repeated
 /// semantic code — which makes every chunk a scripted stall: the first chunk is cut where its
 /// first still window ends and streams as it is made; a later chunk cut there is dropped
 /// unheard and run again with its retry seed. The served request is, bit for bit, the same
@@ -460,15 +460,17 @@ async fn a_chunk_whose_audio_stands_still_is_cut_and_a_later_one_retried() {
     let ckpt = Checkpoint::open(dir.path()).unwrap();
     let model = ResidentModel::load(&ckpt, &Cpu).unwrap();
     let engine = Engine::new(&Cpu, &ckpt, &model).unwrap();
-    let loose = StallGuard { window: 8, max_codes: 7 };
+    let loose = StallGuard { window: 24, max_codes: 23 };
     let job = |stall| {
-        let mut job = chunked_job(11, 2048);
+        let mut job = chunked_job(3, 2048);
         job.options.stall = stall;
         job
     };
-    // by_hand checks each stall against the rule worked out from the frames themselves.
-    let want = by_hand(&engine, &job(Some(loose)), 11, true);
-    assert!(want.stalled >= 3 && want.dropped >= 1, "the first chunk and a later one stalled: {want:?}");
+    // by_hand checks each stall against the rule worked out from the frames themselves. Seed 3:
+    // the first chunk stalls (kept, it streamed), both later chunks stall and are retried, and
+    // both retries stall again (kept cut).
+    let want = by_hand(&engine, &job(Some(loose)), 3, true);
+    assert_eq!((want.stalled, want.dropped, want.kept), (5, 2, 0), "{want:?}");
     tokio::time::timeout(LIMIT, async {
         for codec_thread in [true, false] {
             let scheduler =
