@@ -63,8 +63,10 @@ __device__ __forceinline__ uint4 pack8(const float* f) {
 // r8 (≤ 8 rows) used the same ring with P = 4; measured at one row (ncu, run 12 of
 // docs/perf/2026-12-04-one-stream.md): [8192, 2048] 15.7 µs (45 % of DRAM peak), [2048, 4096]
 // 12.8 µs (27 %), [32, 2048] 6.7 µs — latency, not bytes: each warp waits out ⌈steps / P⌉ round
-// trips in turn. It now stages the block's whole tile in shared memory (`linear_mma_staged`
-// below): every byte in flight at once. Both kernels are launched overlapping their predecessor
+// trips in turn. It then staged each block's whole tile in shared memory, every byte in flight
+// at once (run 18: 2.0–2.4 TB/s on the big projections, each block loading, then computing); it
+// now pipelines weight pieces through shared memory in blocks that stay resident
+// (`linear_mma_staged` below). Both kernels are launched overlapping their predecessor
 // (programmatic dependent launch, kernels/common.cuh); what runs before `pdl_wait` fetches only
 // weights. Neither change touches an FMA or its order.
 // x's re-reads: each block reads its rows of x once (its 8 warps read disjoint k), so at 64
@@ -177,25 +179,65 @@ __device__ __forceinline__ void linear_mma(const bf16* __restrict__ x, const bf1
     mma_partials_store<R8>(part, acc, tiles, y, rows, n, f0, row0);
 }
 
-// ≤ 8 rows, staged (`linear_mma_r8`): the single-row and single-stream decode. The same
-// fragments, MMAs and order as `linear_mma` (so the bits of `linear_mma_r64` for every row), but
-// the block first copies its 16 × k weight tile and its x rows into shared memory with cp.async
-// — every byte in flight at once, no register ring — and the warps then read their fragments
-// from there. The weight copy is issued before `pdl_wait` (it overlaps the previous kernel's
-// tail), x's after it. A k wider than STAGE_STEPS k32 steps (4096) is staged in chunks of
-// STAGE_STEPS, one after another; a chunk is a multiple of MMA_SLICES steps, so slice s still
-// takes steps s, s + 8, … in increasing order.
-// Shared layout: 16 weight rows then `rows` x rows, each `mma_stage_stride(k)` 16-byte vectors:
-// a chunk's k / 8 rounded up to whole k32 steps (zero-filled past k and past n), then padding
-// that makes the stride ≡ 4 (mod 8) vectors, so a quarter-warp's eight 16-byte reads (rows g and
-// g + 1, c = 0..3) fall in eight distinct bank groups. Dynamic shared memory: (16 + rows) ·
-// stride · 16 bytes (`linear::staged_smem_bytes`), at most 198 KiB (8 rows); a GPU whose opt-in
-// limit is lower takes `linear_mma_r64` for the shapes that do not fit (the same bits).
-constexpr int STAGE_STEPS = 128;
-static_assert(STAGE_STEPS % MMA_SLICES == 0, "a chunk deals whole rounds of steps to the slices");
-__host__ __device__ constexpr int mma_stage_stride(int k) {
-    return ((min((k + 31) >> 5, STAGE_STEPS) * 4 + 7) / 8) * 8 + 4;
+// ≤ 8 rows, staged and pipelined (`linear_mma_r8*`): the single-row and single-stream decode.
+// The same fragments, MMAs and order as `linear_mma` (so the bits of `linear_mma_r64` for every
+// row), read from shared memory:
+// - x's rows are staged once per block, whole (zeros past k), after `pdl_wait`;
+// - the weights go through PIECE_STAGES buffers of one piece each: 16 feature rows ×
+//   PIECE_STEPS k32 steps. PIECE_STAGES − 1 pieces are in flight by cp.async while the warps
+//   read the oldest, so a block's copies never wait on its MMAs (run 18: the tile-at-once stage
+//   reached 2.0–2.4 TB/s on the big projections, loading and computing in turn). The first
+//   pieces are issued before `pdl_wait` (weights are written by no kernel).
+// - A block owns tiles blockIdx.x, blockIdx.x + gridDim.x, … of 16 features each (the launch
+//   takes min(tiles, SMs) blocks: one block per SM fits), in order, each tile's pieces in k
+//   order. Tiles are numbered across the launch's weights (`MmaWeights`: one, or up to
+//   MMA_MANY over one input).
+// Order: slice s takes steps s, s + 8, … of a tile in increasing order (a piece is a multiple of
+// MMA_SLICES steps, so the pieces keep it), into accumulators fresh for each tile; the partials
+// meet in slice order (mma_partials_store). Nothing depends on the grid or on the other tiles.
+// Shared layout (dynamic): `rows` x rows of mma_x_stride(k) vectors, then PIECE_STAGES pieces of
+// 16 rows × PIECE_STRIDE vectors; both strides ≡ 4 (mod 8) vectors, so a quarter-warp's eight
+// 16-byte reads (rows g and g + 1, c = 0..3) fall in eight distinct bank groups. Bytes:
+// (rows · mma_x_stride(k) + PIECE_STAGES · 16 · PIECE_STRIDE) · 16 (`linear::staged_smem_bytes`):
+// 132 KiB of pieces plus 4 KiB (k = 2048) to 64.5 KiB (8 rows, k = 4096) of x; a shape above the
+// GPU's opt-in limit takes `linear_mma_r64` (the same bits).
+constexpr int MMA_MANY = 4;
+constexpr int PIECE_STEPS = 32;
+constexpr int PIECE_STAGES = 4;
+constexpr int PIECE_STRIDE = PIECE_STEPS * 4 + 4;
+static_assert(PIECE_STEPS % MMA_SLICES == 0, "a piece deals whole rounds of steps to the slices");
+static_assert(PIECE_STRIDE % 8 == 4, "conflict-free fragment reads");
+__host__ __device__ constexpr int mma_x_stride(int k) {
+    return ((((k + 31) >> 5) * 4 + 7) / 8) * 8 + 4;
 }
+
+// The weights of one `linear_mma_r8*` launch, each with its output: tiles of 16 features are
+// numbered across them in order.
+struct MmaWeights {
+    int count;
+    const bf16* w[MMA_MANY];
+    bf16* y[MMA_MANY];
+    int n[MMA_MANY];
+
+    __device__ __forceinline__ int tiles() const {
+        int t = 0;
+        for (int i = 0; i < count; ++i) t += (n[i] + 15) >> 4;
+        return t;
+    }
+    // The weight holding tile `tile`; `b` gets the tile's index within that weight.
+    __device__ __forceinline__ int locate(int tile, int& b) const {
+        for (int i = 0; i < count; ++i) {
+            const int blocks = (n[i] + 15) >> 4;
+            if (tile < blocks) {
+                b = tile;
+                return i;
+            }
+            tile -= blocks;
+        }
+        b = 0;
+        return 0;
+    }
+};
 
 // bf16(SiLU(g) · u) of 8 bf16 pairs, each as moe_swiglu_bf16 computes it.
 __device__ __forceinline__ uint4 swiglu8(uint4 g, uint4 u) {
@@ -212,63 +254,88 @@ __device__ __forceinline__ uint4 swiglu8(uint4 g, uint4 u) {
 // moe_swiglu_bf16 computes with the same expression (so the same bits), made while staging
 // instead of by a launch of its own.
 __device__ __forceinline__ void linear_mma_staged(const bf16* __restrict__ x, const bf16* __restrict__ up,
-                                                  const bf16* __restrict__ w, bf16* __restrict__ y, int rows, int n,
-                                                  int k, int bx) {
+                                                  const MmaWeights& ws, int rows, int k) {
     extern __shared__ uint4 stage[];
     __shared__ float part[MMA_SLICES][4][32];
     const int slice = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-    const int f0 = bx * 16;
-    const int k8 = k >> 3, steps = (k + 31) >> 5, stride = mma_stage_stride(k);
-    const uint4* wv = reinterpret_cast<const uint4*>(w);
-    const uint4* xv = reinterpret_cast<const uint4*>(x);
-    const uint4* wa = stage + g * stride + c;
-    const uint4* wb = stage + (g + 8) * stride + c;
-    const uint4* xb = stage + (16 + g) * stride + c;
-    const bool b_ok = g < rows;
-    float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
+    const int k8 = k >> 3, steps = (k + 31) >> 5, xs = mma_x_stride(k);
+    const int per_tile = (steps + PIECE_STEPS - 1) / PIECE_STEPS;
+    const int tiles = ws.tiles();
+    const int mine = (int)blockIdx.x < tiles ? (tiles - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x : 0;
+    const int pieces = mine * per_tile;
+    uint4* const xst = stage;
+    uint4* const wst = stage + rows * xs;
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
 
-    for (int first = 0; first < steps; first += STAGE_STEPS) {
-        // Vectors [v0, v0 + vectors) of every row: this chunk's steps.
-        const int v0 = first * 4, vectors = min(steps - first, STAGE_STEPS) * 4;
-        if (first > 0) __syncthreads();  // every warp is done with the previous chunk
-        for (int r = 0; r < 16; ++r) {
-            const uint4* row = wv + (size_t)(f0 + r) * k8 + v0;
-            for (int v = threadIdx.x; v < vectors; v += blockDim.x) {
-                const bool ok = f0 + r < n && v0 + v < k8;
-                cp_async16_zfill(stage + r * stride + v, ok ? row + v : wv, ok);
+    // Piece q: tile blockIdx.x + gridDim.x · (q / per_tile), its steps [32·(q % per_tile), +32),
+    // into buffer q % PIECE_STAGES; zeros past k and past n.
+    auto issue = [&](int q) {
+        int b;
+        const int i = ws.locate(blockIdx.x + gridDim.x * (q / per_tile), b);
+        const uint4* wv = reinterpret_cast<const uint4*>(ws.w[i]);
+        const int f0 = b * 16, n = ws.n[i], v0 = (q % per_tile) * PIECE_STEPS * 4;
+        uint4* dst = wst + (q % PIECE_STAGES) * 16 * PIECE_STRIDE;
+        for (int e = threadIdx.x; e < 16 * PIECE_STEPS * 4; e += blockDim.x) {
+            const int r = e / (PIECE_STEPS * 4), v = e % (PIECE_STEPS * 4);
+            const bool ok = f0 + r < n && v0 + v < k8;
+            cp_async16_zfill(dst + r * PIECE_STRIDE + v, ok ? wv + (size_t)(f0 + r) * k8 + v0 + v : wv, ok);
+        }
+    };
+
+    // The first PIECE_STAGES − 1 pieces, then (after the kernels before it) x: one group, then
+    // empty groups, so that from here on piece q is complete once group q is.
+    for (int q = 0; q < PIECE_STAGES - 1; ++q)
+        if (q < pieces) issue(q);
+    pdl_wait();
+    const uint4* xv = reinterpret_cast<const uint4*>(x);
+    if (up) {
+        const uint4* uv = reinterpret_cast<const uint4*>(up);
+        for (int r = 0; r < rows; ++r)
+            for (int v = threadIdx.x; v < steps * 4; v += blockDim.x)
+                xst[r * xs + v] = v < k8 ? swiglu8(xv[(size_t)r * k8 + v], uv[(size_t)r * k8 + v]) : zero;
+    } else {
+        for (int r = 0; r < rows; ++r)
+            for (int v = threadIdx.x; v < steps * 4; v += blockDim.x) {
+                const bool ok = v < k8;
+                cp_async16_zfill(xst + r * xs + v, ok ? xv + (size_t)r * k8 + v : xv, ok);
             }
-        }
+    }
+    cp_async_commit();
+#pragma unroll
+    for (int q = 1; q < PIECE_STAGES - 1; ++q) cp_async_commit();
+
+    float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
+    for (int q = 0; q < pieces; ++q) {
+        // The buffer refilled here was read in iteration q − 1, which every warp has left.
+        if (q + PIECE_STAGES - 1 < pieces) issue(q + PIECE_STAGES - 1);
         cp_async_commit();
-        if (first == 0) pdl_wait();
-        if (up) {
-            const uint4* uv = reinterpret_cast<const uint4*>(up);
-            for (int r = 0; r < rows; ++r)
-                for (int v = threadIdx.x; v < vectors; v += blockDim.x)
-                    stage[(16 + r) * stride + v] = v0 + v < k8 ? swiglu8(xv[(size_t)r * k8 + v0 + v],
-                                                                         uv[(size_t)r * k8 + v0 + v])
-                                                               : make_uint4(0u, 0u, 0u, 0u);
-        } else {
-            for (int r = 0; r < rows; ++r)
-                for (int v = threadIdx.x; v < vectors; v += blockDim.x) {
-                    const bool ok = v0 + v < k8;
-                    cp_async16_zfill(stage + (16 + r) * stride + v, ok ? xv + (size_t)r * k8 + v0 + v : xv, ok);
-                }
-        }
-        cp_async_commit();
-        cp_async_wait<0>();
+        cp_async_wait<PIECE_STAGES - 1>();
         __syncthreads();
-        // Slice s takes steps s, s + 8, s + 16, … in increasing order (as linear_mma).
-        for (int t = slice; t < vectors / 4; t += MMA_SLICES) {
-            const uint4 b = b_ok ? xb[4 * t] : make_uint4(0u, 0u, 0u, 0u);
+        const int chunk = q % per_tile, first = chunk * PIECE_STEPS;
+        const int count = min(steps - first, PIECE_STEPS);
+        const uint4* wa = wst + (q % PIECE_STAGES) * 16 * PIECE_STRIDE + g * PIECE_STRIDE + c;
+        const uint4* wb = wa + 8 * PIECE_STRIDE;
+        const uint4* xb = xst + g * xs + first * 4 + c;
+        for (int t = slice; t < count; t += MMA_SLICES) {
+            const uint4 b = g < rows ? xb[4 * t] : zero;
             mma_bf16_k32(acc[0], wa[4 * t], wb[4 * t], b);
         }
+        if (chunk == per_tile - 1) {
+            int b;
+            const int i = ws.locate(blockIdx.x + gridDim.x * (q / per_tile), b);
+            mma_partials_store<1>(part, acc, 1, ws.y[i], rows, ws.n[i], b * 16, 0);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[0][e] = 0.f;
+        }
+        __syncthreads();
     }
-    mma_partials_store<1>(part, acc, 1, y, rows, n, f0, 0);
+    cp_async_wait<0>();
 }
 
 extern "C" __global__ void __launch_bounds__(256) linear_mma_r8(const bf16* x, const bf16* w, bf16* y, int rows, int n, int k) {
     pdl_launch_dependents();
-    linear_mma_staged(x, nullptr, w, y, rows, n, k, blockIdx.x);
+    const MmaWeights ws{1, {w, nullptr, nullptr, nullptr}, {y, nullptr, nullptr, nullptr}, {n, 0, 0, 0}};
+    linear_mma_staged(x, nullptr, ws, rows, k);
 }
 // y = bf16(SiLU(gate) · up) · wᵀ at ≤ 8 rows (gate, up: [rows, k]): the shared expert's and the
 // tower's down projection with their SwiGLU folded into the staging, with the bits of
@@ -276,7 +343,8 @@ extern "C" __global__ void __launch_bounds__(256) linear_mma_r8(const bf16* x, c
 extern "C" __global__ void __launch_bounds__(256) linear_mma_r8_swiglu(const bf16* gate, const bf16* up, const bf16* w,
                                                                     bf16* y, int rows, int n, int k) {
     pdl_launch_dependents();
-    linear_mma_staged(gate, up, w, y, rows, n, k, blockIdx.x);
+    const MmaWeights ws{1, {w, nullptr, nullptr, nullptr}, {y, nullptr, nullptr, nullptr}, {n, 0, 0, 0}};
+    linear_mma_staged(gate, up, ws, rows, k);
 }
 // ≤ 64 rows per block (eight n8 tiles): the decode batch.
 extern "C" __global__ void __launch_bounds__(256, 2) linear_mma_r64(const bf16* x, const bf16* w, bf16* y, int rows, int n, int k) {
@@ -290,7 +358,6 @@ extern "C" __global__ void __launch_bounds__(256, 2) linear_mma_r64(const bf16* 
 // weight. A block runs exactly what it runs in its own weight's launch, so every output has the
 // bits `linear_mma_*` gives it alone. One launch instead of several: at one decode row the small
 // projections (the GDN's b and a, 32 features each) cost their launch, not their bytes.
-constexpr int MMA_MANY = 4;
 // Runs `block(w_i, y_i, n_i, b)` for this block's weight i and b, its block within that weight's
 // grid.x.
 template <class Block>
@@ -311,12 +378,8 @@ __device__ __forceinline__ void linear_mma_many(int count, const bf16* const* w,
         const bf16 *w2, bf16 *y2, int n2, const bf16 *w3, bf16 *y3, int n3
 extern "C" __global__ void __launch_bounds__(256) linear_mma_r8_many(LINEAR_MMA_MANY_ARGS) {
     pdl_launch_dependents();
-    const bf16* w[MMA_MANY] = {w0, w1, w2, w3};
-    bf16* y[MMA_MANY] = {y0, y1, y2, y3};
-    const int n[MMA_MANY] = {n0, n1, n2, n3};
-    linear_mma_many(count, w, y, n, [&](const bf16* wi, bf16* yi, int ni, int b) {
-        linear_mma_staged(x, nullptr, wi, yi, rows, ni, k, b);
-    });
+    const MmaWeights ws{count, {w0, w1, w2, w3}, {y0, y1, y2, y3}, {n0, n1, n2, n3}};
+    linear_mma_staged(x, nullptr, ws, rows, k);
 }
 extern "C" __global__ void __launch_bounds__(256, 2) linear_mma_r64_many(LINEAR_MMA_MANY_ARGS) {
     pdl_launch_dependents();

@@ -16,8 +16,10 @@ use crate::harness::Ctx;
 
 /// Weight shapes `[n, k]`: the real model's dense projections (GDN qkv / z / b, attention q / k /
 /// o, shared expert up / down, the tower's heads), then odd ones: n not a multiple of 16, k not a
-/// multiple of 32 (the decode kernel's zero-padded last step), a single k32 step, and a k staged
-/// in two chunks by `linear_mma_r8` (k > 4096).
+/// multiple of 32 (the decode kernel's zero-padded last step), a single k32 step, and a wide k
+/// (8192: eight weight pieces per tile in `linear_mma_r8` at one row; at 8 rows its stage is
+/// over the grant and `linear_mma_r64` runs it). `linear_mma_r8` walks several tiles per block
+/// where n / 16 exceeds the SMs (8192 and 4096 features).
 const SHAPES: &[(usize, usize)] = &[
     (8192, 2048),
     (4096, 2048),

@@ -70,18 +70,23 @@ pub struct LinearKernels {
     staged_cap: usize,
 }
 
-/// `STAGE_STEPS` in the .cu: k32 steps per shared-memory chunk of `linear_mma_r8*` (k = 4096).
-const STAGE_STEPS: usize = 128;
+/// `PIECE_STAGES`, `PIECE_STEPS` and `PIECE_STRIDE` in the .cu: the weight pieces a
+/// `linear_mma_r8*` block holds at once, each 16 feature rows of that many k32 steps, each row
+/// that many 16-byte vectors (padded to ≡ 4 mod 8).
+const PIECE_STAGES: usize = 4;
+const PIECE_STEPS: usize = 32;
+const PIECE_STRIDE: usize = PIECE_STEPS * 4 + 4;
 
-/// `mma_stage_stride` in the .cu: 16-byte vectors per staged row of a chunk of width `k` — whole
-/// k32 steps, at most [`STAGE_STEPS`], padded to ≡ 4 (mod 8) vectors.
-fn stage_stride(k: usize) -> usize {
-    (k.div_ceil(32).min(STAGE_STEPS) * 4).div_ceil(8) * 8 + 4
+/// `mma_x_stride` in the .cu: 16-byte vectors per staged input row of width `k` — whole k32
+/// steps, padded to ≡ 4 (mod 8) vectors.
+fn x_stride(k: usize) -> usize {
+    (k.div_ceil(32) * 4).div_ceil(8) * 8 + 4
 }
 
-/// Dynamic shared memory of a `linear_mma_r8*` block: 16 weight rows and `rows` input rows.
+/// Dynamic shared memory of a `linear_mma_r8*` block: `rows` whole input rows, then its weight
+/// pieces.
 fn staged_smem_bytes(rows: usize, k: usize) -> usize {
-    (16 + rows) * stage_stride(k) * 16
+    (rows * x_stride(k) + PIECE_STAGES * 16 * PIECE_STRIDE) * 16
 }
 
 /// Static shared memory of `linear_mma_r8*` (the slices' partials), beside the stage.
@@ -103,8 +108,7 @@ impl LinearKernels {
         let optin = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
             .map_err(|source| KernelError { module: "linear", kernel: None, source })?;
-        let staged_cap = (usize::try_from(optin).unwrap_or(0).saturating_sub(STAGED_STATIC_BYTES))
-            .min(staged_smem_bytes(8, 32 * STAGE_STEPS));
+        let staged_cap = usize::try_from(optin).unwrap_or(0).saturating_sub(STAGED_STATIC_BYTES);
         let staged = |name| m.kernel_with_shared(name, staged_cap);
         Ok(LinearKernels {
             mma_r8: staged("linear_mma_r8")?,
@@ -129,6 +133,14 @@ impl LinearKernels {
         let bytes = staged_smem_bytes(rows, k);
         (rows <= MMA_R8_ROWS && bytes <= self.staged_cap).then_some(bytes)
     }
+}
+
+/// Blocks of a `linear_mma_r8*` launch over `tiles` tiles of 16 features: one per SM (one
+/// block's stage fills most of an SM's shared memory), each walking its share of the tiles
+/// with its weight pieces in flight; fewer when there are fewer tiles.
+fn staged_grid(cuda: &Cuda, tiles: usize) -> u32 {
+    let sms = usize::try_from(cuda.info().multiprocessors).unwrap_or(1).max(1);
+    u32::try_from(tiles.min(sms)).expect("grid")
 }
 
 /// How a projection is computed.
@@ -208,7 +220,7 @@ pub fn swiglu_project(cuda: &Cuda, gate: &GpuMatrix, up: &GpuMatrix, w: &GpuWeig
     let shared = kernels.staged_bytes(gate.rows, k).filter(|_| mma_fits(k) && gate.rows > 0 && n > 0)?;
     let y = cuda.matrix(gate.rows, n);
     let args = [gate.ptr().into(), up.ptr().into(), w.ptr.into(), y.ptr().into(), gate.rows.into(), n.into(), k.into()];
-    let grid = (n.div_ceil(MMA_BLOCK_FEATURES) as u32, 1, 1);
+    let grid = (staged_grid(cuda, n.div_ceil(MMA_BLOCK_FEATURES)), 1, 1);
     kernels.mma_r8_swiglu.launch(cuda.stream(), Dims::grid(grid, THREADS).with_shared(shared as u32), &args);
     Some(y)
 }
@@ -247,11 +259,11 @@ pub fn linear_rows_many(cuda: &Cuda, x: &GpuMatrix, ws: &[&GpuWeight]) -> Vec<Gp
     }
     let ys: Vec<GpuMatrix> = ws.iter().map(|w| cuda.matrix(x.rows, w.matrix_dims().0)).collect();
     let kernels = &cuda.kernels.linear;
-    let (kernel, per_block, shared) = match kernels.staged_bytes(x.rows, k) {
-        Some(bytes) => (&kernels.mma_r8_many, MMA_R8_ROWS, bytes),
-        None => (&kernels.mma_r64_many, MMA_R64_ROWS, 0),
+    let tiles: usize = ws.iter().map(|w| w.matrix_dims().0.div_ceil(MMA_BLOCK_FEATURES)).sum();
+    let (kernel, blocks, per_block, shared) = match kernels.staged_bytes(x.rows, k) {
+        Some(bytes) => (&kernels.mma_r8_many, staged_grid(cuda, tiles), MMA_R8_ROWS, bytes),
+        None => (&kernels.mma_r64_many, u32::try_from(tiles).expect("grid"), MMA_R64_ROWS, 0),
     };
-    let blocks: usize = ws.iter().map(|w| w.matrix_dims().0.div_ceil(MMA_BLOCK_FEATURES)).sum();
     let mut args: Vec<Arg> = vec![x.ptr().into(), x.rows.into(), k.into(), ws.len().into()];
     for i in 0..MMA_MANY {
         let (w, y, n) = match (ws.get(i), ys.get(i)) {
@@ -260,7 +272,7 @@ pub fn linear_rows_many(cuda: &Cuda, x: &GpuMatrix, ws: &[&GpuWeight]) -> Vec<Gp
         };
         args.extend([Arg::from(w), Arg::from(y), Arg::from(n)]);
     }
-    let grid = (u32::try_from(blocks).expect("grid"), u32::try_from(x.rows.div_ceil(per_block)).expect("grid"), 1);
+    let grid = (blocks, u32::try_from(x.rows.div_ceil(per_block)).expect("grid"), 1);
     kernel.launch(cuda.stream(), Dims::grid(grid, THREADS).with_shared(shared as u32), &args);
     ys
 }
@@ -336,11 +348,12 @@ fn project(cuda: &Cuda, x: u64, rows: usize, w: &GpuWeight, y: u64, path: Path) 
         Path::Mma => {
             assert!(mma_fits(k), "the tensor-core projection needs k % 8 == 0, not k = {k}");
             let kernels = &cuda.kernels.linear;
-            let (kernel, per_block, shared) = match kernels.staged_bytes(rows, k) {
-                Some(bytes) => (&kernels.mma_r8, MMA_R8_ROWS, bytes),
-                None => (&kernels.mma_r64, MMA_R64_ROWS, 0),
+            let tiles = n.div_ceil(MMA_BLOCK_FEATURES);
+            let (kernel, blocks, per_block, shared) = match kernels.staged_bytes(rows, k) {
+                Some(bytes) => (&kernels.mma_r8, staged_grid(cuda, tiles), MMA_R8_ROWS, bytes),
+                None => (&kernels.mma_r64, u32::try_from(tiles).expect("grid"), MMA_R64_ROWS, 0),
             };
-            let grid = (n.div_ceil(MMA_BLOCK_FEATURES) as u32, rows.div_ceil(per_block) as u32, 1);
+            let grid = (blocks, rows.div_ceil(per_block) as u32, 1);
             let args = [x.into(), w.ptr.into(), y.into(), rows.into(), n.into(), k.into()];
             kernel.launch(cuda.stream(), Dims::grid(grid, THREADS).with_shared(shared as u32), &args);
         }
