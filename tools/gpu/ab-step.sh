@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Step and prompt times of several builds on one machine, ON THE GPU MACHINE from the repository
+# root, with this build's pack (.gpu/pack) and earlier ones carried:
+#
+#   tools/gpu/ab-step.sh REPORT_DIR OLD_PACK...
+#
+# Timings are only comparable on the same card and the same warm machine, so each change's
+# gain is measured here against the builds before it, turn about: every build's
+# `bench engine` (the frame step as a CUDA graph and the host loop, a 200-row prompt, the codec)
+# runs ROUNDS times (default 2), builds interleaved. REPORT_DIR gets each run's text and JSON and
+# ab-step.tsv: build, round, graph ms/frame, host-loop ms/frame, prompt ms.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+report_dir=${1:?usage: tools/gpu/ab-step.sh REPORT_DIR OLD_PACK...}
+shift
+rounds=${ROUNDS:-2}
+mkdir -p "$report_dir"
+tools/gpu/unpack.sh
+if ! ldconfig -p | grep -q 'libcublasLt.so.13'; then
+    lib=$(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13", "lib"))' 2>/dev/null || true)
+    [[ -n "$lib" && -e "$lib/libcublasLt.so.13" ]] && export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+ckpt=$(tools/gpu/full-ckpt.sh "$report_dir")
+
+# Each build: its name (the commit in its BUILD file) and its binary.
+names=() bins=()
+add_build() {  # binary-dir
+    names+=("$(cut -d' ' -f2 <"$1/BUILD")")
+    bins+=("$1/limelight")
+}
+add_build .gpu/bin
+for pack in "$@"; do
+    dir=$(mktemp -d)
+    xz -dc "$pack/bin.tar.xz" | tar -C "$dir" -xf -
+    add_build "$dir/bin"
+done
+
+printf 'build\tround\tgraph_ms_per_frame\thost_ms_per_frame\tprompt_ms\n' >"$report_dir/ab-step.tsv"
+for round in $(seq 1 "$rounds"); do
+    for i in "${!bins[@]}"; do
+        out="$report_dir/engine-${names[$i]}-$round"
+        "${bins[$i]}" bench engine --model "$ckpt" --frames 64 --prompt-rows 200 --context-length 2048 \
+            --prefill-chunk 1024 --json "$out.json" >"$out.txt" 2>&1
+        graph=$(sed -nE 's/.* ([0-9.]+) ms\/frame as a CUDA graph.*/\1/p' "$out.txt")
+        host=$(sed -nE 's/.*graph, ([0-9.]+) ms\/frame as the host loop.*/\1/p' "$out.txt")
+        prompt=$(sed -nE 's/^prompt .*: ([0-9.]+) ms$/\1/p' "$out.txt")
+        printf '%s\t%s\t%s\t%s\t%s\n' "${names[$i]}" "$round" "$graph" "$host" "$prompt" | tee -a "$report_dir/ab-step.tsv"
+    done
+done
