@@ -19,10 +19,7 @@ if [[ "${1:-}" == "--full" ]]; then full=1; shift; fi
 report_dir=${1:-${OUT:-.gpu/report}}
 mkdir -p "$report_dir"
 
-if ! ldconfig -p | grep -q 'libcublasLt.so.13'; then
-    lib=$(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13", "lib"))' 2>/dev/null || true)
-    [[ -n "$lib" && -e "$lib/libcublasLt.so.13" ]] && export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
+source tools/gpu/cuda-libs.sh
 echo "build: $(cat .gpu/bin/BUILD)"
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total,clocks.sm --format=csv,noheader || true
 

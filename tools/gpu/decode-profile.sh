@@ -15,8 +15,7 @@ cd "$(dirname "$0")/../.."
 tools/gpu/unpack.sh
 report_dir=${1:-${OUT:-.gpu/report}}
 mkdir -p "$report_dir"
-lib=$(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13", "lib"))' 2>/dev/null || true)
-[[ -n "$lib" ]] && export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+source tools/gpu/cuda-libs.sh
 echo "build: $(cat .gpu/bin/BUILD)"
 
 metrics=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size

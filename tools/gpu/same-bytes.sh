@@ -17,10 +17,7 @@ mkdir -p "$report_dir"
 tools/gpu/unpack.sh
 old=$(mktemp -d)
 xz -dc "$old_pack/bin.tar.xz" | tar -C "$old" -xf -
-if ! ldconfig -p | grep -q 'libcublasLt.so.13'; then
-    lib=$(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13", "lib"))' 2>/dev/null || true)
-    [[ -n "$lib" && -e "$lib/libcublasLt.so.13" ]] && export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
+source tools/gpu/cuda-libs.sh
 ckpt=$(tools/gpu/full-ckpt.sh "$report_dir")
 port=${LIMELIGHT_PORT:-18090}
 url="http://127.0.0.1:$port/v1/audio/speech"

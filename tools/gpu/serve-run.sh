@@ -21,10 +21,7 @@ report_dir=${1:-${OUT:-.gpu/report}}
 mkdir -p "$report_dir"
 ckpt=${LIMELIGHT_FULL_CKPT:-/tmp/limelight-full}
 port=${LIMELIGHT_PORT:-18080}
-if ! ldconfig -p | grep -q 'libcublasLt.so.13'; then
-    lib=$(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13", "lib"))' 2>/dev/null || true)
-    [[ -n "$lib" && -e "$lib/libcublasLt.so.13" ]] && export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
+source tools/gpu/cuda-libs.sh
 if [[ ! -f "$ckpt/config.json" ]]; then
     { time .gpu/bin/limelight checkpoint synth --preset full --out "$ckpt"; } 2>"$report_dir/synth-time.txt"
 fi

@@ -19,10 +19,7 @@ tools/gpu/unpack.sh
 report_dir=${1:-${OUT:-.gpu/report}}
 rows=${2:-200}
 mkdir -p "$report_dir"
-if ! ldconfig -p | grep -q 'libcublasLt.so.13'; then
-    lib=$(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13", "lib"))' 2>/dev/null || true)
-    [[ -n "$lib" && -e "$lib/libcublasLt.so.13" ]] && export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
+source tools/gpu/cuda-libs.sh
 ckpt=$(tools/gpu/full-ckpt.sh "$report_dir")
 echo "build: $(cat .gpu/bin/BUILD)"
 metrics=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__grid_size,launch__block_size
