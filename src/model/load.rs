@@ -253,18 +253,26 @@ struct ShardSource<'a> {
     used: BTreeSet<String>,
 }
 
+impl<'a> ShardSource<'a> {
+    /// The tensor `spec` asks for, checked, under the name the file gives it (the spec's, or
+    /// the alias it was found under).
+    fn find(&mut self, spec: &TensorSpec) -> Result<(String, TensorView<'a>), WeightError> {
+        let shards = self.shards;
+        let found = std::iter::once(&spec.name).chain(&spec.alias).find_map(|n| Some((n, shards.get(n)?)));
+        let Some((name, (path, view))) = found else {
+            return Err(WeightError::Missing { file: INDEX_FILE.into(), tensor: spec.name.clone() });
+        };
+        check_spec(&path.display().to_string(), spec, name, view.dtype, view.shape)?;
+        self.used.insert(name.clone());
+        Ok((name.clone(), view))
+    }
+}
+
 impl<'a> TensorSource for ShardSource<'a> {
     type Tensor = TensorView<'a>;
 
     fn tensor(&mut self, spec: TensorSpec) -> Result<TensorView<'a>, WeightError> {
-        let shards = self.shards;
-        let found = std::iter::once(&spec.name).chain(&spec.alias).find_map(|n| Some((n, shards.get(n)?)));
-        let Some((name, (path, view))) = found else {
-            return Err(WeightError::Missing { file: INDEX_FILE.into(), tensor: spec.name });
-        };
-        check_spec(&path.display().to_string(), &spec, name, view.dtype, view.shape)?;
-        self.used.insert(name.clone());
-        Ok(view)
+        Ok(self.find(&spec)?.1)
     }
 }
 
@@ -311,15 +319,10 @@ impl<B: FileOrderUpload> TensorSource for ReserveSource<'_, '_, B> {
     type Tensor = B::Weight;
 
     fn tensor(&mut self, spec: TensorSpec) -> Result<B::Weight, WeightError> {
-        let view = self.inner.tensor(spec.clone())?;
+        let (name, view) = self.inner.find(&spec)?;
         let (weight, dst) = self.backend.reserve(&spec, view);
         if let Some(dst) = dst {
-            // The name the file uses: the spec's, or the alias it was found under.
-            let name = std::iter::once(&spec.name)
-                .chain(&spec.alias)
-                .find(|n| self.inner.shards.get(n).is_some())
-                .expect("a tensor just found");
-            self.reserved.insert(name.clone(), dst);
+            self.reserved.insert(name, dst);
         }
         Ok(weight)
     }
