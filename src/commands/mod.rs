@@ -38,7 +38,7 @@ use crate::request::normalize::normalize;
 use crate::request::prompt::{PromptBuilder, Reference};
 use crate::request::split::SplitLimits;
 use crate::request::text::{CallerText, Field};
-use crate::scheduler::{ChunkPrompt, MoreChunks, chunk_seed, retries_chunk, retry_seed};
+use crate::scheduler::{ChunkPrompt, MoreChunks, chunk_seed, holds_chunk, retries_chunk, retry_seed};
 use crate::voice::clip::{self, ClipLimits};
 use crate::voice::store::{StoreLimits, VoiceStore};
 
@@ -79,7 +79,7 @@ pub fn say(args: &SayArgs) -> anyhow::Result<Finished> {
             }
         };
         let guarded = current.as_ref().is_some_and(|p| p.guarded);
-        let held = chunk > 0 && (guarded || stall.is_some()) && !retried;
+        let held = current.as_ref().is_some_and(|p| holds_chunk(p, stall)) && !retried;
         let retry = held && retries_chunk(reason, chunk, guarded, retried);
         if held {
             pcm.extend(generation.settle_audio(!retry)?.pcm);
@@ -92,7 +92,7 @@ pub fn say(args: &SayArgs) -> anyhow::Result<Finished> {
             continue;
         }
         retried = false;
-        cut |= matches!(reason, FinishReason::Length | FinishReason::Stalled);
+        cut |= reason.is_cut();
         let produced = generation.produced().clone();
         (0..produced.len()).for_each(|t| rows.push_row(produced.row(t)));
         let next = match more.as_mut().and_then(|m| m.next(&produced)) {
@@ -111,7 +111,7 @@ pub fn say(args: &SayArgs) -> anyhow::Result<Finished> {
             next.prefix,
             &opts(chunk_seed(args.seed, chunk), next.max_frames),
         )?;
-        if next.guarded || stall.is_some() {
+        if holds_chunk(&next, stall) {
             generation.hold_audio();
         }
         current = Some(next);

@@ -60,6 +60,12 @@ impl FinishReason {
             FinishReason::Stalled => "length",
         }
     }
+
+    /// Whether it was cut at a bound (`max_frames` or the stall guard) rather than ending on
+    /// its own or by the caller.
+    pub fn is_cut(self) -> bool {
+        matches!(self, FinishReason::Length | FinishReason::Stalled)
+    }
 }
 
 /// What a finished generation produced.

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use tokio::sync::{mpsc, oneshot};
 
-use crate::engine::generate::{FinishReason, GenerateOptions};
+use crate::engine::generate::{FinishReason, GenerateOptions, StallGuard};
 use crate::engine::prefix::SharedPrefix;
 use crate::model::frame::Rows;
 
@@ -73,6 +73,12 @@ pub fn chunk_seed(seed: u64, chunk: usize) -> u64 {
 pub fn retry_seed(seed: u64, chunk: usize) -> u64 {
     // A salt (the golden ratio's fraction, rotated) keeps it apart from every `chunk_seed`.
     chunk_seed(seed ^ 0x7F4A_7C15_9E37_79B9, chunk)
+}
+
+/// Whether a later chunk's audio is held undecoded until it ends: a guard may cut it (its frame
+/// bound is the runaway guard's, or a stall guard runs), and its retry must be what is heard.
+pub fn holds_chunk(prompt: &ChunkPrompt, stall: Option<StallGuard>) -> bool {
+    prompt.guarded || stall.is_some()
 }
 
 /// Whether a chunk that ended with `reason` is generated once more: it is a later chunk (its

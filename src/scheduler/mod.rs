@@ -22,8 +22,8 @@ pub use codec::{AudioCodec, CodecCommand, CodecLink, CodecThread, Decoded};
 pub use engines::{BatchLimits, BatchOptions, DEFAULT_VOICE_CACHE_BYTES, EngineModel, GpuOptions, cpu_loader};
 pub use gpu::{cuda_loader, gpu_present};
 pub use job::{
-    ChunkPrompt, EncodeJob, Encoded, Job, JobEvent, JobStream, MoreChunks, REPLY_CAPACITY, chunk_seed, retries_chunk,
-    retry_seed,
+    ChunkPrompt, EncodeJob, Encoded, Job, JobEvent, JobStream, MoreChunks, REPLY_CAPACITY, chunk_seed, holds_chunk,
+    retries_chunk, retry_seed,
 };
 pub use worker::pace::{RATE_WINDOW, ReaderPolicy};
 

@@ -17,7 +17,7 @@ use super::active::Active;
 use super::{Host, panic_message};
 use crate::engine::generate::{FinishReason, GenerateOptions};
 use crate::scheduler::Synthesizer;
-use crate::scheduler::job::{ChunkPrompt, chunk_seed, retries_chunk, retry_seed};
+use crate::scheduler::job::{ChunkPrompt, chunk_seed, holds_chunk, retries_chunk, retry_seed};
 use crate::telemetry;
 
 impl Host {
@@ -52,7 +52,7 @@ impl Host {
             return Ok(true);
         }
         job.retried = false;
-        job.cut |= matches!(reason, FinishReason::Length | FinishReason::Stalled);
+        job.cut |= reason.is_cut();
         self.next_chunk(model, job)
     }
 
@@ -81,7 +81,7 @@ impl Host {
             return Ok(false);
         };
         // A chunk a guard may cut is held, so that its retry is heard instead.
-        let hold = prompt.guarded || job.options.stall.is_some();
+        let hold = holds_chunk(&prompt, job.options.stall);
         start_chunk(model, job, prompt, chunk_seed(job.options.seed, job.chunk + 1), hold)?;
         metrics::counter!(telemetry::FRAMES_GENERATED).increment(previous.len() as u64);
         job.chunk += 1;
