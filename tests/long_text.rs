@@ -315,9 +315,8 @@ async fn the_runaway_guard_cuts_a_chunk_at_its_bound() {
 /// One chunked request of LONG driven through the engine by hand under the stated retry policy
 /// (with `retry`; without it, every take is kept): a later chunk a guard cut (its frame bound
 /// when that is the guard's, or the job's stall guard) is run again from the same prompt with
-/// `retry_seed`, its first take dropped before the decoder. Returns (the PCM bits, the frames
-/// heard, the prompt rows run, the takes dropped, the held takes kept, the chunks the stall
-/// guard cut).
+/// `retry_seed`, its first take dropped before the decoder. Returns what it heard and counted
+/// ([`HandRun`]).
 fn by_hand(engine: &Engine<'_, Cpu>, job: &Job, seed: u64, retry: bool) -> HandRun {
     use limelight::scheduler::{retries_chunk, retry_seed};
     let (first, first_frames, more) =
