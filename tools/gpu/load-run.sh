@@ -22,7 +22,7 @@ tools/gpu/unpack.sh
 source tools/gpu/cuda-libs.sh
 ckpt=$(tools/gpu/full-ckpt.sh "$report_dir")
 shards=("$ckpt"/*.safetensors)
-bytes=$(stat -c %s "${shards[@]}" | paste -sd+ | bc)
+bytes=$(stat -c %s "${shards[@]}" | awk '{ s += $1 } END { printf "%d", s }')
 port=${LIMELIGHT_PORT:-18095}
 now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
 gib_per_s() { python3 -c "print(f'{$1 / 2**30 / ($2 / 1000):.2f}')"; }
