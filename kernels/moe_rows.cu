@@ -360,12 +360,15 @@ extern "C" __global__ void __launch_bounds__(ROWS_THREADS)
 
 // y[pair, f] = down_f · h[pos] for the tile's sorted positions pos (pair = sorted[pos]), written
 // at the pair's row of y [pairs, N] f32 (unweighted; the combine applies the routing weight).
-// h: [pairs, K] f32 by sorted position, as moe_rows_gate_up wrote it; the block converts its
-// tile's rows to operand format fmt (FMT_E4M3, or FMT_F16X2) in dynamic shared memory
-// (tile_operand_bytes(fmt, K)) with moe_rows_operand's arithmetic. K = intermediate, N = hidden.
-// Grid (max_tiles, N/128), 256 threads.
+// The operand (format fmt: FMT_E4M3, or FMT_F16X2) comes one of two ways, as in gate/up:
+//   - h null: act, act_lo, act_scales as moe_rows_operand wrote them from h;
+//   - h itself ([pairs, K] f32 by sorted position, as moe_rows_gate_up wrote it): the block
+//     converts its tile's rows in dynamic shared memory (tile_operand_bytes(fmt, K)) with
+//     moe_rows_operand's arithmetic, which saves that kernel's launch in the decode step.
+// K = intermediate, N = hidden. Grid (max_tiles, N/128), 256 threads.
 extern "C" __global__ void __launch_bounds__(ROWS_THREADS)
-    moe_rows_down(const float* __restrict__ h, int fmt, const int* __restrict__ sorted,
+    moe_rows_down(const void* __restrict__ act, const void* __restrict__ act_lo, const float* __restrict__ act_scales,
+                  const float* __restrict__ h, int fmt, const int* __restrict__ sorted,
                   const int* __restrict__ tiles, const int* __restrict__ offsets,
                   const unsigned long long* __restrict__ table, int K, int N, float* __restrict__ y) {
     pdl_begin();
@@ -377,18 +380,30 @@ extern "C" __global__ void __launch_bounds__(ROWS_THREADS)
     const unsigned long long* t = table + (size_t)tile.e * T_STRIDE;
     const unsigned char* const w[1] = {(const unsigned char*)t[T_DOWN_W] + (size_t)f0 * K};
     const float* const sw[1] = {(const float*)t[T_DOWN_S] + (size_t)(f0 >> 7) * (K >> 7)};
-    const int n = tile.end - tile.start;
-    tile_operand(h, ACT_F32, fmt, K, n, [&](int slot) { return (size_t)(tile.start + slot) * K; }, rows_smem);
-    const auto slot_of = [&](int i) { return i < n ? i : -1; };
-    const int src = slot_of(g), src0 = slot_of(2 * c), src1 = slot_of(2 * c + 1);
-    const float* scales = reinterpret_cast<const float*>(rows_smem + tile_operand_bytes(fmt, K) -
-                                                         (size_t)ROWS_PAIRS * (K / 128) * 4);
     float total[1][4];
-    if (fmt == FMT_E4M3)
-        warp_tile<1, FMT_E4M3, 2, true>(w, sw, rows_smem, nullptr, scales, src, src0, src1, K, 0, 1, total);
-    else
-        warp_tile<1, FMT_F16X2, 1, true>(w, sw, rows_smem, (const __half*)rows_smem + (size_t)ROWS_PAIRS * K, scales,
-                                         src, src0, src1, K, 0, 1, total);
+    if (h) {
+        // Operand rows by slot: the tile's position i reads slot i.
+        const int n = tile.end - tile.start;
+        tile_operand(h, ACT_F32, fmt, K, n, [&](int slot) { return (size_t)(tile.start + slot) * K; }, rows_smem);
+        const auto slot_of = [&](int i) { return i < n ? i : -1; };
+        const int src = slot_of(g), src0 = slot_of(2 * c), src1 = slot_of(2 * c + 1);
+        const float* scales = reinterpret_cast<const float*>(rows_smem + tile_operand_bytes(fmt, K) -
+                                                             (size_t)ROWS_PAIRS * (K / 128) * 4);
+        if (fmt == FMT_E4M3)
+            warp_tile<1, FMT_E4M3, 2, true>(w, sw, rows_smem, nullptr, scales, src, src0, src1, K, 0, 1, total);
+        else
+            warp_tile<1, FMT_F16X2, 1, true>(w, sw, rows_smem, (const __half*)rows_smem + (size_t)ROWS_PAIRS * K,
+                                             scales, src, src0, src1, K, 0, 1, total);
+    } else {
+        // Operand rows by sorted position.
+        const auto row_of = [&](int pos) { return pos < tile.end ? pos : -1; };
+        const int src = row_of(tile.start + g), src0 = row_of(tile.start + 2 * c),
+                  src1 = row_of(tile.start + 2 * c + 1);
+        if (fmt == FMT_E4M3)
+            warp_tile<1, FMT_E4M3, 2, false>(w, sw, act, nullptr, act_scales, src, src0, src1, K, 0, 1, total);
+        else
+            warp_tile<1, FMT_F16X2, 1, false>(w, sw, act, act_lo, act_scales, src, src0, src1, K, 0, 1, total);
+    }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const int pos = tile.start + 2 * c + (i & 1);

@@ -87,6 +87,11 @@ impl Operand {
         let dims = Dims::grid((groups.div_ceil(OPERAND_GROUPS_PER_BLOCK) as u32, rows as u32, 1), THREADS);
         cuda.kernels.moe.rows_operand.launch(cuda.stream(), dims, &args);
     }
+
+    /// The lo rows of an `F16x2` operand filled with `rows` rows (0 for the other formats).
+    fn lo(&self, rows: usize) -> u64 {
+        if self.fmt == Format::F16x2 { self.codes.ptr() + (rows * self.cols * 2) as u64 } else { 0 }
+    }
 }
 
 /// The most dynamic shared memory a tile kernel may take (the kernels are loaded allowing it):
@@ -99,34 +104,52 @@ pub(super) fn tile_operand_bytes(fmt: Format, cols: usize) -> usize {
     TILE_PAIRS * cols * fmt.bytes() + TILE_PAIRS * (cols / GROUP) * 4
 }
 
+/// Batches of at most this many rows have each tile block convert its own operand rows in shared
+/// memory; larger ones convert them once, in global memory, with `moe_rows_operand`. In-tile
+/// conversion saves two launches a layer, which is what a decode step of a few streams waits on,
+/// but every one of a tile's blocks (I/16 for gate/up, hidden/128 for down) converts the same
+/// rows again. At a 200-row prompt that costs more than the launches save: the prompt took about
+/// 5 ms longer on the H100 once 1155d45 had removed the operand kernel (ab-step, run 19). The two ways share `operand_group`'s arithmetic, so they give the same bits and a
+/// row's result does not depend on which one its pass took.
+const TILE_OPERAND_MAX_ROWS: usize = 8;
+
 impl Job<'_> {
     /// The decode batch, in passes of at most `CHUNK_ROWS` rows: its pairs grouped by expert into
     /// tiles of up to 8; gate/up tiles → h [pairs, I] f32 by sorted position; down tiles → y
-    /// [pairs, hidden] f32; combine. Each tile block makes its own operand rows in shared memory
-    /// (`Exact`: f16 of the bf16 input rows, and h as hi + lo f16; `Fp8Dynamic`: the quantised
-    /// input codes, made once for every path, and h requantised to e4m3), with the operand
-    /// kernel's arithmetic: two launches a layer fewer than filling operands in global memory.
+    /// [pairs, hidden] f32; combine. The operands (`Exact`: f16 of the bf16 input rows, and h as
+    /// hi + lo f16; `Fp8Dynamic`: the quantised input codes, made once for every path, and h
+    /// requantised to e4m3) are made by the tile blocks in shared memory when the batch has at most
+    /// `TILE_OPERAND_MAX_ROWS` rows, and by `moe_rows_operand` in global memory otherwise.
     pub(super) fn rows(&self) {
         let (cuda, k, e, h, i) = (self.cuda, self.s.top_k, self.s.experts, self.hidden, self.s.intermediate);
         let kernels = &cuda.kernels.moe;
         let fp8 = self.input.kind == ACT_E4M3;
         let max_rows = self.rows.min(CHUNK_ROWS);
         let max_pairs = max_rows * k;
+        let global_operands = max_rows > TILE_OPERAND_MAX_ROWS;
         let grouping = Grouping::new(cuda, e, max_pairs, TILE_PAIRS);
         let hbuf = cuda.scratch(max_pairs * i * 4);
         let h_fmt = if fp8 { Format::E4m3 } else { Format::F16x2 };
+        let input_operand = (global_operands && !fp8).then(|| Operand::new(cuda, max_rows, h, Format::F16));
+        let h_operand = global_operands.then(|| Operand::new(cuda, max_pairs, i, h_fmt));
         let y = cuda.scratch(max_pairs * h * 4);
         for r0 in (0..self.rows).step_by(CHUNK_ROWS) {
             let rows = CHUNK_ROWS.min(self.rows - r0);
+            let pairs = rows * k;
             let input = self.input;
-            // Fp8Dynamic: the quantised codes in global memory; Exact: the bf16 rows, converted
-            // by each tile block.
-            let (act, act_scales, fmt, raw, shared_bytes) = if fp8 {
-                let codes = input.ptr + (r0 * h) as u64;
-                (codes, input.scales + (r0 * (h / GROUP) * 4) as u64, Format::E4m3, 0, 0)
-            } else {
-                let raw = input.ptr + (r0 * h * input.elem) as u64;
-                (0, 0, Format::F16, raw, tile_operand_bytes(Format::F16, h))
+            // Fp8Dynamic: the quantised codes in global memory. Exact: the bf16 rows, converted
+            // by each tile block or once by the operand kernel.
+            let raw = input.ptr + (r0 * h * input.elem) as u64;
+            let (act, act_scales, fmt, raw, shared_bytes) = match &input_operand {
+                _ if fp8 => {
+                    let codes = input.ptr + (r0 * h) as u64;
+                    (codes, input.scales + (r0 * (h / GROUP) * 4) as u64, Format::E4m3, 0, 0)
+                }
+                Some(operand) => {
+                    operand.fill(cuda, raw, input.kind, rows);
+                    (operand.codes.ptr(), operand.scales.ptr(), Format::F16, 0, 0)
+                }
+                _ => (0, 0, Format::F16, raw, tile_operand_bytes(Format::F16, h)),
             };
             let max_tiles = self.group(&grouping, r0, rows);
             let (sorted, tiles, offsets) = (grouping.sorted.ptr(), grouping.tiles.ptr(), grouping.offsets.ptr());
@@ -150,8 +173,18 @@ impl Job<'_> {
                 .with_shared(shared_bytes as u32);
             kernels.rows_gate_up.launch(cuda.stream(), dims, &args);
 
-            let args: [Arg; 9] = [
-                hbuf.ptr().into(),
+            let (act, act_lo, act_scales, h_rows, shared_bytes) = match &h_operand {
+                Some(operand) => {
+                    operand.fill(cuda, hbuf.ptr(), ACT_F32, pairs);
+                    (operand.codes.ptr(), operand.lo(pairs), operand.scales.ptr(), 0, 0)
+                }
+                _ => (0, 0, 0, hbuf.ptr(), tile_operand_bytes(h_fmt, i)),
+            };
+            let args: [Arg; 12] = [
+                act.into(),
+                act_lo.into(),
+                act_scales.into(),
+                h_rows.into(),
                 (h_fmt as i32).into(),
                 sorted.into(),
                 tiles.into(),
@@ -161,8 +194,8 @@ impl Job<'_> {
                 h.into(),
                 y.ptr().into(),
             ];
-            let dims = Dims::grid((max_tiles as u32, (h / DOWN_FEATURES) as u32, 1), THREADS)
-                .with_shared(tile_operand_bytes(h_fmt, i) as u32);
+            let dims =
+                Dims::grid((max_tiles as u32, (h / DOWN_FEATURES) as u32, 1), THREADS).with_shared(shared_bytes as u32);
             kernels.rows_down.launch(cuda.stream(), dims, &args);
             self.combine(r0, rows, y.ptr());
         }
