@@ -30,7 +30,7 @@ use limelight::scheduler::{
 
 /// Three sentences, each its own chunk at a 40-byte target.
 const LONG: &str = "The first sentence is spoken here. A second one follows it now. And a third closes the text.";
-const LIMITS: SplitLimits = SplitLimits { target_bytes: 40, max_speakers: 3 };
+const LIMITS: SplitLimits = SplitLimits { target_bytes: 40, first_target_bytes: 40, max_speakers: 3 };
 const LIMIT: Duration = Duration::from_secs(120);
 
 fn options(seed: u64, max_frames: usize) -> GenerateOptions {

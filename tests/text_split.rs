@@ -57,9 +57,15 @@ proptest! {
     fn chunks_rebuild_the_input_and_respect_atoms_and_speakers(
         (text, atoms) in script(),
         target in 8usize..200,
+        first in 4usize..200,
         max_speakers in 1usize..4,
     ) {
-        let chunks = split(&text, SplitLimits { target_bytes: target, max_speakers });
+        let chunks = split(&text, SplitLimits { target_bytes: target, first_target_bytes: first, max_speakers });
+        // Text that fits one chunk stays one chunk, whatever the first chunk's size.
+        let whole = split(&text, SplitLimits { target_bytes: target, first_target_bytes: target, max_speakers });
+        if whole.len() == 1 {
+            prop_assert_eq!(chunks.len(), 1);
+        }
         let mut at = 0;
         for c in &chunks {
             prop_assert_eq!(c.range.start, at, "chunks are contiguous");

@@ -8,8 +8,7 @@ mod tiny;
 use libfuzzer_sys::fuzz_target;
 use limelight::api::speech::SpeechRequest;
 use limelight::http::error::parse_json;
-use limelight::request::chunked::{CHUNK_BYTES, CHUNK_SPEAKERS, chunk_texts};
-use limelight::request::split::SplitLimits;
+use limelight::request::chunked::{CHUNK_LIMITS, chunk_texts};
 use limelight::request::validate::{SpeechPolicy, validate};
 
 fuzz_target!(|data: &[u8]| {
@@ -38,7 +37,7 @@ fuzz_target!(|data: &[u8]| {
     if builder.check_text(&valid.text).is_err() {
         return;
     }
-    let chunks = chunk_texts(&valid.text, SplitLimits { target_bytes: CHUNK_BYTES, max_speakers: CHUNK_SPEAKERS });
+    let chunks = chunk_texts(&valid.text, CHUNK_LIMITS);
     assert!(!chunks.is_empty());
     for chunk in &chunks {
         let _ = builder.build_checked(&chunk.text, &[]);

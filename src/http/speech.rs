@@ -12,9 +12,8 @@ use super::{ApiError, ApiJson, AppState, RequestId, voices};
 use crate::api::speech::{SpeechRequest, StreamFormat};
 use crate::audio::{self, CODEC_SAMPLE_RATE, EncodeOptions};
 use crate::engine::generate::{FinishReason, GenerateOptions};
-use crate::request::chunked::{CHUNK_BYTES, CHUNK_SPEAKERS, ChunkedText, chunk_texts, stall_guard};
+use crate::request::chunked::{CHUNK_LIMITS, ChunkedText, chunk_texts, stall_guard};
 use crate::request::prompt::PromptBuilder;
-use crate::request::split::SplitLimits;
 use crate::request::validate::{Delivery, quoted_name, validate};
 use crate::scheduler::{Job, MoreChunks};
 use crate::telemetry::{self, RequestLog};
@@ -75,7 +74,7 @@ pub async fn create_speech(
         Err(e) => return tracker.refuse(e),
     };
     // Long text runs as chunks, one stream whose later prompts are built as each chunk ends.
-    let texts = chunk_texts(&valid.text, SplitLimits { target_bytes: CHUNK_BYTES, max_speakers: CHUNK_SPEAKERS });
+    let texts = chunk_texts(&valid.text, CHUNK_LIMITS);
     let stall = stall_guard(texts.len());
     let (prompt, first_frames, more) = match state.scheduler().vocabulary() {
         Ok(vocabulary) => {

@@ -22,6 +22,13 @@ use crate::scheduler::{ChunkPrompt, MoreChunks};
 pub const CHUNK_BYTES: usize = 300;
 /// S2's cap on the speakers one chunk holds.
 pub const CHUNK_SPEAKERS: usize = 3;
+/// Bytes the first chunk of long text aims for (then 100, 200, `CHUNK_BYTES`: each chunk at
+/// most the text before it): about a short request's text, so a chapter's first audio comes as
+/// soon as a sentence's. S2 has no such rule; it changes nothing for text that fits one chunk.
+pub const FIRST_CHUNK_BYTES: usize = 100;
+/// How long text is cut (`split`'s rules).
+pub const CHUNK_LIMITS: SplitLimits =
+    SplitLimits { target_bytes: CHUNK_BYTES, first_target_bytes: FIRST_CHUNK_BYTES, max_speakers: CHUNK_SPEAKERS };
 
 /// The runaway guard of a long request's chunks: a chunk ends (`length`) after
 /// `GUARD_BASE_FRAMES + GUARD_FRAMES_PER_CHAR × its spoken characters` frames, if the request's
@@ -246,10 +253,13 @@ mod tests {
 
     fn texts(text: &str, target: usize) -> Vec<String> {
         let text = CallerText::check(text.to_owned(), Field::Input).unwrap();
-        chunk_texts(&text, SplitLimits { target_bytes: target, max_speakers: CHUNK_SPEAKERS })
-            .into_iter()
-            .map(|t| t.text.as_str().to_owned())
-            .collect()
+        chunk_texts(
+            &text,
+            SplitLimits { target_bytes: target, first_target_bytes: target, max_speakers: CHUNK_SPEAKERS },
+        )
+        .into_iter()
+        .map(|t| t.text.as_str().to_owned())
+        .collect()
     }
 
     #[test]
@@ -259,13 +269,14 @@ mod tests {
 
     #[test]
     fn chunks_are_tagged_flattened_and_trimmed() {
+        // The second chunk aims for at most the 24 bytes before it: it ends at a space.
         let got = texts("First line\nsecond line. <|speaker:1|> Reply here, which is long enough.", 40);
         assert_eq!(
             got,
             [
                 "<|speaker:0|> First line second line.",
-                "<|speaker:1|> Reply here,",
-                "<|speaker:1|> which is long enough."
+                "<|speaker:1|> Reply",
+                "<|speaker:1|> here, which is long enough."
             ],
             "{got:?}"
         );
@@ -285,7 +296,7 @@ mod tests {
         let all = ChunkVoices::All(vec![reference("Narrator.")]);
         assert_eq!(all.for_speakers(&[5])[0].transcript, "Narrator.", "one voice: as a one-chunk prompt has it");
         let text = CallerText::check("<|speaker:1|> Hi. <|speaker:2|> Yo.".into(), Field::Input).unwrap();
-        let chunks = chunk_texts(&text, SplitLimits { target_bytes: 300, max_speakers: 3 });
+        let chunks = chunk_texts(&text, SplitLimits { target_bytes: 300, first_target_bytes: 300, max_speakers: 3 });
         assert_eq!(chunks[0].speakers, [1, 2]);
     }
 

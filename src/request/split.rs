@@ -12,6 +12,12 @@
 //! - A chunk holds at most `max_speakers` speakers: a turn that would add one more starts a new
 //!   chunk.
 //! - Chunks concatenate back to the input exactly (byte ranges of it).
+//! - Text that needs more than one chunk starts small: its first chunk aims for
+//!   `first_target_bytes`, and each later one for no more than all the text before it, up to
+//!   `target_bytes` (100, 100, 200, 300, 300… bytes). A long text's first audio then waits on no
+//!   more text than a short request's, and a later chunk, whose audio is held until it ends, is
+//!   no longer than the audio already sent before it: a stream at 2× real time makes it before
+//!   that audio has played.
 //! - Text with no boundary for `2 × target` bytes (a run with no space or punctuation) is cut
 //!   between characters outside any atom; an atom longer than that stays whole.
 
@@ -24,6 +30,9 @@ use super::text::{MAX_SPEAKER_ID, markup_len, speaker_tag_at};
 pub struct SplitLimits {
     /// Bytes a chunk aims for; chunks end at the best boundary between half this and this.
     pub target_bytes: usize,
+    /// Bytes the first chunk of text longer than one chunk aims for (each later one aims for at
+    /// most the bytes before it, up to `target_bytes`). Text that fits one chunk stays one chunk.
+    pub first_target_bytes: usize,
     /// Speakers one chunk may hold.
     pub max_speakers: usize,
 }
@@ -62,28 +71,45 @@ struct Boundary {
 /// Splits `text` into chunks (see the module's rules). Empty text gives no chunks.
 ///
 /// # Panics
-/// If `limits.target_bytes` or `limits.max_speakers` is 0.
+/// If `limits.target_bytes`, `limits.first_target_bytes` or `limits.max_speakers` is 0.
 pub fn split(text: &str, limits: SplitLimits) -> Vec<Chunk> {
-    assert!(limits.target_bytes > 0 && limits.max_speakers > 0, "chunks of nothing");
+    let SplitLimits { target_bytes, first_target_bytes, max_speakers } = limits;
+    assert!(target_bytes > 0 && first_target_bytes > 0 && max_speakers > 0, "chunks of nothing");
     let (boundaries, turns) = scan(text);
     let mut chunks = Vec::new();
     let mut start = 0;
+    // Text that fits one chunk is one chunk; longer text starts at the first chunk's size.
+    // Text that fits one chunk is one chunk. Longer text starts with a short chunk, and each
+    // later one aims for no more than all the text before it.
+    let long = next_end(text, 0, &boundaries, &turns, target_bytes, max_speakers) < text.len();
     while start < text.len() {
-        let end = next_end(text, start, &boundaries, &turns, limits);
+        let target = match start {
+            0 if long => first_target_bytes.min(target_bytes),
+            0 => target_bytes,
+            _ => start.min(target_bytes),
+        };
+        let end = next_end(text, start, &boundaries, &turns, target, max_speakers);
         chunks.push(chunk(start..end, &turns));
         start = end;
     }
     chunks
 }
 
-/// Where the chunk starting at `start` ends.
-fn next_end(text: &str, start: usize, boundaries: &[Boundary], turns: &[(usize, u32)], limits: SplitLimits) -> usize {
-    let (low, high) = (start + limits.target_bytes / 2, start + limits.target_bytes);
+/// Where the chunk starting at `start` and aiming for `target` bytes ends.
+fn next_end(
+    text: &str,
+    start: usize,
+    boundaries: &[Boundary],
+    turns: &[(usize, u32)],
+    target: usize,
+    max_speakers: usize,
+) -> usize {
+    let (low, high) = (start + target / 2, start + target);
     // The first turn that would bring one speaker too many must start the next chunk.
     let speaker_cap = (turns.iter())
         .map(|(at, _)| *at)
         .filter(|&at| at > start)
-        .find(|&at| speakers_in(start..at + 1, turns).len() > limits.max_speakers);
+        .find(|&at| speakers_in(start..at + 1, turns).len() > max_speakers);
     if text.len() <= high && speaker_cap.is_none() {
         return text.len();
     }
@@ -100,7 +126,7 @@ fn next_end(text: &str, start: usize, boundaries: &[Boundary], turns: &[(usize, 
     }
     // No real boundary before the cap (a long atom or a run with no space or mark): the first
     // real one after it, or a cut between characters at twice the target, whichever is first.
-    let hard = start + 2 * limits.target_bytes;
+    let hard = start + 2 * target;
     (boundaries.iter())
         .find(|b| b.at > start && (b.strength > Strength::Char || b.at >= hard))
         .map_or(text.len(), |b| b.at)
@@ -223,21 +249,21 @@ mod tests {
         split(text, limits).into_iter().map(|c| &text[c.range]).collect()
     }
 
-    const SMALL: SplitLimits = SplitLimits { target_bytes: 40, max_speakers: 3 };
+    const SMALL: SplitLimits = SplitLimits { target_bytes: 40, first_target_bytes: 40, max_speakers: 3 };
 
     #[test]
     fn sentences_before_clauses_before_spaces() {
-        let text = "One short sentence here. Then a clause, and more words follow on and on.";
+        let text = "One short sentence here. Then a clause, and more words follow on and on and on and on.";
         assert_eq!(
             texts(text, SMALL),
-            ["One short sentence here. ", "Then a clause, and more words follow on ", "and on."]
+            ["One short sentence here. ", "Then a clause, ", "and more words follow on and on and on ", "and on."]
         );
     }
 
     #[test]
     fn atoms_stay_whole() {
         let text = "[whispering, very softly now] <whisper>this part is all one tag span</whisper> after.";
-        for piece in texts(text, SplitLimits { target_bytes: 12, max_speakers: 3 }) {
+        for piece in texts(text, SplitLimits { target_bytes: 12, first_target_bytes: 12, max_speakers: 3 }) {
             assert_eq!(piece.matches('[').count(), piece.matches(']').count(), "{piece:?}");
             assert_eq!(piece.matches("<whisper>").count(), piece.matches("</whisper>").count(), "{piece:?}");
         }
@@ -246,7 +272,7 @@ mod tests {
     #[test]
     fn turns_start_chunks_and_speakers_are_capped() {
         let text = "<|speaker:0|> Hi. <|speaker:1|> Hello. <|speaker:2|> Hey. <|speaker:3|> Yo.";
-        let chunks = split(text, SplitLimits { target_bytes: 1000, max_speakers: 2 });
+        let chunks = split(text, SplitLimits { target_bytes: 1000, first_target_bytes: 1000, max_speakers: 2 });
         let speakers: Vec<Vec<u32>> = chunks.iter().map(|c| c.speakers.clone()).collect();
         assert_eq!(speakers, [vec![0, 1], vec![2, 3]]);
         assert!(text[chunks[1].range.clone()].starts_with("<|speaker:2|>"));
@@ -256,7 +282,7 @@ mod tests {
     #[test]
     fn a_chunk_inside_a_turn_knows_its_speaker() {
         let text = "<|speaker:5|> A first sentence of the turn. A second sentence of the same turn.";
-        let chunks = split(text, SplitLimits { target_bytes: 48, max_speakers: 1 });
+        let chunks = split(text, SplitLimits { target_bytes: 48, first_target_bytes: 48, max_speakers: 1 });
         assert_eq!(chunks.len(), 2);
         assert_eq!((chunks[1].speaker, chunks[1].speakers.clone()), (5, vec![5]));
     }
@@ -264,14 +290,37 @@ mod tests {
     #[test]
     fn cjk_marks_end_sentences_without_spaces() {
         let text = "今天天气很好。我们去公园散步吧！然后回家吃饭。";
-        let pieces = texts(text, SplitLimits { target_bytes: 24, max_speakers: 1 });
+        let pieces = texts(text, SplitLimits { target_bytes: 24, first_target_bytes: 24, max_speakers: 1 });
         assert!(pieces.len() > 1 && pieces.iter().all(|p| p.ends_with(['。', '！'])), "{pieces:?}");
+    }
+
+    #[test]
+    fn long_text_starts_with_a_short_chunk_and_grows_to_the_target() {
+        // Sentences of 20 bytes each: chunk sizes land on whole sentences. Each chunk after the
+        // first aims for at most the bytes before it (20, 40, 80, then the 120 target).
+        let text = "Here is one phrase. ".repeat(20);
+        let limits = SplitLimits { target_bytes: 120, first_target_bytes: 30, max_speakers: 3 };
+        let sizes: Vec<usize> = split(&text, limits).iter().map(|c| c.range.len()).collect();
+        assert_eq!(sizes, [20, 20, 40, 80, 120, 120], "{sizes:?}");
+    }
+
+    #[test]
+    fn text_that_fits_one_chunk_ignores_the_first_chunk_size() {
+        let text = "Here is one phrase. ".repeat(6);
+        let limits = SplitLimits { target_bytes: 120, first_target_bytes: 30, max_speakers: 3 };
+        assert_eq!(texts(&text, limits), [text.as_str()]);
+        // One speaker too many for one chunk: split, so the first chunk is the short one.
+        let text = "<|speaker:0|> Hi there, you. <|speaker:1|> Hello to you. <|speaker:2|> Hey.";
+        let limits = SplitLimits { target_bytes: 1000, first_target_bytes: 20, max_speakers: 2 };
+        let pieces = texts(text, limits);
+        assert_eq!(pieces.concat(), text);
+        assert!(pieces[0].len() <= 20 && pieces.len() >= 3, "{pieces:?}");
     }
 
     #[test]
     fn a_run_without_boundaries_is_cut_between_characters() {
         let text = "a".repeat(100);
-        let pieces = texts(&text, SplitLimits { target_bytes: 10, max_speakers: 1 });
+        let pieces = texts(&text, SplitLimits { target_bytes: 10, first_target_bytes: 10, max_speakers: 1 });
         assert_eq!(pieces.concat(), text);
         assert!(pieces.iter().all(|p| p.len() <= 20), "{pieces:?}");
     }
