@@ -2,10 +2,11 @@
 //! for WAV, FLAC, MP3, Ogg Vorbis and M4A/AAC; ogg + opus-rs for Ogg Opus), never by hand; mixed
 //! down to mono; resampled to 44.1 kHz as the reference encode hook does (`super::resample`).
 //!
-//! Limits are checked as early as they can be: the byte count before anything is parsed, the
-//! sample rate and channel count from the stream's header, the duration while decoding (a long
-//! file stops decoding at the limit instead of filling memory). Every refusal says what was
-//! wrong, for a 400 that names the field.
+//! Limits are checked as early as they can be: the byte count before anything is parsed; the
+//! sample rate (within the range, and with a resampling filter of bounded size) and channel
+//! count from the stream's header; the duration while decoding (a long file stops decoding at
+//! the limit instead of filling memory). Every refusal says what was wrong, for a 400 that
+//! names the field.
 
 use std::io::Cursor;
 use std::ops::RangeInclusive;
@@ -18,7 +19,8 @@ use symphonia::core::io::MediaSourceStream;
 use symphonia::core::meta::MetadataOptions;
 use symphonia::core::probe::Hint;
 
-use super::{mono, resample::resample};
+use super::mono;
+use super::resample::{affordable, filter_shape, resample};
 use crate::model::codec::encode::MAX_REFERENCE_SECONDS;
 
 /// The codec encoder's rate.
@@ -80,6 +82,12 @@ pub enum ClipError {
     Undecodable(String),
     #[error("the audio's sample rate {rate} Hz is outside {min}–{max} Hz")]
     Rate { rate: u32, min: u32, max: u32 },
+    #[error(
+        "the audio's sample rate {rate} Hz has no short ratio to the codec's 44 100 Hz (resampling \
+         it would take {phases} filters of {taps} taps); use a common rate such as 16 000, 22 050, \
+         24 000, 44 100 or 48 000 Hz"
+    )]
+    RateRatio { rate: u32, phases: usize, taps: usize },
     #[error("the audio has {channels} channels, more than the {max} allowed")]
     Channels { channels: usize, max: usize },
     #[error("the audio is longer than the {max} s allowed")]
@@ -116,6 +124,10 @@ pub fn decode(bytes: &[u8], hint: Option<&str>, limits: &ClipLimits) -> Result<C
 fn check_format(rate: u32, channels: usize, limits: &ClipLimits) -> Result<(), ClipError> {
     if !limits.rates.contains(&rate) {
         return Err(ClipError::Rate { rate, min: *limits.rates.start(), max: *limits.rates.end() });
+    }
+    if !affordable(rate, ENCODER_RATE) {
+        let (phases, taps) = filter_shape(rate, ENCODER_RATE);
+        return Err(ClipError::RateRatio { rate, phases, taps });
     }
     if channels == 0 || channels > limits.max_channels {
         return Err(ClipError::Channels { channels, max: limits.max_channels });
@@ -344,6 +356,35 @@ mod tests {
         assert!(matches!(decode(&tiny, None, &limits), Err(ClipError::TooShort { .. })));
         let narrow = ClipLimits { rates: 16_000..=16_000, ..limits };
         assert!(matches!(decode(&wav, None, &narrow), Err(ClipError::Rate { rate: 44_100, .. })));
+    }
+
+    /// A rate inside the range whose ratio to 44.1 kHz has no short form is refused from the
+    /// header, before any filter is built: a 644-byte WAV at 44 108 Hz made the fuzzer allocate
+    /// 974 MB, and 44 099 Hz would have asked for 15.6 GB and aborted the server.
+    #[test]
+    fn a_rate_with_no_short_ratio_is_refused_before_resampling() {
+        for (rate, phases, taps) in [(44_108, 11_025, 11_041), (44_099, 44_100, 44_113)] {
+            let spec = hound::WavSpec {
+                channels: 1,
+                sample_rate: rate,
+                bits_per_sample: 16,
+                sample_format: hound::SampleFormat::Int,
+            };
+            let mut bytes = Cursor::new(Vec::new());
+            let mut w = hound::WavWriter::new(&mut bytes, spec).unwrap();
+            for i in 0..rate {
+                w.write_sample(((f64::from(i) * 0.05).sin() * 8000.0) as i16).unwrap();
+            }
+            w.finalize().unwrap();
+            let got = decode(bytes.get_ref(), Some("audio/wav"), &ClipLimits::default());
+            assert_eq!(got, Err(ClipError::RateRatio { rate, phases, taps }));
+            assert!(got.unwrap_err().to_string().contains("use a common rate"));
+        }
+        let seed = include_bytes!("../../fuzz/seeds/voice_clip/wav-44108-hz");
+        assert!(matches!(
+            decode(&seed[1..], None, &ClipLimits::default()),
+            Err(ClipError::RateRatio { rate: 44_108, .. })
+        ));
     }
 
     /// A truncated file decodes what it holds or is refused; it never panics.
