@@ -178,6 +178,8 @@ type Case<'a> = (Vec<(&'a str, String)>, Option<&'a [u8]>, &'a str);
 async fn bad_uploads_are_refused_naming_the_field() {
     let app = app_with(memory_store(), &[]).await;
     let wav = clip_wav();
+    // A WAV header at 44 108 Hz: inside 8–192 kHz, but with no short ratio to 44.1 kHz.
+    let odd_rate = include_bytes!("../fuzz/seeds/voice_clip/wav-44108-hz");
     let with = |replace: (&str, &str)| -> Vec<(&str, String)> {
         NARRATOR
             .iter()
@@ -192,6 +194,7 @@ async fn bad_uploads_are_refused_naming_the_field() {
         (with(("consent", "")), Some(&wav), "consent"),
         (with(("name", "fine")), None, "audio_sample"),
         (with(("name", "fine")), Some(b"definitely not audio"), "audio_sample"),
+        (with(("name", "fine")), Some(&odd_rate[1..]), "audio_sample"),
     ];
     for (fields, audio, param) in cases {
         let fields: Vec<(&str, &str)> = fields.iter().map(|(k, v)| (*k, v.as_str())).collect();
