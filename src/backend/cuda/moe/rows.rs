@@ -138,18 +138,19 @@ impl Job<'_> {
             let pairs = rows * k;
             let input = self.input;
             // Fp8Dynamic: the quantised codes in global memory. Exact: the bf16 rows, converted
-            // by each tile block or once by the operand kernel.
-            let raw = input.ptr + (r0 * h * input.elem) as u64;
-            let (act, act_scales, fmt, raw, shared_bytes) = match &input_operand {
-                _ if fp8 => {
-                    let codes = input.ptr + (r0 * h) as u64;
-                    (codes, input.scales + (r0 * (h / GROUP) * 4) as u64, Format::E4m3, 0, 0)
+            // once by the operand kernel, or by each tile block.
+            let (act, act_scales, fmt, raw, shared_bytes) = if fp8 {
+                let codes = input.ptr + (r0 * h) as u64;
+                (codes, input.scales + (r0 * (h / GROUP) * 4) as u64, Format::E4m3, 0, 0)
+            } else {
+                let raw = input.ptr + (r0 * h * input.elem) as u64;
+                match &input_operand {
+                    Some(operand) => {
+                        operand.fill(cuda, raw, input.kind, rows);
+                        (operand.codes.ptr(), operand.scales.ptr(), Format::F16, 0, 0)
+                    }
+                    None => (0, 0, Format::F16, raw, tile_operand_bytes(Format::F16, h)),
                 }
-                Some(operand) => {
-                    operand.fill(cuda, raw, input.kind, rows);
-                    (operand.codes.ptr(), operand.scales.ptr(), Format::F16, 0, 0)
-                }
-                _ => (0, 0, Format::F16, raw, tile_operand_bytes(Format::F16, h)),
             };
             let max_tiles = self.group(&grouping, r0, rows);
             let (sorted, tiles, offsets) = (grouping.sorted.ptr(), grouping.tiles.ptr(), grouping.offsets.ptr());
