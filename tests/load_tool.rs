@@ -76,5 +76,10 @@ fn the_load_tool_drives_a_batching_server() {
         let (p50, p95) = (row["first_audio_p50_s"].as_f64().unwrap(), row["first_audio_p95_s"].as_f64().unwrap());
         assert!(p50 > 0.0 && p95 >= p50, "{row}");
         assert!(row["slowest_stream_x_real_time"].as_f64().unwrap() > 0.0, "{row}");
+        // Every request's player waits are recorded, and the row's worst is the largest of them.
+        let timings = row["timings"].as_array().unwrap();
+        let most = timings.iter().map(|t| t["paused_s"].as_f64().unwrap()).fold(0.0, f64::max);
+        assert!(most >= 0.0 && row["most_paused_s"].as_f64().unwrap() == most, "{row}");
+        assert!(row["paused_streams"].as_u64().unwrap() <= row["requests"].as_u64().unwrap(), "{row}");
     }
 }

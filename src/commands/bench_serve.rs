@@ -2,8 +2,9 @@
 //! closed-loop clients each send `--requests` streamed `pcm` requests of `--frames` frames one
 //! after another (distinct seeds), over plain HTTP/1.1, reading the chunked body as it arrives.
 //! Reports aggregate frames/s and seconds of audio per second, the slowest stream's speed
-//! against real time (with that request's audio and first audio), p50/p95 time to first audio,
-//! and in the JSON every request's timings.
+//! against real time (with that request's audio and first audio), the pauses a client playing
+//! each stream as it arrives would hear, p50/p95 time to first audio, and in the JSON every
+//! request's timings.
 //!
 //! The client is deliberately small (one request per connection, chunked or sized bodies): it
 //! measures the server, so it must not hide its own costs in a library.
@@ -23,6 +24,10 @@ const PCM_BYTES_PER_SECOND: f64 = 24_000.0 * 2.0;
 /// Samples per frame at the codec's rate (a frame is 2048 samples at 44.1 kHz).
 const SAMPLES_PER_FRAME: f64 = 2048.0;
 
+/// A stream counts as paused when its player would have waited at least this long in all:
+/// below it, the gaps are the network's and the server's frame pacing, not the stream's speed.
+const PAUSED_AFTER_S: f64 = 0.1;
+
 /// One request as a client saw it.
 #[derive(Clone, Debug, Serialize)]
 pub struct RequestTiming {
@@ -30,6 +35,30 @@ pub struct RequestTiming {
     pub first_audio_s: f64,
     pub total_s: f64,
     pub audio_s: f64,
+    /// Seconds a player would have waited in all after the first audio ([`Playback`]): the
+    /// stream falling behind real time, or a later chunk of long text held until it ends.
+    pub paused_s: f64,
+}
+
+/// A client that plays a stream as it arrives: it starts at the first audio, plays in real time,
+/// and waits whenever it has played everything received.
+#[derive(Debug, Default)]
+struct Playback {
+    started_at: Option<f64>,
+    received_s: f64,
+    paused_s: f64,
+}
+
+impl Playback {
+    /// `audio_s` more seconds of audio arrived `at` seconds after the request.
+    fn arrive(&mut self, at: f64, audio_s: f64) {
+        let started = *self.started_at.get_or_insert(at);
+        // Unpaused, the player would be `at − started` into the stream; it can only have played
+        // what came before this, so any excess is time it spent waiting (the largest such
+        // excess so far is all its waiting, since a wait never ends before new audio arrives).
+        self.paused_s = self.paused_s.max(at - started - self.received_s);
+        self.received_s += audio_s;
+    }
 }
 
 /// One client count's results.
@@ -46,6 +75,10 @@ pub struct LoadRow {
     /// The request that set it: how much audio it got and how long its first audio took (a
     /// short request is slow against real time mostly by its wait for first audio).
     pub slowest: Option<RequestTiming>,
+    /// The longest a player of one stream waited in all after its first audio.
+    pub most_paused_s: f64,
+    /// Streams whose player waited at least `PAUSED_AFTER_S` (0.1 s) in all.
+    pub paused_streams: usize,
     pub first_audio_p50_s: f64,
     pub first_audio_p95_s: f64,
     /// Every request, in the order the clients finished them.
@@ -203,9 +236,13 @@ async fn speak(target: &Target, body: &str, api_key: Option<&str>) -> anyhow::Re
         read_head(&mut reader).await?.context("the connection closed inside the response head")?;
     let mut first_audio = None;
     let mut bytes = 0usize;
+    let mut playback = Playback::default();
     let mut note = |n: usize| {
         if n > 0 && first_audio.is_none() {
             first_audio = Some(start.elapsed());
+        }
+        if n > 0 {
+            playback.arrive(start.elapsed().as_secs_f64(), n as f64 / PCM_BYTES_PER_SECOND);
         }
         bytes += n;
     };
@@ -249,6 +286,7 @@ async fn speak(target: &Target, body: &str, api_key: Option<&str>) -> anyhow::Re
         first_audio_s: first_audio.context("no audio in the response")?.as_secs_f64(),
         total_s: start.elapsed().as_secs_f64(),
         audio_s: bytes as f64 / PCM_BYTES_PER_SECOND,
+        paused_s: playback.paused_s,
     })
 }
 
@@ -273,6 +311,8 @@ fn summarise(clients: usize, timings: &[RequestTiming], failed: usize, wall: Dur
         audio_s_per_s: audio / wall_s,
         slowest_stream_x_real_time: slowest.map_or(f64::INFINITY, |t| t.audio_s / t.total_s),
         slowest: slowest.cloned(),
+        most_paused_s: timings.iter().map(|t| t.paused_s).fold(0.0, f64::max),
+        paused_streams: timings.iter().filter(|t| t.paused_s >= PAUSED_AFTER_S).count(),
         first_audio_p50_s: percentile(0.5),
         first_audio_p95_s: percentile(0.95),
         timings: timings.to_vec(),
@@ -283,7 +323,8 @@ impl LoadRow {
     fn line(&self) -> String {
         format!(
             "{:>4} clients: {} requests ({} failed) in {:.1} s: {:.0} frames/s, {:.1} s of audio per s; \
-             slowest stream {:.2}× real time{}; first audio p50 {:.3} s, p95 {:.3} s",
+             slowest stream {:.2}× real time{}; {} of {} streams paused (≥ {} s), the most {:.2} s; \
+             first audio p50 {:.3} s, p95 {:.3} s",
             self.clients,
             self.requests,
             self.failed,
@@ -295,6 +336,10 @@ impl LoadRow {
                 " ({:.2} s of audio, first audio after {:.3} s)",
                 t.audio_s, t.first_audio_s
             )),
+            self.paused_streams,
+            self.requests,
+            PAUSED_AFTER_S,
+            self.most_paused_s,
             self.first_audio_p50_s,
             self.first_audio_p95_s
         )
@@ -304,17 +349,22 @@ impl LoadRow {
 impl LoadBench {
     pub fn summary(&self) -> String {
         let mut out = format!("{} — {} frames per request\n", self.url, self.frames);
-        out.push_str("| clients | requests | failed | frames/s | audio s/s | slowest stream × real time | first audio p50 | p95 |\n");
-        out.push_str("|---|---|---|---|---|---|---|---|\n");
+        out.push_str(
+            "| clients | requests | failed | frames/s | audio s/s | slowest stream × real time \
+             | streams paused | longest pause | first audio p50 | p95 |\n",
+        );
+        out.push_str("|---|---|---|---|---|---|---|---|---|---|\n");
         for r in &self.rows {
             out.push_str(&format!(
-                "| {} | {} | {} | {:.0} | {:.1} | {:.2} | {:.3} s | {:.3} s |\n",
+                "| {} | {} | {} | {:.0} | {:.1} | {:.2} | {} | {:.2} s | {:.3} s | {:.3} s |\n",
                 r.clients,
                 r.requests,
                 r.failed,
                 r.frames_per_s,
                 r.audio_s_per_s,
                 r.slowest_stream_x_real_time,
+                r.paused_streams,
+                r.most_paused_s,
                 r.first_audio_p50_s,
                 r.first_audio_p95_s
             ));
@@ -333,7 +383,8 @@ mod tests {
 
     #[test]
     fn percentiles_and_the_slowest_stream() {
-        let t = |first, total, audio| RequestTiming { first_audio_s: first, total_s: total, audio_s: audio };
+        let t =
+            |first, total, audio| RequestTiming { first_audio_s: first, total_s: total, audio_s: audio, paused_s: 0.0 };
         let timings: Vec<RequestTiming> =
             (1..=20).map(|i| t(i as f64 / 100.0, 2.0, 4.0)).chain([t(0.5, 8.0, 4.0)]).collect();
         let row = summarise(4, &timings, 1, Duration::from_secs(10));
@@ -347,6 +398,27 @@ mod tests {
         assert!(summarise(1, &[], 1, Duration::from_secs(1)).slowest.is_none());
         assert!((row.audio_s_per_s - 8.4).abs() < 1e-9);
         assert!((row.frames_per_s - 8.4 * 44_100.0 / 2048.0).abs() < 1e-6);
+    }
+
+    /// A player starts at the first audio and waits only when it has played all it received.
+    #[test]
+    fn playback_counts_the_waits_a_player_would_hear() {
+        let heard = |arrivals: &[(f64, f64)]| {
+            let mut p = Playback::default();
+            arrivals.iter().for_each(|&(at, audio)| p.arrive(at, audio));
+            p.paused_s
+        };
+        // Ahead of real time throughout: no wait.
+        assert_eq!(heard(&[(0.1, 1.0), (0.5, 1.0), (1.9, 1.0)]), 0.0);
+        // 1 s of audio, then the next second only 3 s later: a 2 s wait.
+        assert!((heard(&[(0.1, 1.0), (3.1, 1.0)]) - 2.0).abs() < 1e-12);
+        // Two waits add up: 0.5 s, then (played 2 s by 4.1 − 0.5 s) another 1.6 s.
+        assert!((heard(&[(0.1, 1.0), (1.6, 1.0), (4.1, 1.0)]) - 2.0).abs() < 1e-12);
+        // A stream that falls behind and catches up later still paused.
+        assert!((heard(&[(0.0, 0.5), (2.0, 10.0), (2.5, 0.1)]) - 1.5).abs() < 1e-12);
+        let paused = |s| RequestTiming { first_audio_s: 0.1, total_s: 2.0, audio_s: 4.0, paused_s: s };
+        let row = summarise(3, &[paused(0.0), paused(0.05), paused(1.25)], 0, Duration::from_secs(2));
+        assert_eq!((row.paused_streams, row.most_paused_s), (1, 1.25));
     }
 
     #[test]

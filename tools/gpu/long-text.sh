@@ -13,7 +13,8 @@
 #    server's request line (chunks run as one stream; finish reason, frames);
 # 2. the same script twice with one seed: the same bytes;
 # 3. `bench serve` with LOAD_CLIENTS (default 33) closed-loop clients each streaming a
-#    LOAD_CHARS-character (default 1500) text: the slowest stream against real time.
+#    LOAD_CHARS-character (default 1500) text: the slowest stream against real time, and the
+#    pauses a client playing each stream as it arrives would hear (held chunks included).
 # CHUNK_FRAMES (default 400) is each chunk's max_frames. REPORT_DIR gets serve.log,
 # requests.tsv, same-bytes.txt, load.txt/json, metrics.txt.
 set -euo pipefail
