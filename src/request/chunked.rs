@@ -282,6 +282,30 @@ mod tests {
         );
     }
 
+    /// The server's own limits: a long text's first chunk holds about 100 bytes, and no later
+    /// chunk holds more text than all the chunks before it (so a held chunk is never longer
+    /// than the audio already sent), up to 300 bytes.
+    #[test]
+    fn long_text_under_the_server_limits_starts_short_and_grows() {
+        let sentence = "The river ran quiet under the old stone bridge that evening. ";
+        let text = CallerText::check(sentence.repeat(40), Field::Input).unwrap();
+        let spoken: Vec<usize> = chunk_texts(&text, CHUNK_LIMITS)
+            .iter()
+            .map(|c| c.text.as_str().trim_start_matches("<|speaker:0|> ").len())
+            .collect();
+        assert!((50..=FIRST_CHUNK_BYTES).contains(&spoken[0]), "{spoken:?}");
+        let mut before = 0;
+        for (i, &len) in spoken.iter().enumerate() {
+            assert!(len <= CHUNK_BYTES, "{spoken:?}");
+            if i > 0 {
+                // Each piece ends after a sentence's space, which the chunk text trims.
+                assert!(len <= before, "chunk {i}: {spoken:?}");
+            }
+            before += len + 1;
+        }
+        assert!(spoken.iter().filter(|&&len| len > 200).count() >= spoken.len() - 4, "grows to the target: {spoken:?}");
+    }
+
     #[test]
     fn dialogue_chunks_carry_their_speakers_voices() {
         let reference = |t: &str| Reference { transcript: t.into(), codes: vec![vec![1]] };
