@@ -10,13 +10,14 @@
 // RoPE, V raw); out [T, H·HD] bf16 (the gated attention output that o_proj reads).
 // q head h reads kv head h / (H / Hkv). All accumulation and softmax statistics are fp32.
 #include "common.cuh"
+#include "kernel_constants.cuh"  // ATTN_* (src/backend/cuda/kernel_constants.rs)
 
 namespace {
 
-constexpr int NT = 256;    // threads of the prefill and decode kernels
-constexpr int BM = 64;     // (position, head) query rows per prefill CTA
-constexpr int BK = 32;     // keys per tile: one lane per key in the softmax
-constexpr int MAXG = 16;   // most q heads per kv head the decode kernel takes
+constexpr int NT = ATTN_THREADS;        // threads of the prefill and decode kernels
+constexpr int BM = ATTN_PREFILL_ROWS;   // (position, head) query rows per prefill CTA
+constexpr int BK = ATTN_TILE_KEYS;      // keys per tile: one lane per key in the softmax
+constexpr int MAXG = ATTN_MAX_GROUP;    // most q heads per kv head the decode kernel takes
 
 __device__ __forceinline__ float dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
 

@@ -18,15 +18,13 @@
 //   conv   f32 [K−1, C]     the last K−1 pre-conv inputs, oldest first (bf16-exact values)
 //   o      f32 [T, Hv, Dv]  core output before the gated norm
 #include "common.cuh"
+// GDN_THREADS, GDN_CHUNK (tokens per chunk, as in the reference; the last chunk may be
+// shorter), GDN_BV (value columns per CTA of the cores: one per lane) and GDN_MAX_DK (the
+// largest key dim the cores support): src/backend/cuda/kernel_constants.rs.
+#include "kernel_constants.cuh"
 
-#define GDN_THREADS 256
 #define GDN_WARPS (GDN_THREADS / 32)
-// Tokens per chunk, as in the reference; the last chunk may be shorter.
-#define GDN_CHUNK 64
-// Value columns per CTA of the cores: one per lane.
-#define GDN_BV 32
-// Largest key dim the cores support (rows of S a warp holds: GDN_MAX_DK / GDN_WARPS).
-#define GDN_MAX_DK 128
+// Rows of S a warp holds.
 #define GDN_ROWS_PER_WARP (GDN_MAX_DK / GDN_WARPS)
 #define GDN_CHUNK_ROWS_PER_WARP (GDN_CHUNK / GDN_WARPS)
 // Epsilon of the q/k L2 norm, inside the sqrt; fixed in the reference.

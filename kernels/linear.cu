@@ -3,6 +3,7 @@
 // once to bf16, logits stay f32. Decode rows go to the tensor-core `linear_mma_*`, prefill to the
 // tensor-core `linear_gemm_*` (both row-invariant); widths they cannot read (k % 8 != 0) to
 // cuBLASLt (src/backend/cuda/cublaslt.rs), or to `linear_tiled` when the library is absent.
+#include "kernel_constants.cuh"  // MMA_MANY, PIECE_* (src/backend/cuda/kernel_constants.rs)
 #include "mma.cuh"
 
 // The 8 bf16 of a 16-byte vector as f32 (bf16 → f32 is a 16-bit shift: exact).
@@ -201,10 +202,6 @@ __device__ __forceinline__ void linear_mma(const bf16* __restrict__ x, const bf1
 // (rows · mma_x_stride(k) + PIECE_STAGES · 16 · PIECE_STRIDE) · 16 (`linear::staged_smem_bytes`):
 // 132 KiB of pieces plus 4 KiB (k = 2048) to 64.5 KiB (8 rows, k = 4096) of x; a shape above the
 // GPU's opt-in limit takes `linear_mma_r64` (the same bits).
-constexpr int MMA_MANY = 4;
-constexpr int PIECE_STEPS = 32;
-constexpr int PIECE_STAGES = 4;
-constexpr int PIECE_STRIDE = PIECE_STEPS * 4 + 4;
 static_assert(PIECE_STEPS % MMA_SLICES == 0, "a piece deals whole rounds of steps to the slices");
 static_assert(PIECE_STRIDE % 8 == 4, "conflict-free fragment reads");
 __host__ __device__ constexpr int mma_x_stride(int k) {

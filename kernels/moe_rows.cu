@@ -42,13 +42,13 @@
 // within 2× of the floor at 64 rows (every 16-byte weight load feeds 4 MMAs; ~2.3 pairs per
 // expert waste 3/4 of each n8 column set, free on a bandwidth-bound kernel) and within 3× at one
 // row (the launches of the layer's MoE, ~2 µs each, are then as long as its 6 µs of loads).
+#include "kernel_constants.cuh"  // ROWS_PAIRS (src/backend/cuda/kernel_constants.rs)
 #include "mma.cuh"
 #include "moe.cuh"
 
 // Operand formats of the MMA kernels' activations (see the header).
 enum { FMT_E4M3 = 0, FMT_F16 = 1, FMT_F16X2 = 2 };
 
-#define ROWS_PAIRS 8
 #define ROWS_THREADS 256
 #define GU_KS 8                  // gate/up: K slices per block
 #define GU_FS (8 / GU_KS)        // gate/up: feature warps per block

@@ -17,6 +17,7 @@ use cudarc::driver::CudaContext;
 use half::bf16;
 
 use super::Cuda;
+use super::kernel_constants::{ATTN_MAX_GROUP, ATTN_PREFILL_ROWS, ATTN_THREADS, ATTN_TILE_KEYS};
 use super::launch::{Arg, Dims, Kernel, KernelError, Module, embedded};
 use super::linear::{linear, linear_many, linear_rows, linear_rows_many};
 use super::memory::PoolBuf;
@@ -28,14 +29,14 @@ mod segments;
 pub use segments::prefill_many;
 pub(super) use segments::{PrefillSegments, attend_prefill_segments, first_rows};
 
-/// Threads of the prefill and decode kernels (`NT` in the .cu file).
-const THREADS: u32 = 256;
-/// Query rows per prefill CTA (`BM`).
-const PREFILL_ROWS: usize = 64;
-/// Keys per shared-memory tile (`BK`).
-const TILE_KEYS: usize = 32;
-/// Most q heads per kv head the decode kernel holds (`MAXG`).
-const MAX_GROUP: usize = 16;
+/// Threads of the prefill and decode kernels.
+const THREADS: u32 = ATTN_THREADS as u32;
+/// Query rows per prefill CTA.
+const PREFILL_ROWS: usize = ATTN_PREFILL_ROWS;
+/// Keys per shared-memory tile.
+const TILE_KEYS: usize = ATTN_TILE_KEYS;
+/// Most q heads per kv head the decode kernel holds.
+const MAX_GROUP: usize = ATTN_MAX_GROUP;
 /// Decode splits the keys over at most this many CTAs per (kv head, row) (flash-decoding) ...
 const MAX_SPLITS: usize = 64;
 /// ... and over one more per this many positions of cache capacity (so a full 16k cache is read

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use cudarc::driver::CudaContext;
 
 use super::Cuda;
+use super::kernel_constants::{GDN_BV, GDN_CHUNK, GDN_MAX_DK, GDN_THREADS};
 use super::launch::{Dims, Kernel, KernelError, Module, embedded};
 use super::linear::{linear, linear_many, linear_rows, linear_rows_many, linear_segments};
 use super::memory::PoolBuf;
@@ -20,14 +21,14 @@ use super::tensor::{DType, GpuMatrix, GpuWeight};
 use crate::backend::backbone::GdnShape;
 use crate::model::weights::GdnWeights;
 
-/// Threads of every kernel here (`GDN_THREADS`).
-const THREADS: u32 = 256;
-/// Tokens per chunk of the prefill core (`GDN_CHUNK`), as in the reference.
-const CHUNK: usize = 64;
-/// Value columns per CTA of the cores (`GDN_BV`).
-const VALUE_TILE: usize = 32;
-/// Largest key dim the cores hold (`GDN_MAX_DK`).
-const MAX_KEY_DIM: usize = 128;
+/// Threads of every kernel here.
+const THREADS: u32 = GDN_THREADS as u32;
+/// Tokens per chunk of the prefill core, as in the reference.
+const CHUNK: usize = GDN_CHUNK;
+/// Value columns per CTA of the cores.
+const VALUE_TILE: usize = GDN_BV;
+/// Largest key dim the cores hold.
+const MAX_KEY_DIM: usize = GDN_MAX_DK;
 /// Value heads normalised per block of `gdn_gated_norm` (one per warp).
 const NORM_PAIRS_PER_BLOCK: usize = THREADS as usize / 32;
 

@@ -70,12 +70,8 @@ pub struct LinearKernels {
     staged_cap: usize,
 }
 
-/// `PIECE_STAGES`, `PIECE_STEPS` and `PIECE_STRIDE` in the .cu: the weight pieces a
-/// `linear_mma_r8*` block holds at once, each 16 feature rows of that many k32 steps, each row
-/// that many 16-byte vectors (padded to ≡ 4 mod 8).
-const PIECE_STAGES: usize = 4;
-const PIECE_STEPS: usize = 32;
-const PIECE_STRIDE: usize = PIECE_STEPS * 4 + 4;
+// The weight pieces a `linear_mma_r8*` block holds at once (`kernel_constants`).
+use super::kernel_constants::{PIECE_STAGES, PIECE_STRIDE};
 
 /// `mma_x_stride` in the .cu: 16-byte vectors per staged input row of width `k` — whole k32
 /// steps, padded to ≡ 4 (mod 8) vectors.
@@ -225,8 +221,8 @@ pub fn swiglu_project(cuda: &Cuda, gate: &GpuMatrix, up: &GpuMatrix, w: &GpuWeig
     Some(y)
 }
 
-/// Weights one `linear_mma_*_many` launch takes (`MMA_MANY` in the .cu).
-pub const MMA_MANY: usize = 4;
+/// Weights one `linear_mma_*_many` launch takes.
+pub use super::kernel_constants::MMA_MANY;
 
 /// [`linear`] of each weight over one input: at up to [`DECODE_MAX_ROWS`] rows (decode) in one
 /// launch where the tensor-core kernel runs them all, else one by one (the prompt's GEMM, or

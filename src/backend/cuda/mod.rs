@@ -18,6 +18,7 @@ pub mod device;
 pub mod file_upload;
 pub mod gdn;
 pub mod graph;
+pub mod kernel_constants;
 pub mod launch;
 pub mod linear;
 pub mod memory;

@@ -13,11 +13,12 @@
 
 use super::{ACT_BF16, ACT_E4M3, ACT_F32, CHUNK_ROWS, GROUP, Grouping, Job};
 use crate::backend::cuda::Cuda;
+use crate::backend::cuda::kernel_constants::ROWS_PAIRS;
 use crate::backend::cuda::launch::{Arg, Dims};
 use crate::backend::cuda::memory::PoolBuf;
 
-/// Pairs of one expert per tile (`ROWS_PAIRS`): one n8 MMA column set.
-const TILE_PAIRS: usize = 8;
+/// Pairs of one expert per tile: one n8 MMA column set.
+const TILE_PAIRS: usize = ROWS_PAIRS;
 /// Output features per block: gate/up 1 feature warp × 8 K slices, down 8 feature warps.
 const GATE_UP_FEATURES: usize = 16;
 const DOWN_FEATURES: usize = 128;

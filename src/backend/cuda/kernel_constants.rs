@@ -1,0 +1,35 @@
+//! Constants that the kernels and their Rust launchers both depend on, defined once, here.
+//! `build.rs` reads this file and writes each constant as a `#define` into
+//! `$OUT_DIR/kernel_constants.cuh`, which the kernel files include; the launchers use them
+//! from this module. So a block size or a shared-memory layout cannot drift between the two.
+//!
+//! Every constant is `pub const NAME: usize = EXPRESSION;` on one line, the expression made of
+//! integer literals, earlier names, `+ - * /` and parentheses (the same arithmetic in both
+//! languages); `build.rs` refuses anything else.
+
+// `linear_mma_r8*` (kernels/linear.cu): the weight pieces a block holds at once, each 16
+// feature rows of `PIECE_STEPS` k32 steps, each row `PIECE_STRIDE` 16-byte vectors (padded to
+// ≡ 4 mod 8 for conflict-free fragment reads); `PIECE_STAGES − 1` of them in flight.
+pub const PIECE_STAGES: usize = 4;
+pub const PIECE_STEPS: usize = 32;
+pub const PIECE_STRIDE: usize = PIECE_STEPS * 4 + 4;
+/// Weights one `linear_mma_*_many` launch takes.
+pub const MMA_MANY: usize = 4;
+
+/// Pairs of one expert per tile of the decode batch's experts (kernels/moe_rows.cu): one n8
+/// MMA column set.
+pub const ROWS_PAIRS: usize = 8;
+
+// kernels/attention.cu: threads of the prefill and decode kernels, query rows per prefill CTA,
+// keys per shared-memory tile, the most q heads per kv head the decode kernel holds.
+pub const ATTN_THREADS: usize = 256;
+pub const ATTN_PREFILL_ROWS: usize = 64;
+pub const ATTN_TILE_KEYS: usize = 32;
+pub const ATTN_MAX_GROUP: usize = 16;
+
+// kernels/gdn.cu: threads of every kernel, tokens per chunk of the prefill core (the
+// reference's), value columns per CTA of the cores, the largest key dim the cores hold.
+pub const GDN_THREADS: usize = 256;
+pub const GDN_CHUNK: usize = 64;
+pub const GDN_BV: usize = 32;
+pub const GDN_MAX_DK: usize = 128;
