@@ -48,14 +48,13 @@
 //   libm builds.
 //   Every f32/f64 operation that the CPU rounds separately is written with an explicit _rn
 //   intrinsic, so nvcc cannot contract it into an FMA.
+#include "kernel_constants.cuh"  // SAMPLING_*, SORT_CAP, ROW_CAPACITY (src/backend/cuda/kernel_constants.rs)
 #include "rank.cuh"
 
-constexpr int THREADS = 1024;
+constexpr int THREADS = SAMPLING_THREADS;
 constexpr int WARPS = THREADS / 32;
 // Ranks per thread at the largest sort; SORT_CAP = THREADS · ITEMS candidates at most.
-constexpr int ITEMS = 8;
-constexpr int SORT_CAP = THREADS * ITEMS;
-static_assert(SORT_CAP == 8192, "SORT_CAP in src/backend/cuda/sampling.rs");
+constexpr int ITEMS = SAMPLING_ITEMS;
 
 // Sampling constants of src/engine/sampling.rs and src/engine/rng.rs.
 constexpr float MIN_TEMPERATURE = 1e-5f;
@@ -68,8 +67,6 @@ constexpr uint32_t MAIN_STREAM = 0, RAS_STREAM = 1, FIRST_HEAD_STREAM = 2;
 // Why a draw failed (SamplingError on the CPU).
 constexpr uint32_t FAULT_NONE = 0, FAULT_NON_FINITE = 1, FAULT_NO_CANDIDATES = 2;
 
-// Frame rows hold up to this many words: [main, c0, c1, ...].
-constexpr int ROW_CAPACITY = 16;
 
 // Per-request state; src/backend/cuda/sampling.rs `DeviceState` mirrors it word for word.
 struct SamplerState {

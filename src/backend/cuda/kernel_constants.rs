@@ -33,3 +33,10 @@ pub const GDN_THREADS: usize = 256;
 pub const GDN_CHUNK: usize = 64;
 pub const GDN_BV: usize = 32;
 pub const GDN_MAX_DK: usize = 128;
+
+// kernels/sampling.cu: threads of one draw's block, ranks per thread at the largest sort, the
+// most logits one draw sorts, and the words of a frame row (`[main, c0, c1..]`: at most 14 heads).
+pub const SAMPLING_THREADS: usize = 1024;
+pub const SAMPLING_ITEMS: usize = 8;
+pub const SORT_CAP: usize = SAMPLING_THREADS * SAMPLING_ITEMS;
+pub const ROW_CAPACITY: usize = 16;

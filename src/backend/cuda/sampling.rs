@@ -24,18 +24,17 @@ use bytemuck::{Pod, Zeroable};
 use cudarc::driver::CudaContext;
 
 use super::Cuda;
+use super::kernel_constants::SAMPLING_THREADS;
 use super::launch::{Dims, Kernel, KernelError, Module, embedded};
 use super::memory::{DeviceBuffer, MemoryError, PoolBuf};
 use super::tensor::GpuMatrix;
 use crate::model::rng::{MAIN_STREAM, RAS_STREAM};
 use crate::model::sampling::{MainCandidates, MainPick, RAS_WINDOW, SamplingError, SamplingParams};
 
-/// Threads of one draw's block (`THREADS` in the .cu).
-const THREADS: usize = 1024;
-/// Most logits one draw sorts (`SORT_CAP` in the .cu: 1024 threads × 8 ranks).
-pub const SORT_CAP: usize = 8192;
-/// Words of the frame row in [`DeviceOutputs`]: `[main, c0, c1..]`, so at most 14 heads.
-pub const ROW_CAPACITY: usize = 16;
+/// Threads of one draw's block.
+const THREADS: usize = SAMPLING_THREADS;
+/// Most logits one draw sorts, and the words of the frame row in [`DeviceOutputs`].
+pub use super::kernel_constants::{ROW_CAPACITY, SORT_CAP};
 
 /// Fault kinds (`FAULT_*` in the .cu).
 const FAULT_NONE: u32 = 0;
