@@ -180,6 +180,8 @@ async fn bad_uploads_are_refused_naming_the_field() {
     let wav = clip_wav();
     // A WAV header at 44 108 Hz: inside 8–192 kHz, but with no short ratio to 44.1 kHz.
     let odd_rate = include_bytes!("../fuzz/seeds/voice_clip/wav-44108-hz");
+    // A FLAC whose comment declares 2.2 GB: refused before the decoder allocates it.
+    let comment_bomb = include_bytes!("../fuzz/seeds/voice_clip/flac-comment-2gb");
     let with = |replace: (&str, &str)| -> Vec<(&str, String)> {
         NARRATOR
             .iter()
@@ -195,6 +197,7 @@ async fn bad_uploads_are_refused_naming_the_field() {
         (with(("name", "fine")), None, "audio_sample"),
         (with(("name", "fine")), Some(b"definitely not audio"), "audio_sample"),
         (with(("name", "fine")), Some(&odd_rate[1..]), "audio_sample"),
+        (with(("name", "fine")), Some(&comment_bomb[1..]), "audio_sample"),
     ];
     for (fields, audio, param) in cases {
         let fields: Vec<(&str, &str)> = fields.iter().map(|(k, v)| (*k, v.as_str())).collect();

@@ -103,8 +103,9 @@ pub fn decode(bytes: &[u8], hint: Option<&str>, limits: &ClipLimits) -> Result<C
     if bytes.len() > limits.max_bytes {
         return Err(ClipError::TooLarge { bytes: bytes.len(), max: limits.max_bytes });
     }
-    // symphonia allocates a FLAC comment at its declared length, unchecked: refuse lying ones.
-    super::flac_comments::check(bytes).map_err(ClipError::Undecodable)?;
+    // symphonia allocates FLAC comments and pictures at their declared lengths, unchecked:
+    // refuse lying ones first.
+    super::flac_metadata::check(bytes).map_err(ClipError::Undecodable)?;
     // The decoders are third-party code fed a client's bytes: one that panics on a malformed
     // file (symphonia's ADTS reader did, found by fuzzing: `fuzz/seeds/voice_clip/adts-step-zero`)
     // must refuse that upload, not take down the request's task.

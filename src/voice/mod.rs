@@ -2,7 +2,7 @@
 //! codec's 44.1 kHz) as the reference encode hook prepares it (`codec.md` §5.3).
 
 pub mod clip;
-pub mod flac_comments;
+pub mod flac_metadata;
 pub mod resample;
 pub mod store;
 
