@@ -238,11 +238,10 @@ async fn speak(target: &Target, body: &str, api_key: Option<&str>) -> anyhow::Re
     let mut bytes = 0usize;
     let mut playback = Playback::default();
     let mut note = |n: usize| {
-        if n > 0 && first_audio.is_none() {
-            first_audio = Some(start.elapsed());
-        }
         if n > 0 {
-            playback.arrive(start.elapsed().as_secs_f64(), n as f64 / PCM_BYTES_PER_SECOND);
+            let at = start.elapsed();
+            first_audio.get_or_insert(at);
+            playback.arrive(at.as_secs_f64(), n as f64 / PCM_BYTES_PER_SECOND);
         }
         bytes += n;
     };

@@ -78,7 +78,6 @@ pub fn split(text: &str, limits: SplitLimits) -> Vec<Chunk> {
     let (boundaries, turns) = scan(text);
     let mut chunks = Vec::new();
     let mut start = 0;
-    // Text that fits one chunk is one chunk; longer text starts at the first chunk's size.
     // Text that fits one chunk is one chunk. Longer text starts with a short chunk, and each
     // later one aims for no more than all the text before it.
     let long = next_end(text, 0, &boundaries, &turns, target_bytes, max_speakers) < text.len();

@@ -34,9 +34,14 @@ pub fn check(bytes: &[u8]) -> Result<(), String> {
     Ok(())
 }
 
-/// A block of `len` declared bytes (`block`: those of them present) read field by field. Each
-/// read says `Some(false)` when a field would run past `len` (the block lies), `None` when it
-/// runs past the bytes present (truncated: the decoder's to refuse), else `Some(true)`.
+/// Why a field could not be read: it runs past the block's declared length (the block lies),
+/// or past the bytes present (a truncated file: the decoder's to refuse).
+enum Short {
+    Declared,
+    Present,
+}
+
+/// A block of `len` declared bytes (`block`: those of them present) read field by field.
 struct Fields<'a> {
     block: &'a [u8],
     len: usize,
@@ -44,50 +49,46 @@ struct Fields<'a> {
 }
 
 impl Fields<'_> {
-    /// Skips `n` bytes; `false` if they run past the declared length.
-    fn skip(&mut self, n: usize) -> bool {
-        match self.at.checked_add(n).filter(|&end| end <= self.len) {
-            Some(end) => {
-                self.at = end;
-                true
-            }
-            None => false,
-        }
+    /// Skips `n` bytes.
+    fn skip(&mut self, n: usize) -> Result<(), Short> {
+        self.at = self.at.checked_add(n).filter(|&end| end <= self.len).ok_or(Short::Declared)?;
+        Ok(())
     }
 
-    /// A u32 (`big` or little endian): `Err(true)` past the declared length, `Err(false)` past
-    /// the bytes present.
-    fn u32(&mut self, big: bool) -> Result<usize, bool> {
+    /// A u32, `big` or little endian.
+    fn u32(&mut self, big: bool) -> Result<usize, Short> {
         let from = self.at;
-        if !self.skip(4) {
-            return Err(true);
-        }
-        let b: [u8; 4] = self.block.get(from..from + 4).ok_or(false)?.try_into().expect("4 bytes");
+        self.skip(4)?;
+        let b: [u8; 4] = self.block.get(from..from + 4).ok_or(Short::Present)?.try_into().expect("4 bytes");
         Ok((if big { u32::from_be_bytes(b) } else { u32::from_le_bytes(b) }) as usize)
     }
 
-    /// A length-prefixed field: `Err(true)` if it runs past the declared length.
-    fn sized(&mut self, big: bool) -> Result<(), bool> {
+    /// A length-prefixed field.
+    fn sized(&mut self, big: bool) -> Result<(), Short> {
         let n = self.u32(big)?;
-        if self.skip(n) { Ok(()) } else { Err(true) }
+        self.skip(n)
+    }
+
+    /// Whether a walk over the fields found none running past the declared length.
+    fn fits(mut self, walk: impl FnOnce(&mut Self) -> Result<(), Short>) -> bool {
+        !matches!(walk(&mut self), Err(Short::Declared))
     }
 
     /// Vorbis comments: a vendor string, a count, then each comment (lengths little-endian).
-    fn comments_fit(mut self) -> bool {
-        let walk = |f: &mut Self| -> Result<(), bool> {
+    fn comments_fit(self) -> bool {
+        self.fits(|f| {
             f.sized(false)?;
             for _ in 0..f.u32(false)? {
                 f.sized(false)?;
             }
             Ok(())
-        };
-        !matches!(walk(&mut self), Err(true))
+        })
     }
 
     /// A picture: type, media type, description, width, height, depth, colours, then the data
     /// (big-endian).
-    fn picture_fits(mut self) -> bool {
-        let walk = |f: &mut Self| -> Result<(), bool> {
+    fn picture_fits(self) -> bool {
+        self.fits(|f| {
             f.u32(true)?;
             f.sized(true)?;
             f.sized(true)?;
@@ -95,8 +96,7 @@ impl Fields<'_> {
                 f.u32(true)?;
             }
             f.sized(true)
-        };
-        !matches!(walk(&mut self), Err(true))
+        })
     }
 }
 

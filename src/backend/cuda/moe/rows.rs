@@ -110,8 +110,9 @@ pub(super) fn tile_operand_bytes(fmt: Format, cols: usize) -> usize {
 /// conversion saves two launches a layer, which is what a decode step of a few streams waits on,
 /// but every one of a tile's blocks (I/16 for gate/up, hidden/128 for down) converts the same
 /// rows again. At a 200-row prompt that costs more than the launches save: the prompt took about
-/// 5 ms longer on the H100 once 1155d45 had removed the operand kernel (ab-step, run 19). The two ways share `operand_group`'s arithmetic, so they give the same bits and a
-/// row's result does not depend on which one its pass took.
+/// 5 ms longer on the H100 once 1155d45 had removed the operand kernel (ab-step, run 19). The
+/// two ways share `operand_group`'s arithmetic, so they give the same bits and a row's result
+/// does not depend on which one its pass took.
 const TILE_OPERAND_MAX_ROWS: usize = 8;
 
 impl Job<'_> {
@@ -180,7 +181,7 @@ impl Job<'_> {
                     operand.fill(cuda, hbuf.ptr(), ACT_F32, pairs);
                     (operand.codes.ptr(), operand.lo(pairs), operand.scales.ptr(), 0, 0)
                 }
-                _ => (0, 0, 0, hbuf.ptr(), tile_operand_bytes(h_fmt, i)),
+                None => (0, 0, 0, hbuf.ptr(), tile_operand_bytes(h_fmt, i)),
             };
             let args: [Arg; 12] = [
                 act.into(),
