@@ -32,6 +32,19 @@ pub enum Command {
     /// Measure the engine on this machine's GPU.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Internal: decode one reference clip from stdin under memory and CPU limits, for the
+    /// server (`voice::isolated`).
+    #[command(name = "decode-clip", hide = true)]
+    DecodeClip(DecodeClipArgs),
+}
+
+/// `limelight decode-clip`: the limits the child sets on itself before it reads the clip.
+#[derive(Debug, Args)]
+pub struct DecodeClipArgs {
+    #[arg(long)]
+    pub memory_bytes: u64,
+    #[arg(long)]
+    pub cpu_seconds: u64,
 }
 
 #[derive(Debug, Subcommand)]
@@ -392,6 +405,13 @@ pub struct ServeArgs {
     /// none). On the GPU it is reserved at start-up, out of the memory the decode batch could use.
     #[arg(long, env = "LIMELIGHT_VOICE_CACHE_MIB", default_value_t = crate::scheduler::DEFAULT_VOICE_CACHE_BYTES >> 20)]
     pub voice_cache_mib: usize,
+    /// Memory a reference clip's decoder may use, in MiB. Each clip is decoded in a child
+    /// process under this limit, so a file built to exhaust memory fails alone.
+    #[arg(long, env = "LIMELIGHT_CLIP_DECODE_MEMORY_MIB", default_value_t = crate::voice::isolated::DEFAULT_MEMORY_MIB)]
+    pub clip_decode_memory_mib: u64,
+    /// Reference clips decoded at once (each in its own child process); more wait their turn.
+    #[arg(long, env = "LIMELIGHT_CLIP_DECODERS", default_value_t = 4)]
+    pub clip_decoders: usize,
     /// Seconds to let running requests finish after SIGTERM or SIGINT before exiting.
     #[arg(long, env = "LIMELIGHT_DRAIN_TIMEOUT", default_value_t = 30)]
     pub drain_timeout: u64,

@@ -11,6 +11,7 @@ use crate::cli::ServeArgs;
 use crate::request::validate::OPENAI_VOICES;
 use crate::scheduler::{GpuOptions, RATE_WINDOW, ReaderPolicy, WorkerConfig, gpu_present};
 use crate::telemetry::LogFormat;
+use crate::voice::isolated::ClipDecoder;
 
 /// The CPU engine's decode batch unless `--max-batch` says otherwise.
 pub const CPU_MAX_BATCH: usize = 8;
@@ -99,6 +100,10 @@ pub struct ServeConfig {
     pub voice_cache_bytes: usize,
     /// The codec on its own thread, overlapping the steps (`--no-codec-thread` turns it off).
     pub codec_thread: bool,
+    /// How reference clips are decoded (`--clip-decode-memory-mib`), and how many at once
+    /// (`--clip-decoders`).
+    pub clip_decoder: ClipDecoder,
+    pub clip_decoders: usize,
 }
 
 /// A flag the server cannot start with; says which and why.
@@ -132,6 +137,8 @@ pub enum ConfigError {
     NoModel,
     #[error("`--voice-alias {0}`: {1}")]
     VoiceAlias(String, String),
+    #[error("the clip decoder (this binary, run as a child): {0}")]
+    ClipDecoder(std::io::Error),
 }
 
 impl ServeConfig {
@@ -168,6 +175,9 @@ impl ServeConfig {
         at_least("header-timeout", 1, args.header_timeout as usize)?;
         at_least("body-timeout", 1, args.body_timeout as usize)?;
         at_least("write-timeout", 1, args.write_timeout as usize)?;
+        at_least("clip-decoders", 1, args.clip_decoders)?;
+        // A child needs its own binary's mappings and a decoded minute of audio.
+        at_least("clip-decode-memory-mib", MIN_CLIP_DECODE_MIB, args.clip_decode_memory_mib as usize)?;
         // Above 1× no live listener keeps up; NaN and negatives are nonsense.
         if !(0.0..=1.0).contains(&args.min_read_rate) {
             return Err(ConfigError::OutOfRange {
@@ -224,6 +234,8 @@ impl ServeConfig {
                 .checked_mul(1 << 20)
                 .ok_or(ConfigError::TooLarge { flag: "voice-cache-mib", value: args.voice_cache_mib })?,
             codec_thread: !args.no_codec_thread,
+            clip_decoder: ClipDecoder::this_binary(args.clip_decode_memory_mib).map_err(ConfigError::ClipDecoder)?,
+            clip_decoders: args.clip_decoders,
         })
     }
 
@@ -288,9 +300,14 @@ impl fmt::Debug for ServeConfig {
             .field("max_voice_upload_bytes", &self.max_voice_upload_bytes)
             .field("voice_cache_bytes", &self.voice_cache_bytes)
             .field("codec_thread", &self.codec_thread)
+            .field("clip_decoder", &self.clip_decoder)
+            .field("clip_decoders", &self.clip_decoders)
             .finish()
     }
 }
+
+/// The smallest `--clip-decode-memory-mib`.
+const MIN_CLIP_DECODE_MIB: usize = 256;
 
 /// The largest `--max-connections`: far above any descriptor limit, and within what the accept
 /// loop counts (`u32` permits).
@@ -414,6 +431,9 @@ mod tests {
         );
         let reader = c.worker_config().reader;
         assert_eq!((reader.stall_timeout, reader.min_read_rate), (Duration::from_secs(30), 0.5));
+        // Clips are decoded by this very binary, run as a child, under 2 GiB.
+        assert_eq!(c.clip_decoder.program, std::env::current_exe().unwrap());
+        assert_eq!((c.clip_decoder.memory_bytes, c.clip_decoders), (2 << 30, 4));
     }
 
     #[test]
@@ -451,6 +471,8 @@ mod tests {
         assert!(refused(&["--model", "/m", "--max-queue", "0"]).contains("--max-queue"));
         assert!(refused(&["--model", "/m", "--max-body-bytes", "10"]).contains("--max-body-bytes"));
         assert!(refused(&["--model", "/m", "--max-connections", "0"]).contains("--max-connections"));
+        assert!(refused(&["--model", "/m", "--clip-decoders", "0"]).contains("--clip-decoders"));
+        assert!(refused(&["--model", "/m", "--clip-decode-memory-mib", "64"]).contains("--clip-decode-memory-mib"));
         assert!(refused(&["--model", "/m", "--max-connections", "99999999999"]).contains("--max-connections"));
         assert!(refused(&["--model", "/m", "--header-timeout", "0"]).contains("--header-timeout"));
         assert!(refused(&["--model", "/m", "--body-timeout", "0"]).contains("--body-timeout"));

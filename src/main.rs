@@ -43,6 +43,9 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Serve(args)) => commands::bench_serve(&args),
         Command::Bench(BenchCommand::Soak(args)) => commands::bench_soak(&args),
         Command::Bench(BenchCommand::Encode(args)) => commands::bench_encode(&args),
+        Command::DecodeClip(args) => {
+            limelight::voice::isolated::run_child(args.memory_bytes, args.cpu_seconds).map_err(anyhow::Error::from)
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

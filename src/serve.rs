@@ -209,6 +209,8 @@ pub fn http_config(config: &ServeConfig) -> HttpConfig {
         voice_aliases: config.voice_aliases.clone(),
         max_voice_upload_bytes: config.max_voice_upload_bytes,
         body_timeout: config.body_timeout,
+        clip_decoder: config.clip_decoder.clone(),
+        clip_decoders: config.clip_decoders,
     }
 }
 

@@ -44,6 +44,8 @@ async fn start(max_connections: usize) -> (SocketAddr, oneshot::Sender<()>) {
         voice_aliases: Default::default(),
         max_voice_upload_bytes: limelight::http::DEFAULT_MAX_VOICE_UPLOAD_BYTES,
         body_timeout: BODY_TIMEOUT,
+        clip_decoder: limelight::voice::isolated::ClipDecoder::new(env!("CARGO_BIN_EXE_limelight"), 2048),
+        clip_decoders: 2,
     };
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

@@ -56,6 +56,8 @@ fn app_on(scheduler: limelight::scheduler::Scheduler, store: Arc<VoiceStore>, al
         voice_aliases: aliases.iter().map(|(a, b)| ((*a).to_owned(), (*b).to_owned())).collect::<BTreeMap<_, _>>(),
         max_voice_upload_bytes: 1 << 20,
         body_timeout: std::time::Duration::from_secs(30),
+        clip_decoder: limelight::voice::isolated::ClipDecoder::new(env!("CARGO_BIN_EXE_limelight"), 2048),
+        clip_decoders: 2,
     };
     router(AppState::with_voices(scheduler, config, store))
 }
@@ -182,6 +184,9 @@ async fn bad_uploads_are_refused_naming_the_field() {
     let odd_rate = include_bytes!("../fuzz/seeds/voice_clip/wav-44108-hz");
     // A FLAC whose comment declares 2.2 GB: refused before the decoder allocates it.
     let comment_bomb = include_bytes!("../fuzz/seeds/voice_clip/flac-comment-2gb");
+    // An M4A whose sample-to-chunk table counts 2³² − 1 entries: symphonia reserves 64 GB for
+    // it, which would abort a server decoding in its own process (`voice::isolated`).
+    let table_bomb = include_bytes!("../fuzz/seeds/voice_clip/m4a-stsc-64gb");
     let with = |replace: (&str, &str)| -> Vec<(&str, String)> {
         NARRATOR
             .iter()
@@ -198,6 +203,7 @@ async fn bad_uploads_are_refused_naming_the_field() {
         (with(("name", "fine")), Some(b"definitely not audio"), "audio_sample"),
         (with(("name", "fine")), Some(&odd_rate[1..]), "audio_sample"),
         (with(("name", "fine")), Some(&comment_bomb[1..]), "audio_sample"),
+        (with(("name", "fine")), Some(&table_bomb[1..]), "audio_sample"),
     ];
     for (fields, audio, param) in cases {
         let fields: Vec<(&str, &str)> = fields.iter().map(|(k, v)| (*k, v.as_str())).collect();

@@ -17,11 +17,14 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::Semaphore;
+
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::middleware;
 use axum::routing::{get, post};
 
+use crate::voice::isolated::ClipDecoder;
 use crate::voice::store::{StoreLimits, VoiceStore};
 
 pub use error::{ApiError, ApiJson};
@@ -56,6 +59,10 @@ pub struct HttpConfig {
     /// `--body-timeout`: a request's body must arrive within this of its head, or it is
     /// refused with 408 ([`deadline`]).
     pub body_timeout: Duration,
+    /// How a client's reference clip is decoded: in a child process, under limits.
+    pub clip_decoder: ClipDecoder,
+    /// `--clip-decoders`: clips decoded at once.
+    pub clip_decoders: usize,
 }
 
 /// Default `--max-voice-upload-bytes`: a minute of 16-bit stereo WAV at 48 kHz fits (11 MB).
@@ -71,6 +78,8 @@ struct Inner {
     scheduler: Scheduler,
     config: HttpConfig,
     voices: Arc<VoiceStore>,
+    /// One permit per clip decoder that may run at once (`--clip-decoders`).
+    clip_decoders: Arc<Semaphore>,
 }
 
 impl AppState {
@@ -83,7 +92,8 @@ impl AppState {
         // Install the metrics recorder now, so the first request is counted and not lost to a
         // recorder that `/metrics` would only install later.
         telemetry::metrics_handle();
-        AppState { inner: Arc::new(Inner { scheduler, config, voices }) }
+        let clip_decoders = Arc::new(Semaphore::new(config.clip_decoders));
+        AppState { inner: Arc::new(Inner { scheduler, config, voices, clip_decoders }) }
     }
 
     pub fn voices(&self) -> &VoiceStore {
@@ -100,6 +110,11 @@ impl AppState {
 
     pub fn config(&self) -> &HttpConfig {
         &self.inner.config
+    }
+
+    /// Waits for a turn to run a clip decoder; the turn ends when the permit drops.
+    pub async fn clip_decoder_turn(&self) -> tokio::sync::OwnedSemaphorePermit {
+        Arc::clone(&self.inner.clip_decoders).acquire_owned().await.expect("the semaphore is never closed")
     }
 }
 

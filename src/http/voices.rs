@@ -3,7 +3,7 @@
 //! references for its prompt.
 //!
 //! An upload is checked field by field (name, consent, transcript, then the audio: decoded,
-//! mixed down and resampled on a blocking thread), encoded by the worker's codec encoder (one
+//! mixed down and resampled in a child process, `voice::isolated`), encoded by the worker's codec encoder (one
 //! clip per turn, beside the decode batch), then stored.
 
 use axum::Json;
@@ -23,7 +23,7 @@ use crate::request::prompt::Reference;
 use crate::request::text::{Field, validate_caller_text};
 use crate::request::validate::{OPENAI_VOICES, ValidateError, VoiceChoice};
 use crate::scheduler::EncodeJob;
-use crate::voice::clip::{self, ClipLimits};
+use crate::voice::clip::{Clip, ClipError, ClipLimits};
 use crate::voice::store::{StoreError, Voice, validate_name};
 
 /// Longest transcript and speaker description, in characters.
@@ -123,14 +123,7 @@ async fn create(state: &AppState, request_id: &str, req: Request) -> Result<Voic
         return Err(field("consent", format!("`consent` is longer than {MAX_TEXT_CHARS} characters")));
     }
     let audio = required_bytes(upload.audio, "audio_sample")?;
-    let hint = upload.media_type.clone();
-    // A decoder that panics on a crafted file fails this upload alone, as undecodable.
-    let (bytes, decoded) = tokio::task::spawn_blocking(move || {
-        let decoded = clip::decode(&audio, hint.as_deref(), &limits);
-        (audio, decoded)
-    })
-    .await
-    .map_err(|_| field("audio_sample", String::from("`audio_sample` could not be decoded")))?;
+    let (bytes, decoded) = decode_clip(state, request_id, audio, upload.media_type.clone(), limits).await?;
     let clip = decoded.map_err(|e| field("audio_sample", format!("`audio_sample`: {e}")))?;
     let audio_seconds = clip.seconds();
 
@@ -307,9 +300,7 @@ pub async fn encode_inline(
             .decode(data.trim())
             .map_err(|e| bad(format!("`references.{i}.audio` is not base64 or a data URL: {e}")))?;
         let limits = ClipLimits { max_bytes: state.config().max_voice_upload_bytes, ..ClipLimits::default() };
-        let decoded = tokio::task::spawn_blocking(move || clip::decode(&bytes, media_type.as_deref(), &limits))
-            .await
-            .map_err(|_| bad(format!("`references.{i}.audio` could not be decoded")))?;
+        let (_, decoded) = decode_clip(state, request_id, bytes, media_type, limits).await?;
         let clip = decoded.map_err(|e| bad(format!("`references.{i}.audio`: {e}")))?;
         let span = tracing::info_span!("inline_reference", request_id = %request_id, reference = i);
         let encoded = match state.scheduler().encode(EncodeJob { samples: clip.samples, span })?.await {
@@ -323,6 +314,37 @@ pub async fn encode_inline(
         out.push(Reference::from_frames(text.clone(), &encoded.codes, encoded.codebooks));
     }
     Ok(out)
+}
+
+/// Decodes a client's clip in a child process (`voice::isolated`), at most `--clip-decoders` at
+/// once: whatever the file does to its decoder, this request alone is refused. Gives the bytes
+/// back (an upload may store them). The outer error is a 500: the decoder could not be run.
+async fn decode_clip(
+    state: &AppState,
+    request_id: &str,
+    bytes: Vec<u8>,
+    media_type: Option<String>,
+    limits: ClipLimits,
+) -> Result<(Vec<u8>, Result<Clip, ClipError>), ApiError> {
+    let _turn = state.clip_decoder_turn().await;
+    let decoder = state.config().clip_decoder.clone();
+    let ran = tokio::task::spawn_blocking(move || {
+        let decoded = decoder.decode(&bytes, media_type.as_deref(), &limits);
+        (bytes, decoded)
+    })
+    .await;
+    let internal = || ApiError::Internal { request_id: request_id.to_owned() };
+    match ran {
+        Ok((bytes, Ok(decoded))) => Ok((bytes, decoded)),
+        Ok((_, Err(e))) => {
+            error!(request_id, error = %e, "decoding a reference clip");
+            Err(internal())
+        }
+        Err(e) => {
+            error!(request_id, error = %e, "the clip decoder's thread failed");
+            Err(internal())
+        }
+    }
 }
 
 /// Refuses at once when the loaded engine has no codec encoder (503), or is not loaded yet.

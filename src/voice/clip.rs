@@ -7,6 +7,9 @@
 //! count from the stream's header; the duration while decoding (a long file stops decoding at
 //! the limit instead of filling memory). Every refusal says what was wrong, for a 400 that
 //! names the field.
+//!
+//! The server runs this in a child process (`super::isolated`): the decoders allocate sizes a
+//! file declares, and only a process limit contains that.
 
 use std::io::Cursor;
 use std::ops::RangeInclusive;
@@ -31,7 +34,7 @@ const OPUS_RATE: u32 = 48_000;
 const OPUS_MAX_FRAME: usize = 5_760;
 
 /// What a reference clip may be.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ClipLimits {
     /// Bytes of the encoded file.
     pub max_bytes: usize,
@@ -73,8 +76,8 @@ impl Clip {
     }
 }
 
-/// Why a clip was refused.
-#[derive(Debug, thiserror::Error, PartialEq)]
+/// Why a clip was refused (serialised: the child decoder of `super::isolated` sends it back).
+#[derive(Debug, thiserror::Error, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum ClipError {
     #[error("the audio is {bytes} bytes, more than the {max} allowed")]
     TooLarge { bytes: usize, max: usize },

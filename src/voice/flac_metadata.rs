@@ -5,6 +5,11 @@
 //! picture, made it allocate that much (found by fuzzing: `fuzz/seeds/voice_clip/flac-*`); a
 //! failed allocation would abort the server. Every length inside such a block must fit in the
 //! block, whose own length is at most 16 MiB (24 bits), so nothing can ask for more.
+//!
+//! This names the fault for the common case; it is not the guarantee. Other paths reach the
+//! same readers (Ogg packets, a base64 picture inside a comment, a `fLaC` after other bytes) and
+//! other demuxers allocate declared sizes too: the server decodes clients' clips in a child
+//! process under a memory limit (`super::isolated`), which contains them all.
 
 const MAGIC: &[u8; 4] = b"fLaC";
 const VORBIS_COMMENT: u8 = 4;

@@ -3,6 +3,7 @@
 
 pub mod clip;
 pub mod flac_metadata;
+pub mod isolated;
 pub mod resample;
 pub mod store;
 

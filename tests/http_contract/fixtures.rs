@@ -81,6 +81,8 @@ fn app_with(scheduler: Scheduler, api_keys: Vec<&str>, max_input_chars: usize) -
         voice_aliases: Default::default(),
         max_voice_upload_bytes: limelight::http::DEFAULT_MAX_VOICE_UPLOAD_BYTES,
         body_timeout: std::time::Duration::from_secs(30),
+        clip_decoder: limelight::voice::isolated::ClipDecoder::new(env!("CARGO_BIN_EXE_limelight"), 2048),
+        clip_decoders: 2,
     };
     router(AppState::new(scheduler, config))
 }
