@@ -304,6 +304,10 @@ pub struct ServeArgs {
     /// cache. Where the file system refuses direct I/O, reads fall back to the page cache.
     #[arg(long, value_enum, env = "LIMELIGHT_WEIGHTS_IO", default_value = "auto")]
     pub weights_io: crate::checkpoint::sequential::ReadMode,
+    /// Threads reading the weights at start: the disk's queue depth on a cold start, the cores
+    /// copying out of the page cache on a warm one. 0: half the cores, at most 8.
+    #[arg(long, env = "LIMELIGHT_WEIGHTS_READERS", default_value_t = 0)]
+    pub weights_readers: usize,
     /// Host round trips instead of the device-side step: with `--max-batch 1`, each frame as
     /// separate launches instead of one captured CUDA graph; with a batch, the draws on the host
     /// instead of the GPU (same audio, slower: for comparisons and as a fallback).

@@ -206,6 +206,10 @@ impl ServeConfig {
                 context,
                 graph: !args.no_cuda_graph,
                 weights_io: args.weights_io,
+                weights_readers: match args.weights_readers {
+                    0 => default_weights_readers(),
+                    n => n,
+                },
             },
             listen: resolve(&args.host, args.port)?,
             model_aliases: aliases(&served_model_name, &args.model_aliases),
@@ -304,6 +308,12 @@ impl fmt::Debug for ServeConfig {
             .field("clip_decoders", &self.clip_decoders)
             .finish()
     }
+}
+
+/// `--weights-readers 0`: half the cores, at most 8 (at 4, a warm start copied 10.5 GiB/s out of
+/// the page cache on the 16-core H100 machine, `docs/perf/2026-12-05-load.md`).
+fn default_weights_readers() -> usize {
+    std::thread::available_parallelism().map_or(4, |n| (n.get() / 2).clamp(1, 8))
 }
 
 /// The smallest `--clip-decode-memory-mib`.
@@ -421,7 +431,8 @@ mod tests {
                 memory_budget: None,
                 context: DEFAULT_CONTEXT,
                 graph: true,
-                weights_io: ReadMode::Auto
+                weights_io: ReadMode::Auto,
+                weights_readers: default_weights_readers(),
             }
         );
         assert!(c.accepts_model("tts-1") && c.accepts_model("drama-3") && !c.accepts_model("whisper-1"));

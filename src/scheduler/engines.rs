@@ -40,6 +40,8 @@ pub struct GpuOptions {
     pub graph: bool,
     /// How the weights are read at start (`--weights-io`; `model::file_order`).
     pub weights_io: crate::checkpoint::sequential::ReadMode,
+    /// Threads reading them (`--weights-readers`, resolved: at least 1).
+    pub weights_readers: usize,
 }
 
 /// How the decode batch is sized (`serve --max-batch`, `--prefill-chunk`).

@@ -66,7 +66,8 @@ mod with_cuda {
             tracing::info!(max_batch, context = gpu.context, cuda_graph = graph, plan = %plan, "engine: memory plan");
             host.progress(&format!("uploading weights to {}", cuda.info().name));
             let started = std::time::Instant::now();
-            let read = FileOrderOptions { mode: gpu.weights_io, ..FileOrderOptions::default() };
+            let read =
+                FileOrderOptions { mode: gpu.weights_io, readers: gpu.weights_readers, ..FileOrderOptions::default() };
             let (model, stats) = ResidentModel::load_in_file_order(
                 &ckpt,
                 &cuda,
