@@ -25,7 +25,9 @@
 //   3. weights w_r = exp(s_r − s_0) in f64 and their total over the FULL row (a block sum);
 //   4. the kept prefix: warp 0 runs the CPU's loop — p_r = w_r / total added in rank order, the
 //      same f64 operations in the same order — until top-k or top-p stops it; where a comparison
-//      lies within rounding of top_p, again with the total added in the CPU's order;
+//      lies within rounding of top_p, again with the total added in the CPU's order. Over the
+//      full sort a block scan finds the same end first and the serial loop runs only where the
+//      scan is not sure of it (scanned_prefix_end);
 //   5. the exponential race argmax_r w_r / E(candidate_r) over the kept ranks, ties to the better
 //      rank, by a block (or, over the selected ranks, a warp) argmax.
 //
@@ -275,6 +277,81 @@ __device__ double rank_order_total(const unsigned long long* keys, float best, i
     return total;
 }
 
+// The kept prefix's end by a block-wide scan, or UINT32_MAX where it cannot be sure. kept_prefix
+// is serial (one add per kept rank: a flat row under a wide top-p keeps thousands, ~100 µs).
+// Here thread t holds the p_r of its `per` contiguous ranks (the same __ddiv_rn(w_r, total) as
+// kept_prefix), and the cumulative sums come from a block scan: the same p_r added in another
+// order, within ~n · 2^-53 ≈ 1e-12 of the serial sums for n ≤ SORT_CAP. So where every compared
+// cumulative (ranks 1 up to the first that passes top_p) lies farther than SCAN_NEAR_TOP_P from
+// top_p, the serial loop — with either total — makes the same comparisons and ends at the same
+// rank, and this is its answer; otherwise the caller runs the serial loop. SCAN_NEAR_TOP_P is
+// twice NEAR_TOP_P, so a serial run this defers to never reaches its own `near` case either.
+constexpr double SCAN_NEAR_TOP_P = 2 * NEAR_TOP_P;
+
+__device__ __forceinline__ uint32_t scanned_prefix_end(const double (&w)[ITEMS], int per, int first_rank, double total,
+                                       uint32_t limit, const Filter& f, Scratch& s) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const double top_p = (double)f.top_p;
+    double p[ITEMS];
+    double own = 0.0;
+#pragma unroll
+    for (int j = 0; j < ITEMS; ++j) {
+        const uint32_t r = (uint32_t)(first_rank + j);
+        p[j] = j < per && r < limit ? __ddiv_rn(w[j], total) : 0.0;
+        own = __dadd_rn(own, p[j]);
+    }
+    // Exclusive scan of the threads' sums in thread order (= rank order): within the warp, then
+    // over the warps' totals (WARPS == 32: one lane each).
+    double incl = own;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const double v = __shfl_up_sync(FULL, incl, o);
+        if (lane >= o) incl = __dadd_rn(incl, v);
+    }
+    double before = __shfl_up_sync(FULL, incl, 1);
+    if (lane == 0) before = 0.0;
+    __syncthreads();  // s.d may hold a previous reduction's values still being read
+    if (lane == 31) s.d[warp] = incl;
+    __syncthreads();
+    if (warp == 0) {
+        double t = s.d[lane];
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const double v = __shfl_up_sync(FULL, t, o);
+            if (lane >= o) t = __dadd_rn(t, v);
+        }
+        s.d[lane] = t;
+    }
+    __syncthreads();
+    if (warp > 0) before = __dadd_rn(before, s.d[warp - 1]);
+    // The first rank r ≥ 1 whose compared cumulative passes top_p.
+    double cumulative = before;
+    uint32_t crossing = UINT32_MAX;
+#pragma unroll
+    for (int j = 0; j < ITEMS; ++j) {
+        const uint32_t r = (uint32_t)(first_rank + j);
+        const double was = cumulative;
+        cumulative = __dadd_rn(cumulative, p[j]);
+        const double passed = f.keep_crossing ? was : cumulative;
+        if (j < per && r >= 1 && r < limit && passed > top_p) crossing = min(crossing, r);
+    }
+    crossing = block_min_u32(crossing, s);
+    // Any comparison up to that rank within reach of rounding: not sure.
+    cumulative = before;
+    uint32_t sure = 1;
+#pragma unroll
+    for (int j = 0; j < ITEMS; ++j) {
+        const uint32_t r = (uint32_t)(first_rank + j);
+        const double was = cumulative;
+        cumulative = __dadd_rn(cumulative, p[j]);
+        const double passed = f.keep_crossing ? was : cumulative;
+        if (j < per && r >= 1 && r < limit && r <= crossing && fabs(__dsub_rn(passed, top_p)) <= SCAN_NEAR_TOP_P)
+            sure = 0;
+    }
+    if (block_min_u32(sure, s) == 0) return UINT32_MAX;
+    return min(crossing, limit);
+}
+
 // ---------------------------------------------------------------------------------------------
 // One draw (steps 1–5 above) over row(i), i < n; n_pad = the sort length, a power of two with
 // THREADS ≤ n_pad ≤ SORT_CAP; `keys` holds n_pad keys of dynamic shared memory.
@@ -365,16 +442,20 @@ __device__ Draw draw(const Row& row, int n, int n_pad, const Filter& f, const Dr
     }
     const double total = block_sum(run, scratch);
 
-    // 4. The kept prefix, by warp 0 (see kept_prefix); when a comparison lies within rounding of
-    //    top_p, again with the total summed in the CPU's order.
-    if (threadIdx.x < 32) {
-        const uint32_t limit = min((uint32_t)n, f.top_k);
-        Prefix prefix = kept_prefix(keys, best, total, limit, f);
-        if (prefix.near) prefix = kept_prefix(keys, best, rank_order_total(keys, best, n), limit, f);
-        if (threadIdx.x == 0) scratch.end = prefix.end;
+    // 4. The kept prefix: by a block scan (scanned_prefix_end); where that cannot be sure, by
+    //    warp 0's serial loop (see kept_prefix), again with the total summed in the CPU's order
+    //    when a comparison lies within rounding of top_p.
+    const uint32_t limit = min((uint32_t)n, f.top_k);
+    uint32_t end = scanned_prefix_end(w, per, first_rank, total, limit, f, scratch);
+    if (end == UINT32_MAX) {
+        if (threadIdx.x < 32) {
+            Prefix prefix = kept_prefix(keys, best, total, limit, f);
+            if (prefix.near) prefix = kept_prefix(keys, best, rank_order_total(keys, best, n), limit, f);
+            if (threadIdx.x == 0) scratch.end = prefix.end;
+        }
+        __syncthreads();
+        end = scratch.end;
     }
-    __syncthreads();
-    const uint32_t end = scratch.end;
 
     // 5. The exponential race over ranks < end.
     double best_value = -INFINITY;
