@@ -5,7 +5,9 @@
 //! - a demo start killed while writing its checkpoint left `.demo-tiny.<pid>`; the next start
 //!   removes the folder of a process that is gone, and leaves a live one's (finding 9);
 //! - servers started at once on one empty cache all load the demo checkpoint (a later writer
-//!   once removed the first one's copy while it was loading it).
+//!   once removed the first one's copy while it was loading it);
+//! - a client's clip is decoded in a child of the running binary, which survives the binary's
+//!   file being removed and the decoder being killed by its memory limit.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -216,4 +218,98 @@ fn servers_started_at_once_share_one_demo_checkpoint() {
     }
     let writers = logs.iter().filter(|log| log.iter().any(|l| l.contains("writing the demo checkpoint"))).count();
     assert_eq!(writers, 1, "one server wrote the checkpoint, the others waited for it and used it");
+}
+
+/// A client's reference clip is decoded by the server's own binary in a child process
+/// (`voice::isolated`), through `/proc/self/exe`: it still works after the file the server was
+/// started from is gone (an upgrade replacing it). An honest clip makes a voice; a clip that makes
+/// the decoder reserve 64 GB (`fuzz/seeds/voice_clip/m4a-stsc-64gb`) kills only the child and is
+/// refused with a 400 naming the field; the server goes on.
+#[test]
+fn clips_are_decoded_in_a_child_of_the_running_binary_even_after_its_file_is_gone() {
+    use base64::Engine as _;
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("bin")).unwrap();
+    let binary = dir.path().join("bin/limelight");
+    std::fs::copy(env!("CARGO_BIN_EXE_limelight"), &binary).unwrap();
+    let mut child = Command::new(&binary)
+        .args(["serve", "--demo", "--port", "0", "--log-format", "json"])
+        .env("XDG_CACHE_HOME", dir.path().join("cache"))
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    struct KillOnDrop(std::process::Child);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _child = KillOnDrop(child);
+    let mut lines = BufReader::new(stdout).lines().map_while(Result::ok);
+    let addr = lines
+        .find_map(|l| {
+            let v: serde_json::Value = serde_json::from_str(&l).ok()?;
+            (v["message"] == "listening; loading the model").then(|| v["addr"].as_str().unwrap().to_owned())
+        })
+        .expect("the server listens");
+    std::thread::spawn(move || lines.for_each(drop));
+    std::fs::remove_file(&binary).unwrap();
+
+    let http = |head: &str, body: &[u8]| -> (u16, String) {
+        let mut s = TcpStream::connect(&addr).unwrap();
+        s.set_read_timeout(Some(LIMIT)).unwrap();
+        s.write_all(
+            format!("{head}\r\nHost: t\r\nConnection: close\r\nContent-Length: {}\r\n\r\n", body.len()).as_bytes(),
+        )
+        .unwrap();
+        s.write_all(body).unwrap();
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).unwrap();
+        let text = String::from_utf8_lossy(&out).into_owned();
+        (text[9..12].parse().unwrap(), text)
+    };
+    let started = std::time::Instant::now();
+    while http("GET /ready HTTP/1.1", b"").0 != 200 {
+        assert!(started.elapsed() < LIMIT, "the demo model loads");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let upload = |name: &str, audio: &[u8]| {
+        let body = serde_json::json!({
+            "name": name, "consent": "yes", "ref_text": "Hello there, friend.",
+            "audio_sample": base64::engine::general_purpose::STANDARD.encode(audio),
+        });
+        http("POST /v1/audio/voices HTTP/1.1\r\nContent-Type: application/json", body.to_string().as_bytes())
+    };
+    let bomb = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz/seeds/voice_clip/m4a-stsc-64gb")).unwrap();
+    let (status, reply) = upload("bomb", &bomb[1..]);
+    assert_eq!(status, 400, "{reply}");
+    assert!(reply.contains("\"param\":\"audio_sample\"") && reply.contains("decoder was stopped"), "{reply}");
+    let (status, reply) = upload("honest", &tone_wav());
+    assert_eq!(status, 200, "{reply}");
+    assert!(reply.contains("\"name\":\"honest\""), "{reply}");
+    assert_eq!(http("GET /health HTTP/1.1", b"").0, 200);
+}
+
+/// 1.2 s of a 220 Hz tone, mono 16-bit WAV at 24 kHz.
+fn tone_wav() -> Vec<u8> {
+    let spec = hound::WavSpec {
+        channels: 1,
+        sample_rate: 24_000,
+        bits_per_sample: 16,
+        sample_format: hound::SampleFormat::Int,
+    };
+    let mut out = std::io::Cursor::new(Vec::new());
+    let mut writer = hound::WavWriter::new(&mut out, spec).unwrap();
+    for i in 0..28_800 {
+        let t = f64::from(i) / 24_000.0;
+        writer.write_sample((8000.0 * (std::f64::consts::TAU * 220.0 * t).sin()) as i16).unwrap();
+    }
+    writer.finalize().unwrap();
+    out.into_inner()
 }

@@ -16,7 +16,7 @@
 //! line ([`Answer`]) and, for a clip, its samples as little-endian f32.
 
 use std::io::{self, BufRead, BufReader, Read, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 
 use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
@@ -33,6 +33,9 @@ pub const DEFAULT_MEMORY_MIB: u64 = 2048;
 /// CPU seconds a child may use: a 60 s clip decodes in well under one, so only a file built to
 /// spin reaches this.
 pub const CPU_SECONDS: u64 = 30;
+
+/// The running process's own executable, whatever has become of its path since.
+const RUNNING_BINARY: &str = "/proc/self/exe";
 
 /// The longest JSON line either side writes.
 const MAX_LINE_BYTES: u64 = 64 << 10;
@@ -71,9 +74,14 @@ enum Answer {
 }
 
 impl ClipDecoder {
-    /// The running binary as the decoder, with the given address-space limit.
+    /// The running binary as the decoder, with the given address-space limit. Through
+    /// `/proc/self/exe` where there is one: the forked child execs the very file the server runs
+    /// from, even after an upgrade has replaced or removed the path it was started by (a path
+    /// would then run the new version, or nothing).
     pub fn this_binary(memory_mib: u64) -> io::Result<ClipDecoder> {
-        Ok(ClipDecoder::new(std::env::current_exe()?, memory_mib))
+        let running = Path::new(RUNNING_BINARY);
+        let program = if running.exists() { running.to_owned() } else { std::env::current_exe()? };
+        Ok(ClipDecoder::new(program, memory_mib))
     }
 
     /// `program` (a `limelight` binary) as the decoder; tests name the one cargo built.
