@@ -3,8 +3,8 @@
 //! references for its prompt.
 //!
 //! An upload is checked field by field (name, consent, transcript, then the audio: decoded,
-//! mixed down and resampled in a child process, `voice::isolated`), encoded by the worker's codec encoder (one
-//! clip per turn, beside the decode batch), then stored.
+//! mixed down and resampled in a child process, `voice::isolated`), encoded by the worker's
+//! codec encoder (one clip per turn, beside the decode batch), then stored.
 
 use axum::Json;
 use axum::extract::{FromRequest, Multipart, Path, Request, State};
@@ -337,7 +337,7 @@ async fn decode_clip(
     match ran {
         Ok((bytes, Ok(decoded))) => Ok((bytes, decoded)),
         Ok((_, Err(e))) => {
-            error!(request_id, error = %e, "decoding a reference clip");
+            error!(request_id, error = %e, "a reference clip could not be decoded: the decoder did not run");
             Err(internal())
         }
         Err(e) => {
