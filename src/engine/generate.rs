@@ -17,7 +17,8 @@ pub use super::stall::StallGuard;
 use crate::backend::tower::TowerError;
 use crate::backend::{Backend, FileOrderUpload};
 use crate::model::backbone::{Backbone, BackboneConfig, BackboneError};
-use crate::model::codec::{CodecError, CodecModel};
+use crate::model::codec::encode::EncoderParams;
+use crate::model::codec::{CodecError, CodecModel, HostTensor};
 use crate::model::file_order::{FileOrderOptions, ReadStats};
 use crate::model::frame::Rows;
 use crate::model::load::Checkpoint;
@@ -172,25 +173,35 @@ impl<B: Backend> ResidentModel<B> {
     }
 }
 
+/// The codec encoder's weights prepared on the host while the backbone's stream
+/// (`model::codec::encode::host_params`), or why they could not be read: for the loader to
+/// upload once it knows the encoder fits (`CodecEncoder::from_host`).
+pub type EncoderHost = Result<EncoderParams<HostTensor>, CodecError>;
+
 impl<B: Backend + FileOrderUpload> ResidentModel<B> {
     /// [`ResidentModel::load_reporting`] for a backend that takes weights in file order
     /// (`model::file_order`): the shard files are read once, front to back, while the codec's
-    /// host image is prepared on another thread. Returns how the files were read.
+    /// host image, and the encoder's, are prepared on two other threads. Returns how the files
+    /// were read, and the encoder's host image.
     pub fn load_in_file_order(
         ckpt: &Checkpoint,
         backend: &B,
         options: FileOrderOptions,
         every: u64,
         report: &mut dyn FnMut(u64, u64),
-    ) -> Result<(ResidentModel<B>, ReadStats), LoadModelError> {
+    ) -> Result<(ResidentModel<B>, ReadStats, EncoderHost), LoadModelError> {
         std::thread::scope(|scope| {
-            let codec_host = std::thread::Builder::new()
-                .name(String::from("limelight-codec-load"))
+            let spawn = |name: &str| std::thread::Builder::new().name(format!("limelight-{name}-load"));
+            let codec_host = spawn("codec")
                 .spawn_scoped(scope, || crate::model::codec::host_params(ckpt))
                 .expect("spawning the codec loading thread");
+            let encoder_host = spawn("encoder")
+                .spawn_scoped(scope, || crate::model::codec::encode::host_params(ckpt))
+                .expect("spawning the encoder loading thread");
             let (weights, stats) = ckpt.upload_model_weights_in_file_order(backend, options, every, report)?;
             let host = codec_host.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
-            Ok((ResidentModel { weights, codec: CodecModel::from_host(ckpt, backend, host) }, stats))
+            let encoder = encoder_host.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            Ok((ResidentModel { weights, codec: CodecModel::from_host(ckpt, backend, host) }, stats, encoder))
         })
     }
 }

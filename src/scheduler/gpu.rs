@@ -68,7 +68,7 @@ mod with_cuda {
             let started = std::time::Instant::now();
             let read =
                 FileOrderOptions { mode: gpu.weights_io, readers: gpu.weights_readers, ..FileOrderOptions::default() };
-            let (model, stats) = ResidentModel::load_in_file_order(
+            let (model, stats, encoder_host) = ResidentModel::load_in_file_order(
                 &ckpt,
                 &cuda,
                 read,
@@ -175,12 +175,22 @@ mod with_cuda {
             let engine = if left >= need {
                 host.progress("loading the codec encoder");
                 let f32_backend = CudaF32::new(&cuda);
-                let encoder = CodecEncoder::load(&ckpt, &f32_backend).map_err(LoadModelError::from)?;
+                // Its host image was read beside the weights' stream; only the upload is left.
+                let started = std::time::Instant::now();
+                let encoder = CodecEncoder::from_host(&ckpt, &f32_backend, encoder_host.map_err(LoadModelError::from)?);
+                cuda.synchronize();
+                let uploaded = started.elapsed();
                 // The longest clip once, so the pool holds what any encode needs.
                 let longest = vec![0.0f32; (MAX_REFERENCE_SECONDS * f64::from(CODEC_SAMPLE_RATE)) as usize];
                 encoder
                     .encode(&f32_backend, &longest)
                     .map_err(|e| ModelLoadError::Gpu(format!("encoder warm-up: {e}")))?;
+                cuda.synchronize();
+                tracing::info!(
+                    upload_secs = uploaded.as_secs_f64(),
+                    warm_up_secs = (started.elapsed() - uploaded).as_secs_f64(),
+                    "engine: codec encoder resident"
+                );
                 engine.with_encoder(Box::new(move |samples: &[f32]| encoder.encode(&f32_backend, samples)))
             } else {
                 tracing::error!(

@@ -45,8 +45,9 @@ pub fn run(ctx: &mut Ctx) {
             FileOrderOptions { mode: ReadMode::Cached, readers: 1, ..Default::default() },
         ),
     ] {
-        let (model, read) = ResidentModel::load_in_file_order(&ckpt, cuda, options, u64::MAX, &mut |_, _| {})
+        let (model, read, encoder) = ResidentModel::load_in_file_order(&ckpt, cuda, options, u64::MAX, &mut |_, _| {})
             .expect("GPU upload in file order");
+        encoder.expect("the encoder's host image, read beside the stream");
         cuda.synchronize();
         let engine = Engine::new(cuda, &ckpt, &model).expect("GPU engine");
         let differing = plan.iter().zip(&want).filter(|(r, w)| !alone(&engine, r).matches(w, None, spf)).count();

@@ -11,10 +11,10 @@
 //! A clip is encoded whole (nothing streams): every causal conv and attention window starts from
 //! the reference's zeros, and RoPE positions count from the clip's first row.
 
-use super::params::{Reader, permute3};
+use super::params::{HostTensor, Reader, permute3};
 use super::rope::{inverse_frequencies, rope_rows};
 use super::{CodecError, NORM_EPS};
-use crate::backend::codec::{CausalConv, CodecAttentionShape, ResidualUnitParams};
+use crate::backend::codec::{CausalConv, CodecAttentionShape, ConvNext, ResidualUnitParams};
 use crate::backend::codec_encode::{CodecEncodeOps, DownsampleStage, StridedConv, VqEncoder};
 use crate::model::load::{Checkpoint, CodecTensor};
 use crate::model::weights::codec::{
@@ -87,6 +87,13 @@ impl<B: CodecEncodeOps> CodecEncoder<B> {
     pub fn load(ckpt: &Checkpoint, backend: &B) -> Result<CodecEncoder<B>, CodecError> {
         let place = |shape: &[usize], data: Vec<f32>| backend.codec_weight(shape, data);
         Ok(CodecEncoder { dims: ckpt.codec_dims.clone(), params: read_params(ckpt, &place)? })
+    }
+
+    /// Makes a host image ([`host_params`]) resident: the same weights [`CodecEncoder::load`]
+    /// gives.
+    pub fn from_host(ckpt: &Checkpoint, backend: &B, host: EncoderParams<HostTensor>) -> CodecEncoder<B> {
+        let params = host.map(&mut |t| backend.codec_weight(&t.shape, t.data));
+        CodecEncoder { dims: ckpt.codec_dims.clone(), params }
     }
 
     /// Codes per frame: the semantic code, then the residual codes.
@@ -206,6 +213,90 @@ fn read_params<W>(ckpt: &Checkpoint, place: &dyn Fn(&[usize], Vec<f32>) -> W) ->
     })
 }
 
+/// Every encode-path weight prepared on the host (reading `codec.pth`, folding weight norm): the
+/// part of loading the encoder that needs no backend, so a loader runs it on another thread while
+/// the backbone's weights stream (`ResidentModel::load_in_file_order`).
+pub fn host_params(ckpt: &Checkpoint) -> Result<EncoderParams<HostTensor>, CodecError> {
+    read_params(ckpt, &|shape: &[usize], data| HostTensor { shape: shape.to_vec(), data })
+}
+
+impl<W> EncoderParams<W> {
+    /// The same parameters with every weight passed through `f`.
+    pub fn map<V>(self, f: &mut impl FnMut(W) -> V) -> EncoderParams<V> {
+        fn conv<W, V>(c: CausalConv<W>, f: &mut impl FnMut(W) -> V) -> CausalConv<V> {
+            CausalConv { weight: f(c.weight), bias: f(c.bias), kernel: c.kernel, dilation: c.dilation }
+        }
+        fn strided<W, V>(c: StridedConv<W>, f: &mut impl FnMut(W) -> V) -> StridedConv<V> {
+            StridedConv { weight: f(c.weight), bias: f(c.bias), kernel: c.kernel, stride: c.stride }
+        }
+        fn transformer<W, V>(t: TransformerParams<W>, f: &mut impl FnMut(W) -> V) -> TransformerParams<V> {
+            let layers = t.layers.into_iter().map(|l| TransformerLayer {
+                attention_norm: f(l.attention_norm),
+                wqkv: f(l.wqkv),
+                wo: f(l.wo),
+                attention_layer_scale: f(l.attention_layer_scale),
+                ffn_norm: f(l.ffn_norm),
+                w1: f(l.w1),
+                w3: f(l.w3),
+                w2: f(l.w2),
+                ffn_layer_scale: f(l.ffn_layer_scale),
+            });
+            TransformerParams { layers: layers.collect(), norm: f(t.norm) }
+        }
+        let conv_in = conv(self.conv_in, f);
+        let mut blocks = Vec::with_capacity(self.blocks.len());
+        for b in self.blocks {
+            let units = b
+                .units
+                .into_iter()
+                .map(|u| ResidualUnitParams {
+                    snake1: f(u.snake1),
+                    conv1: conv(u.conv1, f),
+                    snake2: f(u.snake2),
+                    conv2: conv(u.conv2, f),
+                })
+                .collect();
+            let snake = f(b.snake);
+            let down = strided(b.down, f);
+            blocks.push(EncoderBlockParams {
+                units,
+                snake,
+                down,
+                transformer: b.transformer.map(|t| transformer(t, f)),
+            });
+        }
+        let out_snake = f(self.out_snake);
+        let conv_out = conv(self.conv_out, f);
+        let downsample = (self.downsample.into_iter())
+            .map(|s| DownsampleStage {
+                conv: strided(s.conv, f),
+                convnext: ConvNext {
+                    dw_weight: f(s.convnext.dw_weight),
+                    dw_bias: f(s.convnext.dw_bias),
+                    norm_weight: f(s.convnext.norm_weight),
+                    norm_bias: f(s.convnext.norm_bias),
+                    pw1_weight: f(s.convnext.pw1_weight),
+                    pw1_bias: f(s.convnext.pw1_bias),
+                    pw2_weight: f(s.convnext.pw2_weight),
+                    pw2_bias: f(s.convnext.pw2_bias),
+                    gamma: f(s.convnext.gamma),
+                },
+            })
+            .collect();
+        let pre_module = transformer(self.pre_module, f);
+        let quantizers = (self.quantizers.into_iter())
+            .map(|q| VqEncoder {
+                in_proj: f(q.in_proj),
+                in_bias: f(q.in_bias),
+                codebook: f(q.codebook),
+                out_proj: f(q.out_proj),
+                out_bias: f(q.out_bias),
+            })
+            .collect();
+        EncoderParams { conv_in, blocks, out_snake, conv_out, downsample, pre_module, quantizers }
+    }
+}
+
 fn transformer_params<W>(
     r: &Reader<'_, W>,
     t: &Transformer<CodecTensor<'_>>,
@@ -250,4 +341,33 @@ fn vq_encoder<W>(r: &Reader<'_, W>, vq: &Vq<CodecTensor<'_>>) -> Result<VqEncode
         out_proj: (r.place)(&out_shape[..2], out_proj),
         out_bias: r.plain(&vq.out_proj.bias)?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The two-phase load (host image on another thread, then upload) gives the very weights, in
+    /// the very order, that the direct load gives.
+    #[test]
+    fn the_host_image_uploads_to_the_same_weights() {
+        use crate::backend::cpu::{Cpu, CpuWeight};
+        let dir = tempfile::tempdir().unwrap();
+        let options = crate::synth::SynthOptions {
+            preset: crate::synth::presets::Preset::Tiny,
+            seed: 6,
+            vq_backbone_codebooks: 1,
+        };
+        crate::synth::SynthPlan::new(&options).write(dir.path()).unwrap();
+        let ckpt = Checkpoint::open(dir.path()).unwrap();
+        let flat = |p: EncoderParams<CpuWeight>| {
+            let mut all = Vec::new();
+            p.map(&mut |w: CpuWeight| all.push((w.shape, w.data.iter().map(|v| v.to_bits()).collect::<Vec<_>>())));
+            all
+        };
+        let direct = flat(CodecEncoder::load(&ckpt, &Cpu).unwrap().params);
+        let staged = flat(CodecEncoder::from_host(&ckpt, &Cpu, host_params(&ckpt).unwrap()).params);
+        assert!(direct.len() > 100, "{} tensors", direct.len());
+        assert!(direct == staged, "the staged load differs from the direct one");
+    }
 }
