@@ -88,3 +88,24 @@ fn an_oversized_file_is_refused_before_a_child_starts_and_a_missing_decoder_is_t
     let e = missing.decode(b"RIFF", None, &limits).expect_err("nothing to run");
     assert!(e.to_string().contains("/nonexistent/limelight"), "{e}");
 }
+
+/// A decoder that goes on writing after its answer cannot hold the request: the answer's end
+/// closes the pipe, so the child's next write fails and it stops (here `yes`, by SIGPIPE), and a
+/// child that did not finish cleanly is not believed.
+#[test]
+fn a_decoder_that_keeps_writing_is_cut_off_and_not_believed() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("talker");
+    let answer = r#"{"Clip":{"samples":1,"source_rate":24000,"source_channels":1}}"#;
+    std::fs::write(&script, format!("#!/bin/sh\n/bin/cat > /dev/null\nprintf '%s\\n' '{answer}'\nexec /usr/bin/yes\n"))
+        .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let started = std::time::Instant::now();
+    let got = ClipDecoder::new(&script, 512).decode(&wav(1.0, 24_000), None, &ClipLimits::default());
+    assert!(started.elapsed() < std::time::Duration::from_secs(10), "{:?}", started.elapsed());
+    match got {
+        Ok(Err(ClipError::Undecodable(why))) => assert!(why.contains("signal 13"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+}

@@ -129,6 +129,8 @@ impl ClipDecoder {
         }
         let stdout = child.stdout.take().expect("stdout is piped");
         let max_samples = (limits.max_seconds * f64::from(ENCODER_RATE)).ceil() as u64 + 1;
+        // read_answer takes the pipe and closes it on return: a child still writing past its
+        // answer then fails on its next write instead of blocking the wait below.
         let answer = read_answer(BufReader::new(stdout.take(MAX_LINE_BYTES + max_samples * 4)));
         let status = child.wait().map_err(|e| unavailable(e.to_string()))?;
         if !status.success() {
