@@ -109,3 +109,24 @@ fn a_decoder_that_keeps_writing_is_cut_off_and_not_believed() {
         other => panic!("{other:?}"),
     }
 }
+
+/// A decoder that never reads its input, and so never spends CPU, cannot hold the request either:
+/// the watchdog kills it at its wall-clock limit (twice its CPU limit, plus 2 s).
+#[test]
+fn a_decoder_that_blocks_is_killed_by_the_clock() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("sleeper");
+    std::fs::write(&script, "#!/bin/sh\nexec /usr/bin/sleep 600\n").unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let decoder = ClipDecoder { cpu_seconds: 1, ..ClipDecoder::new(&script, 512) };
+    let started = std::time::Instant::now();
+    // Larger than a pipe's buffer: the write to a child that does not read blocks.
+    let got = decoder.decode(&wav(3.0, 24_000), None, &ClipLimits::default());
+    let took = started.elapsed();
+    assert!((std::time::Duration::from_secs(3)..std::time::Duration::from_secs(20)).contains(&took), "{took:?}");
+    match got {
+        Ok(Err(ClipError::Undecodable(why))) => assert!(why.contains("signal 9"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+}

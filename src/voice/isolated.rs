@@ -18,8 +18,10 @@
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
 
-use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+use rustix::process::{Pid, PidfdFlags, Resource, Rlimit, Signal, getrlimit, pidfd_open, pidfd_send_signal, setrlimit};
 use serde::{Deserialize, Serialize};
 
 use super::clip::{self, Clip, ClipError, ClipLimits, ENCODER_RATE};
@@ -112,6 +114,7 @@ impl ClipDecoder {
             .stderr(Stdio::null())
             .spawn()
             .map_err(|e| unavailable(e.to_string()))?;
+        let _watchdog = Watchdog::start(&child, self.wall_limit());
         let request = Request { hint: hint.map(str::to_owned), limits: limits.clone() };
         let mut stdin = child.stdin.take().expect("stdin is piped");
         let sent = serde_json::to_writer(&mut stdin, &request)
@@ -139,6 +142,12 @@ impl ClipDecoder {
         answer.map_err(|e| unavailable(format!("its answer could not be read: {e}")))
     }
 
+    /// How long a child may take by the clock: its CPU limit only counts while it runs, and one
+    /// blocked before reading its input would block the write to it.
+    fn wall_limit(&self) -> Duration {
+        Duration::from_secs(2 * self.cpu_seconds + 2)
+    }
+
     /// The file's refusal when the child did not finish: most often a limit it reached.
     fn died(&self, status: ExitStatus) -> ClipError {
         use std::os::unix::process::ExitStatusExt;
@@ -151,6 +160,28 @@ impl ClipDecoder {
             self.memory_bytes >> 20,
             self.cpu_seconds
         ))
+    }
+}
+
+/// Kills a child that outlives its wall-clock limit, through a pidfd (which names that process
+/// alone, even once it is reaped: no other process can be hit by a reused pid). Dropping it ends
+/// the watch. Where the kernel has no pidfds (before 5.3) there is no watch: the CPU limit stays.
+struct Watchdog {
+    _done: Option<mpsc::Sender<()>>,
+}
+
+impl Watchdog {
+    fn start(child: &std::process::Child, limit: Duration) -> Watchdog {
+        let Ok(pidfd) = pidfd_open(Pid::from_child(child), PidfdFlags::empty()) else {
+            return Watchdog { _done: None };
+        };
+        let (done, watch) = mpsc::channel::<()>();
+        let spawned = std::thread::Builder::new().name(String::from("limelight-clip-watchdog")).spawn(move || {
+            if watch.recv_timeout(limit) == Err(mpsc::RecvTimeoutError::Timeout) {
+                let _ = pidfd_send_signal(&pidfd, Signal::KILL);
+            }
+        });
+        Watchdog { _done: spawned.is_ok().then_some(done) }
     }
 }
 
