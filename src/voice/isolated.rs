@@ -8,8 +8,9 @@
 //! that fails aborts it, and every stream in flight with it; checking each format's fields by
 //! hand only closes the holes already found. So the server decodes a client's clip in a child,
 //! `limelight decode-clip` (this binary), which limits its own address space and CPU time before
-//! it reads a byte. An allocation past the limit fails in the child, the child dies, and the
-//! upload is refused as undecodable: the server and its other requests never notice.
+//! it reads a byte, and a watchdog kills it at a wall-clock limit. An allocation past the limit
+//! fails in the child, the child dies, and the upload is refused as undecodable: the server and
+//! its other requests never notice.
 //!
 //! The exchange, over the child's stdin and stdout: the parent writes one JSON line (the hint and
 //! the [`ClipLimits`]) and then the file's bytes, and closes the pipe; the child answers one JSON
