@@ -342,32 +342,3 @@ fn vq_encoder<W>(r: &Reader<'_, W>, vq: &Vq<CodecTensor<'_>>) -> Result<VqEncode
         out_bias: r.plain(&vq.out_proj.bias)?,
     })
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The two-phase load (host image on another thread, then upload) gives the very weights, in
-    /// the very order, that the direct load gives.
-    #[test]
-    fn the_host_image_uploads_to_the_same_weights() {
-        use crate::backend::cpu::{Cpu, CpuWeight};
-        let dir = tempfile::tempdir().unwrap();
-        let options = crate::synth::SynthOptions {
-            preset: crate::synth::presets::Preset::Tiny,
-            seed: 6,
-            vq_backbone_codebooks: 1,
-        };
-        crate::synth::SynthPlan::new(&options).write(dir.path()).unwrap();
-        let ckpt = Checkpoint::open(dir.path()).unwrap();
-        let flat = |p: EncoderParams<CpuWeight>| {
-            let mut all = Vec::new();
-            p.map(&mut |w: CpuWeight| all.push((w.shape, w.data.iter().map(|v| v.to_bits()).collect::<Vec<_>>())));
-            all
-        };
-        let direct = flat(CodecEncoder::load(&ckpt, &Cpu).unwrap().params);
-        let staged = flat(CodecEncoder::from_host(&ckpt, &Cpu, host_params(&ckpt).unwrap()).params);
-        assert!(direct.len() > 100, "{} tensors", direct.len());
-        assert!(direct == staged, "the staged load differs from the direct one");
-    }
-}

@@ -318,26 +318,45 @@ impl<W> CodecParams<W> {
 mod tests {
     use super::*;
 
+    use crate::backend::cpu::{Cpu, CpuWeight};
+
+    /// A tiny random checkpoint (the folder lives as long as the checkpoint is used).
+    fn tiny_checkpoint(seed: u64) -> (tempfile::TempDir, Checkpoint) {
+        let dir = tempfile::tempdir().unwrap();
+        let options =
+            crate::synth::SynthOptions { preset: crate::synth::presets::Preset::Tiny, seed, vq_backbone_codebooks: 1 };
+        crate::synth::SynthPlan::new(&options).write(dir.path()).unwrap();
+        let ckpt = Checkpoint::open(dir.path()).unwrap();
+        (dir, ckpt)
+    }
+
+    /// Every weight's shape and bits, in the order a parameter map visits them.
+    fn flat(map: impl FnOnce(&mut dyn FnMut(CpuWeight))) -> Vec<(Vec<usize>, Vec<u32>)> {
+        let mut all = Vec::new();
+        map(&mut |w: CpuWeight| all.push((w.shape, w.data.iter().map(|v| v.to_bits()).collect())));
+        all
+    }
+
     /// The two-phase load (host image on another thread, then upload) gives the very weights, in
     /// the very order, that the direct load gives.
     #[test]
     fn the_host_image_uploads_to_the_same_weights() {
-        use crate::backend::cpu::{Cpu, CpuWeight};
-        let dir = tempfile::tempdir().unwrap();
-        let options = crate::synth::SynthOptions {
-            preset: crate::synth::presets::Preset::Tiny,
-            seed: 5,
-            vq_backbone_codebooks: 1,
-        };
-        crate::synth::SynthPlan::new(&options).write(dir.path()).unwrap();
-        let ckpt = Checkpoint::open(dir.path()).unwrap();
-        let flat = |p: CodecParams<CpuWeight>| {
-            let mut all = Vec::new();
-            p.map(&mut |w: CpuWeight| all.push((w.shape, w.data.iter().map(|v| v.to_bits()).collect::<Vec<_>>())));
-            all
-        };
-        let direct = flat(load_params(&ckpt, &Cpu).unwrap());
-        let staged = flat(upload_params(&Cpu, host_params(&ckpt).unwrap()));
+        let (_dir, ckpt) = tiny_checkpoint(5);
+        let direct = flat(|f| drop(load_params(&ckpt, &Cpu).unwrap().map(&mut |w| f(w))));
+        let staged = flat(|f| drop(upload_params(&Cpu, host_params(&ckpt).unwrap()).map(&mut |w| f(w))));
+        assert!(direct.len() > 100, "{} tensors", direct.len());
+        assert!(direct == staged, "the staged load differs from the direct one");
+    }
+
+    /// The same for the encoder's weights (`encode::host_params`, `CodecEncoder::from_host`).
+    #[test]
+    fn the_encoders_host_image_uploads_to_the_same_weights() {
+        use super::super::encode::{CodecEncoder, host_params as encoder_host_params};
+        let (_dir, ckpt) = tiny_checkpoint(6);
+        let direct = flat(|f| drop(CodecEncoder::load(&ckpt, &Cpu).unwrap().params.map(&mut |w| f(w))));
+        let staged = flat(|f| {
+            drop(CodecEncoder::from_host(&ckpt, &Cpu, encoder_host_params(&ckpt).unwrap()).params.map(&mut |w| f(w)))
+        });
         assert!(direct.len() > 100, "{} tensors", direct.len());
         assert!(direct == staged, "the staged load differs from the direct one");
     }
