@@ -15,7 +15,9 @@
 # 3. `bench serve` with LOAD_CLIENTS (default 33) closed-loop clients each streaming a
 #    LOAD_CHARS-character (default 1500) text: the slowest stream against real time, and the
 #    pauses a client playing each stream as it arrives would hear (held chunks included).
-# CHUNK_FRAMES (default 400) is each chunk's max_frames. REPORT_DIR gets serve.log,
+# CHUNK_FRAMES (default 400) is each chunk's max_frames; SCRIPT_CHUNK_FRAMES (default CHUNK_FRAMES)
+# overrides it for the four single requests (random weights never end a chunk, so a 20 000-character
+# script at 400 frames a chunk is ~27 000 frames, minutes of device time). REPORT_DIR gets serve.log,
 # requests.tsv, same-bytes.txt, load.txt/json, metrics.txt.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -60,12 +62,13 @@ for who in alice bob; do
 done
 
 frames=${CHUNK_FRAMES:-400}
+script_frames=${SCRIPT_CHUNK_FRAMES:-$frames}
 printf 'request\tchars\tstatus\tbytes\taudio_s\tfirst_byte_s\ttotal_s\n' >"$report_dir/requests.tsv"
 speak() {  # name json-text
     local chars
     chars=$(python3 -c 'import json,sys; print(len(json.loads(sys.argv[1])))' "$2")
     printf '{"model":"drama-3","input":%s,"voices":{"0":"alice","1":"bob"},"response_format":"pcm","seed":7,"max_frames":%s}' \
-        "$2" "$frames" >"/tmp/$1.json"
+        "$2" "$script_frames" >"/tmp/$1.json"
     curl -sS -o "/tmp/$1.pcm" -w "%{http_code}\t%{size_download}\t%{time_starttransfer}\t%{time_total}\n" \
         -H 'Content-Type: application/json' --data-binary "@/tmp/$1.json" "$base/v1/audio/speech" |
         awk -v n="$1" -v c="$chars" -F'\t' '{ printf "%s\t%s\t%s\t%s\t%.1f\t%s\t%s\n", n, c, $1, $2, $2 / 48000, $3, $4 }' \
