@@ -94,7 +94,10 @@ pub fn split(text: &str, limits: SplitLimits) -> Vec<Chunk> {
     chunks
 }
 
-/// Where the chunk starting at `start` and aiming for `target` bytes ends.
+/// Where the chunk starting at `start` and aiming for `target` bytes ends. Boundaries and turns
+/// are ascending: only the ones from `start` on are looked at, so splitting a chapter costs time
+/// in proportion to its length (looking from the text's start for each chunk made a 80 000-byte
+/// script take 0.4 s before its first audio).
 fn next_end(
     text: &str,
     start: usize,
@@ -104,44 +107,53 @@ fn next_end(
     max_speakers: usize,
 ) -> usize {
     let (low, high) = (start + target / 2, start + target);
-    // The first turn that would bring one speaker too many must start the next chunk.
-    let speaker_cap = (turns.iter())
-        .map(|(at, _)| *at)
-        .filter(|&at| at > start)
-        .find(|&at| speakers_in(start..at + 1, turns).len() > max_speakers);
+    // The first turn that would bring one speaker too many must start the next chunk. Turns past
+    // `high` cannot end this chunk sooner than `high` does.
+    let mut speakers = vec![speaker_at(start, turns)];
+    let later_turns = &turns[turns.partition_point(|&(at, _)| at <= start)..];
+    let speaker_cap = (later_turns.iter()).take_while(|&&(at, _)| at <= high).find_map(|&(at, speaker)| {
+        if !speakers.contains(&speaker) {
+            speakers.push(speaker);
+        }
+        (speakers.len() > max_speakers).then_some(at)
+    });
     if text.len() <= high && speaker_cap.is_none() {
         return text.len();
     }
     let cap = speaker_cap.map_or(high, |c| c.min(high));
-    let real = |b: &&Boundary| b.at > start && b.strength > Strength::Char;
+    let later = &boundaries[boundaries.partition_point(|b| b.at <= start)..];
+    let up_to_cap = &later[..later.partition_point(|b| b.at <= cap)];
+    let real = |b: &&Boundary| b.strength > Strength::Char;
     // The strongest real boundary in [low, cap], the last of equals (the fullest chunk); else the
     // last real one before it (a short chunk rather than a cut word).
-    let window = boundaries.iter().filter(real).filter(|b| b.at >= low.min(cap) && b.at <= cap);
+    let window = up_to_cap.iter().filter(real).filter(|b| b.at >= low.min(cap));
     if let Some(best) = window.max_by_key(|b| (b.strength, b.at)) {
         return best.at;
     }
-    if let Some(b) = boundaries.iter().filter(real).take_while(|b| b.at <= cap).last() {
+    if let Some(b) = up_to_cap.iter().filter(real).next_back() {
         return b.at;
     }
     // No real boundary before the cap (a long atom or a run with no space or mark): the first
     // real one after it, or a cut between characters at twice the target, whichever is first.
     let hard = start + 2 * target;
-    (boundaries.iter())
-        .find(|b| b.at > start && (b.strength > Strength::Char || b.at >= hard))
-        .map_or(text.len(), |b| b.at)
+    (later.iter()).find(|b| b.strength > Strength::Char || b.at >= hard).map_or(text.len(), |b| b.at)
 }
 
 fn chunk(range: Range<usize>, turns: &[(usize, u32)]) -> Chunk {
-    let speaker = turns.iter().take_while(|(at, _)| *at <= range.start).last().map_or(0, |(_, s)| *s);
-    Chunk { speakers: speakers_in(range.clone(), turns), speaker, range }
+    Chunk { speakers: speakers_in(range.clone(), turns), speaker: speaker_at(range.start, turns), range }
+}
+
+/// The speaker speaking at byte `at`: the last turn starting at or before it (0 before any).
+fn speaker_at(at: usize, turns: &[(usize, u32)]) -> u32 {
+    turns[..turns.partition_point(|&(t, _)| t <= at)].last().map_or(0, |&(_, s)| s)
 }
 
 /// The speakers speaking anywhere in `range` (the one speaking at its start included).
 fn speakers_in(range: Range<usize>, turns: &[(usize, u32)]) -> Vec<u32> {
-    let first = turns.iter().take_while(|(at, _)| *at <= range.start).last().map_or(0, |(_, s)| *s);
-    let mut out: Vec<u32> = std::iter::once(first)
-        .chain(turns.iter().filter(|(at, _)| range.contains(at) && *at > range.start).map(|(_, s)| *s))
-        .collect();
+    let inside = &turns[turns.partition_point(|&(at, _)| at <= range.start)..];
+    let inside = &inside[..inside.partition_point(|&(at, _)| at < range.end)];
+    let mut out: Vec<u32> =
+        std::iter::once(speaker_at(range.start, turns)).chain(inside.iter().map(|&(_, s)| s)).collect();
     out.sort_unstable();
     out.dedup();
     out
