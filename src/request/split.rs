@@ -130,7 +130,7 @@ fn next_end(
     if let Some(best) = window.max_by_key(|b| (b.strength, b.at)) {
         return best.at;
     }
-    if let Some(b) = up_to_cap.iter().filter(real).next_back() {
+    if let Some(b) = up_to_cap.iter().rfind(real) {
         return b.at;
     }
     // No real boundary before the cap (a long atom or a run with no space or mark): the first
