@@ -19,14 +19,14 @@
 //   o      f32 [T, Hv, Dv]  core output before the gated norm
 #include "common.cuh"
 // GDN_THREADS, GDN_CHUNK (tokens per chunk, as in the reference; the last chunk may be
-// shorter), GDN_BV (value columns per CTA of the cores: one per lane) and GDN_MAX_DK (the
-// largest key dim the cores support): src/backend/cuda/kernel_constants.rs.
+// shorter), GDN_BV (value columns per CTA of the recurrent core: one per lane), GDN_SCAN_BV
+// (value columns per CTA of the chunk scan) and GDN_MAX_DK (the largest key dim the cores
+// support): src/backend/cuda/kernel_constants.rs.
 #include "kernel_constants.cuh"
 
 #define GDN_WARPS (GDN_THREADS / 32)
-// Rows of S a warp holds.
+// Rows of S a warp of the recurrent core holds.
 #define GDN_ROWS_PER_WARP (GDN_MAX_DK / GDN_WARPS)
-#define GDN_CHUNK_ROWS_PER_WARP (GDN_CHUNK / GDN_WARPS)
 // Epsilon of the q/k L2 norm, inside the sqrt; fixed in the reference.
 #define GDN_L2_EPS 1e-6f
 
@@ -130,127 +130,6 @@ extern "C" __global__ void gdn_conv_state_update(float* state, const bf16* qkv, 
     }
 }
 
-// Element (row, col) of a chunk matrix with row stride ks (a multiple of 32 floats). Its 16-byte
-// chunks are XOR-swizzled by the row (chunk q of row r sits at q ^ (r & 7)), so that a float4
-// read of one row's chunk across lanes (lane = chunk), and of one chunk across eight consecutive
-// rows (lane = row, a quarter-warp per phase), hit distinct banks.
-__device__ __forceinline__ int gdn_swz(int row, int col, int ks) {
-    return row * ks + ((((col >> 2) ^ (row & 7)) << 2) | (col & 3));
-}
-// The float4 of chunk q (columns 4q..4q+3) of a row at `row_base` (= a row start of the matrix).
-__device__ __forceinline__ float4 gdn_chunk4(const float* row_base, int row, int q) {
-    return *reinterpret_cast<const float4*>(row_base + ((q ^ (row & 7)) << 2));
-}
-
-// Lower triangle (diagonal included) of a GDN_CHUNK × GDN_CHUNK matrix, each row's start padded to
-// a multiple of 4 floats so that a row reads as float4s: row i = 4q + s starts at 4(q+1)(2q+s)
-// (rows before it hold 4·ceil((j+1)/4) floats each).
-__device__ __forceinline__ int gdn_tri(int i) {
-    const int q = i >> 2, s = i & 3;
-    return 4 * (q + 1) * (2 * q + s);
-}
-#define GDN_TRI_SIZE (4 * (GDN_CHUNK / 4 + 1) * (GDN_CHUNK / 2))
-
-// A compile-time count of chunk rows per warp: warp w holds rows w, w+8, …, so R = ceil(n / 8)
-// slots cover a chunk of n rows. The chunk products below run R slots, not GDN_CHUNK_ROWS_PER_WARP:
-// a short chunk (the tail of a prompt, or a short prompt) issues only the work its rows need. Each
-// output is still summed over d in order, so R changes no bit.
-template <int N>
-struct GdnRows {
-    static constexpr int value = N;
-};
-
-// Calls f(GdnRows<R>{}) with R = ceil(n / GDN_WARPS) (1 ≤ n ≤ GDN_CHUNK).
-template <typename F>
-__device__ __forceinline__ void gdn_by_rows(int n, F&& f) {
-    static_assert(GDN_CHUNK_ROWS_PER_WARP == 8, "one case per slot count");
-    switch ((n + GDN_WARPS - 1) / GDN_WARPS) {
-        case 1: f(GdnRows<1>{}); break;
-        case 2: f(GdnRows<2>{}); break;
-        case 3: f(GdnRows<3>{}); break;
-        case 4: f(GdnRows<4>{}); break;
-        case 5: f(GdnRows<5>{}); break;
-        case 6: f(GdnRows<6>{}); break;
-        case 7: f(GdnRows<7>{}); break;
-        default: f(GdnRows<8>{}); break;
-    }
-}
-
-// Why the chunk products read float4s (issue 14): ncu on the 200-row prefill at the real shape
-// (docs/perf/2026-12-04-one-stream.md, run 9) found the core issue-bound at one CTA of 8 warps per
-// SM, 35 k warp instructions per warp per chunk, integer address arithmetic the busiest pipe: a
-// scalar shared load and its swizzled address for every FMA. Each product below reads four
-// consecutive d (or m) per load and sums them into each output in the same increasing order as
-// the scalar loops it replaces, so every output keeps its bits. Rows past n hold stale values;
-// they are read but their results are never stored.
-
-// The lower triangle of X Kᵀ over one chunk (n rows, both swizzled [GDN_CHUNK, ks]) into `tri_out`,
-// each entry scaled by e^{γ_i − γ_m} and, when `beta` is given, by β_i. kDiag includes m = i.
-// Warp w owns rows i = w, w+8, … (R slots); lane l owns columns m = l and, when R > 4 (n > 32),
-// l+32. Per four d: a broadcast float4 of each X row, a float4 of each K row. dk % 4 == 0.
-template <bool kDiag, int R>
-__device__ __forceinline__ void gdn_chunk_gram(const float* X, const float* K, const float* gam, const float* beta,
-                                               float* tri_out, int n, int dk, int ks) {
-    constexpr int H = R > 4 ? 2 : 1;  // column halves that can hold m < n
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    float acc[R][H];
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int h = 0; h < H; ++h) acc[r][h] = 0.f;
-    for (int q = 0; q < dk / 4; ++q) {
-        float4 k[H];
-#pragma unroll
-        for (int h = 0; h < H; ++h) k[h] = gdn_chunk4(K + (lane + 32 * h) * ks, lane + 32 * h, q);
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const int i = warp + GDN_WARPS * r;
-            const float4 x = gdn_chunk4(X + i * ks, i, q);
-#pragma unroll
-            for (int h = 0; h < H; ++h) {
-                acc[r][h] = fmaf(x.x, k[h].x, acc[r][h]);
-                acc[r][h] = fmaf(x.y, k[h].y, acc[r][h]);
-                acc[r][h] = fmaf(x.z, k[h].z, acc[r][h]);
-                acc[r][h] = fmaf(x.w, k[h].w, acc[r][h]);
-            }
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        const int i = warp + GDN_WARPS * r;
-#pragma unroll
-        for (int h = 0; h < H; ++h) {
-            const int m = lane + 32 * h;
-            if (i < n && (kDiag ? m <= i : m < i)) {
-                const float decayed = acc[r][h] * expf(gam[i] - gam[m]);
-                tri_out[gdn_tri(i) + m] = beta ? beta[i] * decayed : decayed;
-            }
-        }
-    }
-}
-
-// acc[r] = Σ_d X[i, d] · S[d, lane] over d in order, for the warp's rows i = warp + 8r
-// (r < R; slots past R are left as they are). Per four d: a broadcast float4 of each X row and
-// four state loads. dk % 4 == 0.
-template <int R>
-__device__ __forceinline__ void gdn_rows_times_state(const float* X, const float* S, int dk, int ks,
-                                                     float (&acc)[GDN_CHUNK_ROWS_PER_WARP]) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (int q = 0; q < dk / 4; ++q) {
-        const float* s_rows = S + 4 * q * GDN_BV + lane;
-        const float s0 = s_rows[0], s1 = s_rows[GDN_BV], s2 = s_rows[2 * GDN_BV], s3 = s_rows[3 * GDN_BV];
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const int i = warp + GDN_WARPS * r;
-            const float4 x = gdn_chunk4(X + i * ks, i, q);
-            acc[r] = fmaf(x.x, s0, acc[r]);
-            acc[r] = fmaf(x.y, s1, acc[r]);
-            acc[r] = fmaf(x.z, s2, acc[r]);
-            acc[r] = fmaf(x.w, s3, acc[r]);
-        }
-    }
-}
-
 // Copies chunk rows [0, n) × columns [0, cols) of a row-major global matrix (row stride `stride`)
 // into shared memory at dst(i, d), loads flattened over (row, column) and issued GDN_LOAD_BATCH
 // at a time before any store (one global round trip per batch, not per row). Copies only.
@@ -273,227 +152,346 @@ __device__ __forceinline__ void gdn_load_tile(const float* __restrict__ src, siz
     }
 }
 
-// Forward substitution of four columns of one chunk matrix M (row stride `stride` floats, the
-// columns' float4 at `at(row)`): for i in order, M[i] ← init(i) − Σ_{m<i} A[i, m] · M[m], each
-// column's terms added in increasing m (as the scalar loop `x = fmaf(−a, M[m][c], x)` adds them).
-template <typename At, typename Init>
-__device__ __forceinline__ void gdn_substitute4(const float* A, int n, At at, Init init) {
-    for (int i = 0; i < n; ++i) {
-        float4 x = init(i);
-        const float* a_row = A + gdn_tri(i);
-        int m = 0;
-        for (; m + 4 <= i; m += 4) {
-            const float4 a = *reinterpret_cast<const float4*>(a_row + m);
-            const float4 c0 = at(m), c1 = at(m + 1), c2 = at(m + 2), c3 = at(m + 3);
-            x.x = fmaf(-a.x, c0.x, x.x), x.y = fmaf(-a.x, c0.y, x.y), x.z = fmaf(-a.x, c0.z, x.z), x.w = fmaf(-a.x, c0.w, x.w);
-            x.x = fmaf(-a.y, c1.x, x.x), x.y = fmaf(-a.y, c1.y, x.y), x.z = fmaf(-a.y, c1.z, x.z), x.w = fmaf(-a.y, c1.w, x.w);
-            x.x = fmaf(-a.z, c2.x, x.x), x.y = fmaf(-a.z, c2.y, x.y), x.z = fmaf(-a.z, c2.z, x.z), x.w = fmaf(-a.z, c2.w, x.w);
-            x.x = fmaf(-a.w, c3.x, x.x), x.y = fmaf(-a.w, c3.y, x.y), x.z = fmaf(-a.w, c3.z, x.z), x.w = fmaf(-a.w, c3.w, x.w);
+// The chunked prefill (`backbone.md` §3.7) in two launches, split as flash-linear-attention
+// splits it (its kkt / solve_tril / wy_fast kernels, then chunk_h with the output folded in):
+// with γ the cumulative log-decay from the chunk start,
+//   A = strict lower β_i (k_i·k_m) e^{γ_i−γ_m};  U = (I+A)⁻¹ diag(β) V;  W = (I+A)⁻¹ diag(β) (K ⊙ e^γ)
+//   C = lower (q_i·k_m) e^{γ_i−γ_m} (diagonal included)
+// depend on no state, so `gdn_chunk_intra` computes them for every chunk of every prompt at once;
+// `gdn_chunk_scan` then walks each prompt's chunks in order:
+//   V_new = U − W S;  O = e^γ ⊙ (Q S) + C V_new;  S ← e^{γ_n} S + Kᵀ (e^{γ_n−γ} ⊙ V_new).
+// Why (issue 14): the single kernel this replaces ran one CTA of 8 warps per (head, 32 value
+// columns), each walking its prompt's chunks and redoing the state-free work (both grams, W's
+// substitution) for each of the head's value tiles: 128 CTAs for a 200-row prompt, one per SM,
+// issue-bound at 306 µs a layer on an H100 against ~20 µs of FMAs (run 19).
+//
+// Scratch written by the first and read by the second, row t of the call (t = the chunk's first
+// row + i), value head j:
+//   w      f32 [rows, Hv, Dk]    W
+//   u      f32 [rows, Hv, Dv]    U
+//   c      f32 [rows, Hv, 64]    row i of the chunk's C (entries past i are zeros)
+//   decay  f32 [rows, Hv, 2]     e^{γ_i}, e^{γ_{n−1}−γ_i}
+// Shared-memory rows of Dk floats are padded to Dk + GDN_ROW_PAD (4): a float4 read of 16
+// different rows at one column then spans all eight 16-byte bank groups.
+// A chunk's shared [64][64] matrices (A, C) have rows of GDN_SQ_STRIDE floats, padded likewise.
+
+// The rows [t_begin, t_end) of sequence z: the whole call without `seq_starts`.
+__device__ __forceinline__ void gdn_sequence_rows(const int* seq_starts, int rows, int z, int& t_begin, int& t_end) {
+    t_begin = seq_starts ? seq_starts[z] : 0;
+    t_end = seq_starts ? seq_starts[z + 1] : rows;
+}
+
+// Grid (Hv, chunks of the longest sequence, sequences), 256 threads: one CTA per value head and
+// chunk (CTAs past their sequence's end leave at once). Rows of a short last chunk are padded with
+// k = 0, β = 0, g = 0, which the reference's padded chunk equals; only rows < n are written.
+// Dynamic shared memory (floats), kst = Dk + 4:  K [64][kst] | Q [64][kst] | A [64][68] | γ, β, e^γ [64 each].
+// Requires Dk ≤ 128 and Dk % 4 == 0.
+extern "C" __global__ void __launch_bounds__(GDN_THREADS, 1)
+    gdn_chunk_intra(const float* __restrict__ prep, const float* __restrict__ gates, float* __restrict__ w_out,
+                    float* __restrict__ u_out, float* __restrict__ c_out, float* __restrict__ decay_out, int rows,
+                    int key_heads, int value_heads, int key_dim, int value_dim, const int* __restrict__ seq_starts) {
+    pdl_begin();
+    extern __shared__ __align__(16) float smem[];
+    const int dk = key_dim, dv = value_dim, kst = key_dim + GDN_ROW_PAD, hv = value_heads;
+    const int j = blockIdx.x, kh = j / (value_heads / key_heads);
+    int t_begin, t_end;
+    gdn_sequence_rows(seq_starts, rows, blockIdx.z, t_begin, t_end);
+    const int t0 = t_begin + GDN_CHUNK * blockIdx.y;
+    if (t0 >= t_end) return;  // the whole block, before any barrier
+    const int n = min(GDN_CHUNK, t_end - t0);
+    const int channels = 2 * key_heads * dk + value_heads * dv;
+
+    float* K = smem;
+    float* Q = K + GDN_CHUNK * kst;
+    float* A = Q + GDN_CHUNK * kst;
+    float* gam = A + GDN_CHUNK * GDN_SQ_STRIDE;
+    float* beta = gam + GDN_CHUNK;
+    float* egam = beta + GDN_CHUNK;
+
+    const size_t row0 = (size_t)t0 * channels;
+    gdn_load_tile(prep + row0 + (size_t)(key_heads + kh) * dk, channels, n, dk, [&](int i, int d, float x) { K[i * kst + d] = x; });
+    gdn_load_tile(prep + row0 + (size_t)kh * dk, channels, n, dk, [&](int i, int d, float x) { Q[i * kst + d] = x; });
+    for (int e = n * dk + threadIdx.x; e < GDN_CHUNK * dk; e += GDN_THREADS) {
+        K[(e / dk) * kst + e % dk] = 0.f;
+        Q[(e / dk) * kst + e % dk] = 0.f;
+    }
+    if (threadIdx.x < GDN_CHUNK) {
+        const int i = threadIdx.x;
+        const size_t idx = (size_t)(t0 + i) * hv + j;
+        beta[i] = i < n ? gates[idx] : 0.f;
+        gam[i] = i < n ? gates[(size_t)rows * hv + idx] : 0.f;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float acc = 0.f;  // the running sum in row order
+        for (int i = 0; i < GDN_CHUNK; ++i) gam[i] = acc += gam[i];
+    }
+    __syncthreads();
+    if (threadIdx.x < GDN_CHUNK) {
+        const int i = threadIdx.x;
+        egam[i] = expf(gam[i]);
+        if (i < n) {
+            float* dec = decay_out + ((size_t)(t0 + i) * hv + j) * 2;
+            dec[0] = egam[i];
+            dec[1] = expf(gam[n - 1] - gam[i]);
         }
-        for (; m < i; ++m) {
-            const float a = a_row[m];
-            const float4 c = at(m);
-            x.x = fmaf(-a, c.x, x.x), x.y = fmaf(-a, c.y, x.y), x.z = fmaf(-a, c.z, x.z), x.w = fmaf(-a, c.w, x.w);
+    }
+
+    // Both grams over the whole 64 × 64 square: thread (bi, bm) owns rows i = bi + 16r and
+    // columns m = bm + 16c (r, c < 4), each sum over d in order, four d per float4 read.
+    {
+        const int bi = threadIdx.x / 16, bm = threadIdx.x % 16;
+        float ak[4][4] = {}, aq[4][4] = {};
+        for (int d = 0; d < dk; d += 4) {
+            float4 km[4], ki[4], qi[4];
+#pragma unroll
+            for (int c = 0; c < 4; ++c) km[c] = *reinterpret_cast<const float4*>(K + (bm + 16 * c) * kst + d);
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                ki[r] = *reinterpret_cast<const float4*>(K + (bi + 16 * r) * kst + d);
+                qi[r] = *reinterpret_cast<const float4*>(Q + (bi + 16 * r) * kst + d);
+            }
+#pragma unroll
+            for (int r = 0; r < 4; ++r)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    ak[r][c] = fmaf(ki[r].x, km[c].x, ak[r][c]);
+                    ak[r][c] = fmaf(ki[r].y, km[c].y, ak[r][c]);
+                    ak[r][c] = fmaf(ki[r].z, km[c].z, ak[r][c]);
+                    ak[r][c] = fmaf(ki[r].w, km[c].w, ak[r][c]);
+                    aq[r][c] = fmaf(qi[r].x, km[c].x, aq[r][c]);
+                    aq[r][c] = fmaf(qi[r].y, km[c].y, aq[r][c]);
+                    aq[r][c] = fmaf(qi[r].z, km[c].z, aq[r][c]);
+                    aq[r][c] = fmaf(qi[r].w, km[c].w, aq[r][c]);
+                }
         }
-        at(i) = x;
+        // The decays only where they are kept: e^{γ_i−γ_m} overflows above the diagonal.
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            const int i = bi + 16 * r;
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const int m = bm + 16 * c;
+                A[i * GDN_SQ_STRIDE + m] = m < i ? beta[i] * (ak[r][c] * expf(gam[i] - gam[m])) : 0.f;
+                if (i < n) c_out[((size_t)(t0 + i) * hv + j) * GDN_CHUNK + m] = m <= i ? aq[r][c] * expf(gam[i] - gam[m]) : 0.f;
+            }
+        }
+    }
+    __syncthreads();
+
+    // Forward substitution, one column per thread: W's Dk columns, then U's Dv. Column x solves
+    // x_i = init_i − Σ_{m<i} A[i, m] x_m, the terms added in increasing m; the column lives in
+    // registers (the loops unroll fully), A's rows are broadcast float4 reads.
+    for (int col = threadIdx.x; col < dk + dv; col += GDN_THREADS) {
+        const bool is_w = col < dk;
+        const float* v_src = prep + row0 + (size_t)2 * key_heads * dk + (size_t)j * dv + (col - dk);
+        float x[GDN_CHUNK];
+#pragma unroll
+        for (int i = 0; i < GDN_CHUNK; ++i) {
+            float acc;
+            if (is_w) {
+                acc = beta[i] * egam[i] * K[i * kst + col];
+            } else {
+                acc = i < n ? beta[i] * __ldg(v_src + (size_t)i * channels) : 0.f;
+            }
+            const float* a_row = A + i * GDN_SQ_STRIDE;
+#pragma unroll
+            for (int m = 0; m + 4 <= i; m += 4) {
+                const float4 a = *reinterpret_cast<const float4*>(a_row + m);
+                acc = fmaf(-a.x, x[m], acc);
+                acc = fmaf(-a.y, x[m + 1], acc);
+                acc = fmaf(-a.z, x[m + 2], acc);
+                acc = fmaf(-a.w, x[m + 3], acc);
+            }
+#pragma unroll
+            for (int m = i & ~3; m < i; ++m) acc = fmaf(-a_row[m], x[m], acc);
+            x[i] = acc;
+        }
+        float* dst = is_w ? w_out + (size_t)j * dk + col : u_out + (size_t)j * dv + (col - dk);
+        const size_t row_stride = (size_t)hv * (is_w ? dk : dv);
+#pragma unroll
+        for (int i = 0; i < GDN_CHUNK; ++i)
+            if (i < n) dst[(size_t)(t0 + i) * row_stride] = x[i];
     }
 }
 
-// Chunked prefill core (`backbone.md` §3.7): for each 64-token chunk, with γ the cumulative
-// log-decay from the chunk start,
-//   A = strict lower β_i (k_i·k_m) e^{γ_i−γ_m};  U = (I+A)⁻¹ diag(β) V;  W = (I+A)⁻¹ diag(β) (K ⊙ e^γ)
-//   V_new = U − W S;  O = (Q ⊙ e^γ) S + [(Q Kᵀ) ⊙ e^{γ_i−γ_m}]_{m≤i} V_new;  S ← e^{γ_n} S + (K ⊙ e^{γ_n−γ})ᵀ V_new.
-// (I+A)⁻¹ is applied by forward substitution of U and W column by column, as the CPU does.
-//
-// Grid (Hv, ceil(Dv/32), sequences), 256 threads: one CTA per value head and 32 value columns of
-// one sequence (the delta rule never mixes value columns, so each column tile runs the recurrence
-// on its own); the CTA walks its sequence's chunks in order with its state tile in shared memory.
-// The prompts of several streams run in one launch (grid.z), which fills the GPU where one
-// prompt's Hv·Dv/32 CTAs do not. Requires Dk ≤ 128, Dk % 4 == 0 and Hv % Hk == 0.
-// Dynamic shared memory (floats), ks = Dk rounded up to 32:
-//   S [Dk][32] | K [64][ks] | QW [64][ks] (W, later the chunk's Q) | U [64][32] (βV → U → V_new)
-//   | A [GDN_TRI_SIZE] (A, later the decayed Q Kᵀ) | γ, β, e^γ, e^{γ_n−γ} [64 each]
-// Two CTAs per SM (≤ 128 registers): several prompts' heads share a launch (grid.z).
+// acc[r] = Σ_d X[g + 16r, d] · Sᵀ[c, d] (r < 4), each sum over d in order, four d per float4
+// read; rows past a short chunk's end read stale values, and their sums are never used.
+__device__ __forceinline__ void gdn_rows_times_state(const float* X, const float* st_col, int dk, int kst, int g,
+                                                     float (&acc)[4]) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) acc[r] = 0.f;
+#pragma unroll 2
+    for (int d = 0; d < dk; d += 4) {
+        const float4 st = *reinterpret_cast<const float4*>(st_col + d);
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            const float4 x = *reinterpret_cast<const float4*>(X + (g + 16 * r) * kst + d);
+            acc[r] = fmaf(x.x, st.x, acc[r]);
+            acc[r] = fmaf(x.y, st.y, acc[r]);
+            acc[r] = fmaf(x.z, st.z, acc[r]);
+            acc[r] = fmaf(x.w, st.w, acc[r]);
+        }
+    }
+}
+
+// s[e] += k[e] · x for the eight state rows a thread of the scan holds (k: a key row at them).
+__device__ __forceinline__ void gdn_state_rows_add(const float* k, float x, float (&s)[8]) {
+    const float4 ka = *reinterpret_cast<const float4*>(k);
+    const float4 kb = *reinterpret_cast<const float4*>(k + 4);
+    s[0] = fmaf(ka.x, x, s[0]);
+    s[1] = fmaf(ka.y, x, s[1]);
+    s[2] = fmaf(ka.z, x, s[2]);
+    s[3] = fmaf(ka.w, x, s[3]);
+    s[4] = fmaf(kb.x, x, s[4]);
+    s[5] = fmaf(kb.y, x, s[5]);
+    s[6] = fmaf(kb.z, x, s[6]);
+    s[7] = fmaf(kb.w, x, s[7]);
+}
+
+// Grid (Hv, ceil(Dv / GDN_SCAN_BV), sequences), 256 threads: one CTA per value head and
+// GDN_SCAN_BV value columns of one sequence (the delta rule never mixes value columns), walking
+// the sequence's chunks in order with the state tile in registers and, transposed, in shared
+// memory. Thread (c = t % 16, g = t / 16) owns value column c: output rows i = g + 16r (r < 4)
+// and state rows d = 8g .. 8g + 7. Rows of a short last chunk past n are never read.
+// Dynamic shared memory (floats), kst = Dk + 4:
+//   Sᵀ [16][kst] | X [64][kst] (W, then Q, then K) | C [64][68] | V_newᵀ [16][68] | (e^{γ_n−γ} ⊙ V_new)ᵀ [16][68]
+//   | e^γ, e^{γ_n−γ} [64 each]
+// Requires Dk ≤ 128 and Dk % 4 == 0.
 extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
-    gdn_chunk_core(const float* __restrict__ prep, const float* __restrict__ gates, float* __restrict__ state,
+    gdn_chunk_scan(const float* __restrict__ prep, const float* __restrict__ w_in, const float* __restrict__ u_in,
+                   const float* __restrict__ c_in, const float* __restrict__ decay_in, float* __restrict__ state,
                    float* __restrict__ out, int rows, int key_heads, int value_heads, int key_dim, int value_dim,
                    const unsigned long long* __restrict__ states, const int* __restrict__ seq_starts) {
+    static_assert(GDN_SCAN_BV == 16 && GDN_THREADS == 256 && GDN_MAX_DK <= 128, "thread (c, g) covers 16 columns × 64 rows");
     pdl_begin();
     extern __shared__ __align__(16) float smem[];
-    const int dk = key_dim, dv = value_dim, ks = (key_dim + 31) & ~31;
+    const int dk = key_dim, dv = value_dim, kst = key_dim + GDN_ROW_PAD, hv = value_heads;
     const int j = blockIdx.x, kh = j / (value_heads / key_heads);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int v = blockIdx.y * GDN_BV + lane;
-    const bool v_ok = v < dv;
+    const int c = threadIdx.x % GDN_SCAN_BV, g = threadIdx.x / GDN_SCAN_BV;
+    const int v0 = blockIdx.y * GDN_SCAN_BV, v = v0 + c, v_cols = min(GDN_SCAN_BV, dv - v0);
+    const bool v_ok = c < v_cols;
     const int channels = 2 * key_heads * dk + value_heads * dv;
 
-    float* S = smem;
-    float* K = S + dk * GDN_BV;
-    float* QW = K + GDN_CHUNK * ks;
-    float* U = QW + GDN_CHUNK * ks;
-    float* A = U + GDN_CHUNK * GDN_BV;
-    float* gam = A + GDN_TRI_SIZE;
-    float* beta = gam + GDN_CHUNK;
-    float* egam = beta + GDN_CHUNK;
+    float* ST = smem;
+    float* X = ST + GDN_SCAN_BV * kst;
+    float* C = X + GDN_CHUNK * kst;
+    float* VN = C + GDN_CHUNK * GDN_SQ_STRIDE;
+    float* VD = VN + GDN_SCAN_BV * GDN_SQ_STRIDE;
+    float* egam = VD + GDN_SCAN_BV * GDN_SQ_STRIDE;
     float* fdec = egam + GDN_CHUNK;
 
-    // Several sequences (`states` given): grid.z = sequences, sequence z's rows seq_starts[z]..
-    // seq_starts[z + 1] (of `rows` in all) continuing the state at states[z]; chunks start at the
-    // sequence's first row, so each sequence is computed exactly as it is alone.
-    int t_begin = 0, t_end = rows;
-    if (states) {
-        state = reinterpret_cast<float*>(states[blockIdx.z]);
-        t_begin = seq_starts[blockIdx.z];
-        t_end = seq_starts[blockIdx.z + 1];
-    }
+    int t_begin, t_end;
+    gdn_sequence_rows(seq_starts, rows, blockIdx.z, t_begin, t_end);
+    if (states) state = reinterpret_cast<float*>(states[blockIdx.z]);
     float* s_global = state + (size_t)j * dk * dv;
-    for (int d = warp; d < dk; d += GDN_WARPS) S[d * GDN_BV + lane] = v_ok ? s_global[(size_t)d * dv + v] : 0.f;
+    const int d0 = 8 * g;  // this thread's state rows d0 .. d0 + 7 (those < dk)
+    float s[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+        s[e] = d0 + e < dk && v_ok ? s_global[(size_t)(d0 + e) * dv + v] : 0.f;
+        if (d0 + e < dk) ST[c * kst + d0 + e] = s[e];
+    }
 
     const float* q_in = prep + (size_t)kh * dk;
     const float* k_in = prep + (size_t)(key_heads + kh) * dk;
-    const float* v_in = prep + (size_t)2 * key_heads * dk + (size_t)j * dv;
-    const float* g_in = gates + (size_t)rows * value_heads;
-
     for (int t0 = t_begin; t0 < t_end; t0 += GDN_CHUNK) {
         const int n = min(GDN_CHUNK, t_end - t0);
-        const size_t row0 = (size_t)t0 * channels;
-        gdn_load_tile(k_in + row0, channels, n, dk, [&](int i, int d, float x) { K[gdn_swz(i, d, ks)] = x; });
-        // The tile's value columns; those past dv (a last, partial tile) are zeros.
-        const int v_cols = min(GDN_BV, dv - (int)blockIdx.y * GDN_BV);
-        gdn_load_tile(v_in + row0 + blockIdx.y * GDN_BV, channels, n, v_cols,
-                      [&](int i, int c, float x) { U[i * GDN_BV + c] = x; });
-        if (v_cols < GDN_BV)
-            for (int i = warp; i < n; i += GDN_WARPS)
-                if (lane >= v_cols) U[i * GDN_BV + lane] = 0.f;
+        const size_t head_row0 = (size_t)t0 * hv + j;  // (row t0, head j) of the scratch
+        for (int e = threadIdx.x; e < n * (dk / 4); e += GDN_THREADS) {
+            const int i = e / (dk / 4), q = e % (dk / 4);
+            *reinterpret_cast<float4*>(X + i * kst + 4 * q) =
+                __ldg(reinterpret_cast<const float4*>(w_in + (head_row0 + (size_t)i * hv) * dk) + q);
+        }
+        for (int e = threadIdx.x; e < n * (GDN_CHUNK / 4); e += GDN_THREADS) {
+            const int i = e / (GDN_CHUNK / 4), q = e % (GDN_CHUNK / 4);
+            *reinterpret_cast<float4*>(C + i * GDN_SQ_STRIDE + 4 * q) =
+                __ldg(reinterpret_cast<const float4*>(c_in + (head_row0 + (size_t)i * hv) * GDN_CHUNK) + q);
+        }
+        for (int e = threadIdx.x; e < n * GDN_SCAN_BV; e += GDN_THREADS) {
+            const int i = e / GDN_SCAN_BV, cc = e % GDN_SCAN_BV;
+            VN[cc * GDN_SQ_STRIDE + i] = cc < v_cols ? __ldg(u_in + (head_row0 + (size_t)i * hv) * dv + v0 + cc) : 0.f;
+        }
         if (threadIdx.x < n) {
-            const size_t idx = (size_t)(t0 + threadIdx.x) * value_heads + j;
-            beta[threadIdx.x] = gates[idx];
-            gam[threadIdx.x] = g_in[idx];
+            const float* dec = decay_in + (head_row0 + (size_t)threadIdx.x * hv) * 2;
+            egam[threadIdx.x] = dec[0];
+            fdec[threadIdx.x] = dec[1];
         }
         __syncthreads();
-        if (threadIdx.x == 0) {
-            // The running sum in row order, eight loads issued ahead of their adds (the same
-            // adds as the plain loop).
-            float acc = 0.f;
-            for (int i0 = 0; i0 < n; i0 += 8) {
-                float g[8];
+
+        // V_new = U − W S (each sum over d in order), and its rows scaled by e^{γ_n−γ_i}.
+        {
+            float acc[4];
+            gdn_rows_times_state(X, ST + c * kst, dk, kst, g, acc);
 #pragma unroll
-                for (int u = 0; u < 8; ++u) g[u] = i0 + u < n ? gam[i0 + u] : 0.f;
-#pragma unroll
-                for (int u = 0; u < 8; ++u)
-                    if (i0 + u < n) gam[i0 + u] = acc += g[u];
+            for (int r = 0; r < 4; ++r) {
+                const int i = g + 16 * r;
+                if (i < n) {
+                    const float vn = VN[c * GDN_SQ_STRIDE + i] - acc[r];
+                    VN[c * GDN_SQ_STRIDE + i] = vn;
+                    VD[c * GDN_SQ_STRIDE + i] = fdec[i] * vn;
+                }
             }
         }
         __syncthreads();
-        if (threadIdx.x < n) {
-            egam[threadIdx.x] = expf(gam[threadIdx.x]);
-            fdec[threadIdx.x] = expf(gam[n - 1] - gam[threadIdx.x]);
-        }
-        gdn_by_rows(n, [&](auto rows) { gdn_chunk_gram<false, decltype(rows)::value>(K, K, gam, beta, A, n, dk, ks); });
+        gdn_load_tile(q_in + (size_t)t0 * channels, channels, n, dk, [&](int i, int d, float x) { X[i * kst + d] = x; });
         __syncthreads();
 
-        // Forward substitution: thread t < dk/4 owns W's columns 4t..4t+3, the next 8 threads U's
-        // 32 columns four each; a column depends only on itself.
+        // O_i = e^{γ_i} q_iᵀ S + Σ_{m≤i} C[i, m] V_new[m], with S the chunk-start state.
         {
-            const int t = threadIdx.x, wq = dk / 4;
-            if (t < wq) {
-                gdn_substitute4(
-                    A, n, [&](int m) -> float4& { return *reinterpret_cast<float4*>(QW + m * ks + ((t ^ (m & 7)) << 2)); },
-                    [&](int i) {
-                        const float be = beta[i] * egam[i];
-                        const float4 k = gdn_chunk4(K + i * ks, i, t);
-                        return make_float4(be * k.x, be * k.y, be * k.z, be * k.w);
-                    });
-            } else if (t < wq + GDN_BV / 4) {
-                const int u = t - wq;
-                gdn_substitute4(
-                    A, n, [&](int m) -> float4& { return *reinterpret_cast<float4*>(U + m * GDN_BV + 4 * u); },
-                    [&](int i) {
-                        const float b = beta[i];
-                        const float4 x = *reinterpret_cast<const float4*>(U + i * GDN_BV + 4 * u);
-                        return make_float4(b * x.x, b * x.y, b * x.z, b * x.w);
-                    });
-            }
-        }
-        __syncthreads();
-
-        // V_new = U − W S: warp w owns rows w, w+8, …, lane its value column.
-        {
-            float acc[GDN_CHUNK_ROWS_PER_WARP] = {};
-            gdn_by_rows(n, [&](auto rows) { gdn_rows_times_state<decltype(rows)::value>(QW, S, dk, ks, acc); });
+            float acc[4];
+            gdn_rows_times_state(X, ST + c * kst, dk, kst, g, acc);
+            const float* vn_col = VN + c * GDN_SQ_STRIDE;
 #pragma unroll
-            for (int r = 0; r < GDN_CHUNK_ROWS_PER_WARP; ++r) {
-                const int i = warp + GDN_WARPS * r;
-                if (i < n) U[i * GDN_BV + lane] -= acc[r];
-            }
-        }
-        __syncthreads();
-
-        gdn_load_tile(q_in + row0, channels, n, dk, [&](int i, int d, float x) { QW[gdn_swz(i, d, ks)] = x; });
-        __syncthreads();
-        gdn_by_rows(n, [&](auto rows) { gdn_chunk_gram<true, decltype(rows)::value>(QW, K, gam, nullptr, A, n, dk, ks); });
-        __syncthreads();
-
-        // O_i = e^{γ_i} q_iᵀ S + Σ_{m≤i} (q_i·k_m) e^{γ_i−γ_m} V_new[m], with S the chunk-start state.
-        {
-            float acc[GDN_CHUNK_ROWS_PER_WARP] = {};
-            gdn_by_rows(n, [&](auto rows) { gdn_rows_times_state<decltype(rows)::value>(QW, S, dk, ks, acc); });
-#pragma unroll
-            for (int r = 0; r < GDN_CHUNK_ROWS_PER_WARP; ++r) {
-                const int i = warp + GDN_WARPS * r;
+            for (int r = 0; r < 4; ++r) {
+                const int i = g + 16 * r;
                 if (i >= n) continue;
                 float o = acc[r] * egam[i];
-                const float* c_row = A + gdn_tri(i);
+                const float* c_row = C + i * GDN_SQ_STRIDE;
                 int m = 0;
                 for (; m + 4 <= i + 1; m += 4) {
-                    const float4 c = *reinterpret_cast<const float4*>(c_row + m);
-                    o = fmaf(c.x, U[m * GDN_BV + lane], o);
-                    o = fmaf(c.y, U[(m + 1) * GDN_BV + lane], o);
-                    o = fmaf(c.z, U[(m + 2) * GDN_BV + lane], o);
-                    o = fmaf(c.w, U[(m + 3) * GDN_BV + lane], o);
+                    const float4 cm = *reinterpret_cast<const float4*>(c_row + m);
+                    const float4 vm = *reinterpret_cast<const float4*>(vn_col + m);
+                    o = fmaf(cm.x, vm.x, o);
+                    o = fmaf(cm.y, vm.y, o);
+                    o = fmaf(cm.z, vm.z, o);
+                    o = fmaf(cm.w, vm.w, o);
                 }
-                for (; m <= i; ++m) o = fmaf(c_row[m], U[m * GDN_BV + lane], o);
-                if (v_ok) out[((size_t)(t0 + i) * value_heads + j) * dv + v] = o;
+                for (; m <= i; ++m) o = fmaf(c_row[m], vn_col[m], o);
+                if (v_ok) out[((size_t)(t0 + i) * hv + j) * dv + v] = o;
             }
         }
         __syncthreads();
+        gdn_load_tile(k_in + (size_t)t0 * channels, channels, n, dk, [&](int i, int d, float x) { X[i * kst + d] = x; });
+        __syncthreads();
 
-        // S ← e^{γ_n} S + Σ_i e^{γ_n−γ_i} k_i V_new[i]ᵀ: warp w owns the 16 consecutive rows
-        // d = 16w.. of the tile (four float4 chunks of each k_i, read as broadcasts).
+        // S ← e^{γ_n} S + Σ_{i<n} k_i (e^{γ_n−γ_i} V_new[i])ᵀ, the terms added in increasing i.
         {
-            static_assert(GDN_ROWS_PER_WARP == 16, "four chunks of k per warp");
-            float s[GDN_ROWS_PER_WARP];
             const float e_last = egam[n - 1];
-            const int d0 = warp * GDN_ROWS_PER_WARP;
+            const float* vd_col = VD + c * GDN_SQ_STRIDE;
 #pragma unroll
-            for (int r = 0; r < GDN_ROWS_PER_WARP; ++r) {
-                const int d = d0 + r;
-                s[r] = d < dk ? S[d * GDN_BV + lane] * e_last : 0.f;
-            }
+            for (int e = 0; e < 8; ++e) s[e] *= e_last;
             if (d0 < dk) {
-                for (int i = 0; i < n; ++i) {
-                    const float u = U[i * GDN_BV + lane], f = fdec[i];
-#pragma unroll
-                    for (int c = 0; c < 4; ++c) {
-                        const float4 k = gdn_chunk4(K + i * ks, i, d0 / 4 + c);
-                        s[4 * c] = fmaf(f * k.x, u, s[4 * c]);
-                        s[4 * c + 1] = fmaf(f * k.y, u, s[4 * c + 1]);
-                        s[4 * c + 2] = fmaf(f * k.z, u, s[4 * c + 2]);
-                        s[4 * c + 3] = fmaf(f * k.w, u, s[4 * c + 3]);
-                    }
+                int i = 0;
+                for (; i + 4 <= n; i += 4) {
+                    const float4 vd = *reinterpret_cast<const float4*>(vd_col + i);
+                    gdn_state_rows_add(X + i * kst + d0, vd.x, s);
+                    gdn_state_rows_add(X + (i + 1) * kst + d0, vd.y, s);
+                    gdn_state_rows_add(X + (i + 2) * kst + d0, vd.z, s);
+                    gdn_state_rows_add(X + (i + 3) * kst + d0, vd.w, s);
                 }
-            }
+                for (; i < n; ++i) gdn_state_rows_add(X + i * kst + d0, vd_col[i], s);
 #pragma unroll
-            for (int r = 0; r < GDN_ROWS_PER_WARP; ++r) {
-                const int d = d0 + r;
-                if (d < dk) S[d * GDN_BV + lane] = s[r];
+                for (int e = 0; e < 8; ++e)
+                    if (d0 + e < dk) ST[c * kst + d0 + e] = s[e];
             }
         }
         __syncthreads();
     }
 
-    for (int d = warp; d < dk; d += GDN_WARPS)
-        if (v_ok) s_global[(size_t)d * dv + v] = S[d * GDN_BV + lane];
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+        if (d0 + e < dk && v_ok) s_global[(size_t)(d0 + e) * dv + v] = s[e];
 }
 
 // Recurrent decode core (`backbone.md` §3.4): rows one after another, each

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use cudarc::driver::CudaContext;
 
 use super::Cuda;
-use super::kernel_constants::{GDN_BV, GDN_CHUNK, GDN_MAX_DK, GDN_THREADS};
+use super::kernel_constants::{GDN_BV, GDN_CHUNK, GDN_MAX_DK, GDN_ROW_PAD, GDN_SCAN_BV, GDN_SQ_STRIDE, GDN_THREADS};
 use super::launch::{Dims, Kernel, KernelError, Module, embedded};
 use super::linear::{linear, linear_many, linear_rows, linear_rows_many, linear_segments};
 use super::memory::PoolBuf;
@@ -25,8 +25,10 @@ use crate::model::weights::GdnWeights;
 const THREADS: u32 = GDN_THREADS as u32;
 /// Tokens per chunk of the prefill core, as in the reference.
 const CHUNK: usize = GDN_CHUNK;
-/// Value columns per CTA of the cores.
+/// Value columns per CTA of the recurrent core.
 const VALUE_TILE: usize = GDN_BV;
+/// Value columns per CTA of the chunk scan.
+const SCAN_VALUE_TILE: usize = GDN_SCAN_BV;
 /// Largest key dim the cores hold.
 const MAX_KEY_DIM: usize = GDN_MAX_DK;
 /// Value heads normalised per block of `gdn_gated_norm` (one per warp).
@@ -36,7 +38,8 @@ pub struct GdnKernels {
     zero_f32: Kernel,
     conv_prepare: Kernel,
     conv_state_update: Kernel,
-    chunk_core: Kernel,
+    chunk_intra: Kernel,
+    chunk_scan: Kernel,
     recurrent_core: Kernel,
     gated_norm: Kernel,
 }
@@ -44,25 +47,35 @@ pub struct GdnKernels {
 impl GdnKernels {
     pub fn load(ctx: &Arc<CudaContext>) -> Result<GdnKernels, KernelError> {
         let m = Module::load_overlapping(ctx, "gdn", embedded::GDN)?;
-        // 97.5 KiB at Dk = 128: within the opt-in limit of every target (99 KiB on sm_89/sm_120).
-        let chunk_core = m.kernel_with_shared("gdn_chunk_core", chunk_shared_bytes(MAX_KEY_DIM) as usize)?;
+        // 84.8 and 68.8 KiB at Dk = 128: within the opt-in limit of every target (99 KiB on
+        // sm_89/sm_120), two CTAs an SM on sm_90.
+        let chunk_intra = m.kernel_with_shared("gdn_chunk_intra", intra_shared_bytes(MAX_KEY_DIM) as usize)?;
+        let chunk_scan = m.kernel_with_shared("gdn_chunk_scan", scan_shared_bytes(MAX_KEY_DIM) as usize)?;
         Ok(GdnKernels {
             zero_f32: m.kernel("gdn_zero_f32")?,
             conv_prepare: m.kernel("gdn_conv_prepare")?,
             conv_state_update: m.kernel("gdn_conv_state_update")?,
-            chunk_core,
+            chunk_intra,
+            chunk_scan,
             recurrent_core: m.kernel("gdn_recurrent_core")?,
             gated_norm: m.kernel("gdn_gated_norm")?,
         })
     }
 }
 
-/// Dynamic shared memory of `gdn_chunk_core` for key dim `dk` (the layout above the kernel).
-fn chunk_shared_bytes(dk: usize) -> u32 {
-    let ks = dk.next_multiple_of(32);
-    // The chunk's lower triangle, each row padded to whole float4s (`GDN_TRI_SIZE`).
-    let triangle = 4 * (CHUNK / 4 + 1) * (CHUNK / 2);
-    let floats = dk * VALUE_TILE + 2 * CHUNK * ks + CHUNK * VALUE_TILE + triangle + 4 * CHUNK;
+/// Dynamic shared memory of `gdn_chunk_intra` for key dim `dk` (the layout above the kernel):
+/// K and Q, A, then γ, β and e^γ.
+fn intra_shared_bytes(dk: usize) -> u32 {
+    let floats = 2 * CHUNK * (dk + GDN_ROW_PAD) + CHUNK * GDN_SQ_STRIDE + 3 * CHUNK;
+    u32::try_from(floats * 4).expect("shared memory size")
+}
+
+/// Dynamic shared memory of `gdn_chunk_scan` for key dim `dk` (the layout above the kernel):
+/// Sᵀ, the chunk's W / Q / K, C, V_newᵀ and its decayed copy, then e^γ and e^{γ_n−γ}.
+fn scan_shared_bytes(dk: usize) -> u32 {
+    let row = dk + GDN_ROW_PAD;
+    let floats =
+        SCAN_VALUE_TILE * row + CHUNK * row + CHUNK * GDN_SQ_STRIDE + 2 * SCAN_VALUE_TILE * GDN_SQ_STRIDE + 2 * CHUNK;
     u32::try_from(floats * 4).expect("shared memory size")
 }
 
@@ -287,18 +300,20 @@ fn run_core(
         cuda.stage_to_device(table.ptr(), &words);
         table
     };
-    let (conv, recurrent, tables, spans, sequences) = match sequences {
-        Sequences::One(state) => (state.conv.ptr(), state.recurrent.ptr(), None, None, 1),
+    // `longest`: the most rows of one sequence.
+    let (conv, recurrent, tables, spans, sequences, longest) = match sequences {
+        Sequences::One(state) => (state.conv.ptr(), state.recurrent.ptr(), None, None, 1, rows),
         Sequences::Rows(states) => {
             let table = address_table(states);
-            (states[0].conv.ptr(), states[0].recurrent.ptr(), Some(table), None, states.len())
+            (states[0].conv.ptr(), states[0].recurrent.ptr(), Some(table), None, states.len(), 1)
         }
         Sequences::Many(states, lens) => {
             let table = address_table(states);
             let words = sequence_words(lens);
             let spans = cuda.scratch(words.len() * 4);
             cuda.stage_to_device(spans.ptr(), &words);
-            (states[0].conv.ptr(), states[0].recurrent.ptr(), Some(table), Some(spans), states.len())
+            let longest = lens.iter().copied().max().unwrap_or(0);
+            (states[0].conv.ptr(), states[0].recurrent.ptr(), Some(table), Some(spans), states.len(), longest)
         }
     };
     let conv_table = tables.as_ref().map_or(0, |t| t.ptr());
@@ -351,31 +366,102 @@ fn run_core(
     let blocks = channels.div_ceil(THREADS as usize) as u32;
     cuda.kernels.gdn.conv_state_update.launch(cuda.stream(), Dims::grid((blocks, sequences as u32, 1), THREADS), &args);
 
-    let mut args = vec![
+    match core {
+        Core::Chunked => {
+            assert!(tables.is_none() || spans.is_some(), "the chunked core runs whole sequences");
+            chunked_core(
+                cuda,
+                shape,
+                &prep,
+                &gates,
+                recurrent,
+                o,
+                rows,
+                longest,
+                sequences,
+                recurrent_table,
+                seq_starts,
+            );
+        }
+        Core::Recurrent => {
+            let args = [
+                prep.ptr().into(),
+                gates.ptr().into(),
+                recurrent.into(),
+                o.into(),
+                rows.into(),
+                shape.key_heads.into(),
+                hv.into(),
+                shape.key_dim.into(),
+                dv.into(),
+                recurrent_table.into(),
+            ];
+            let grid = (u32::try_from(hv).expect("value heads"), dv.div_ceil(VALUE_TILE) as u32, sequences as u32);
+            cuda.kernels.gdn.recurrent_core.launch(cuda.stream(), Dims::grid(grid, THREADS), &args);
+        }
+    }
+}
+
+/// The chunked delta rule over `rows` prepared rows of `sequences` sequences (`seq_starts` = 0:
+/// one, continuing the state at `recurrent`; else each from its own state in the table at
+/// `recurrent_table`): the state-free work of every chunk at once (`gdn_chunk_intra`), then each
+/// sequence's chunks in order (`gdn_chunk_scan`), through pool scratch (the layouts in gdn.cu).
+#[allow(clippy::too_many_arguments)]
+fn chunked_core(
+    cuda: &Cuda,
+    shape: &GdnShape,
+    prep: &PoolBuf,
+    gates: &PoolBuf,
+    recurrent: u64,
+    o: u64,
+    rows: usize,
+    longest: usize,
+    sequences: usize,
+    recurrent_table: u64,
+    seq_starts: u64,
+) {
+    let (hv, dk, dv) = (shape.value_heads, shape.key_dim, shape.value_dim);
+    let w = cuda.scratch(rows * hv * dk * 4);
+    let u = cuda.scratch(rows * hv * dv * 4);
+    let c = cuda.scratch(rows * hv * CHUNK * 4);
+    let decay = cuda.scratch(rows * hv * 2 * 4);
+    let heads = u32::try_from(hv).expect("value heads");
+    let seqs = u32::try_from(sequences).expect("sequences");
+    let dims = |&a: &(u32, u32, u32), shared: u32| Dims::grid(a, THREADS).with_shared(shared);
+    let args = [
         prep.ptr().into(),
         gates.ptr().into(),
+        w.ptr().into(),
+        u.ptr().into(),
+        c.ptr().into(),
+        decay.ptr().into(),
+        rows.into(),
+        shape.key_heads.into(),
+        hv.into(),
+        dk.into(),
+        dv.into(),
+        seq_starts.into(),
+    ];
+    let grid = (heads, u32::try_from(longest.div_ceil(CHUNK)).expect("chunks"), seqs);
+    cuda.kernels.gdn.chunk_intra.launch(cuda.stream(), dims(&grid, intra_shared_bytes(dk)), &args);
+    let args = [
+        prep.ptr().into(),
+        w.ptr().into(),
+        u.ptr().into(),
+        c.ptr().into(),
+        decay.ptr().into(),
         recurrent.into(),
         o.into(),
         rows.into(),
         shape.key_heads.into(),
         hv.into(),
-        shape.key_dim.into(),
+        dk.into(),
         dv.into(),
+        recurrent_table.into(),
+        seq_starts.into(),
     ];
-    let grid = (u32::try_from(hv).expect("value heads"), dv.div_ceil(VALUE_TILE) as u32, sequences as u32);
-    match core {
-        Core::Chunked => {
-            assert!(tables.is_none() || spans.is_some(), "the chunked core runs whole sequences");
-            args.push(recurrent_table.into());
-            args.push(seq_starts.into());
-            let dims = Dims::grid(grid, THREADS).with_shared(chunk_shared_bytes(shape.key_dim));
-            cuda.kernels.gdn.chunk_core.launch(cuda.stream(), dims, &args);
-        }
-        Core::Recurrent => {
-            args.push(recurrent_table.into());
-            cuda.kernels.gdn.recurrent_core.launch(cuda.stream(), Dims::grid(grid, THREADS), &args);
-        }
-    }
+    let grid = (heads, u32::try_from(dv.div_ceil(SCAN_VALUE_TILE)).expect("value tiles"), seqs);
+    cuda.kernels.gdn.chunk_scan.launch(cuda.stream(), dims(&grid, scan_shared_bytes(dk)), &args);
 }
 
 /// What the kernels read of several sequences of `lens` rows: each row's sequence (`[Σ lens]`),

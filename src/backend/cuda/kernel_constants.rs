@@ -27,12 +27,17 @@ pub const ATTN_PREFILL_ROWS: usize = 64;
 pub const ATTN_TILE_KEYS: usize = 32;
 pub const ATTN_MAX_GROUP: usize = 16;
 
-// kernels/gdn.cu: threads of every kernel, tokens per chunk of the prefill core (the
-// reference's), value columns per CTA of the cores, the largest key dim the cores hold.
+// kernels/gdn.cu: threads of every kernel, tokens per chunk of the prefill (the reference's),
+// value columns per CTA of the recurrent core and of the chunk scan, the largest key dim the
+// cores hold, the floats each shared row of a chunk's keys is padded by.
 pub const GDN_THREADS: usize = 256;
 pub const GDN_CHUNK: usize = 64;
 pub const GDN_BV: usize = 32;
+pub const GDN_SCAN_BV: usize = 16;
 pub const GDN_MAX_DK: usize = 128;
+pub const GDN_ROW_PAD: usize = 4;
+/// Row stride of a chunk's shared 64 × 64 matrices (float4 rows, padded likewise).
+pub const GDN_SQ_STRIDE: usize = GDN_CHUNK + GDN_ROW_PAD;
 
 // kernels/sampling.cu: threads of one draw's block, ranks per thread at the largest sort, the
 // most logits one draw sorts, and the words of a frame row (`[main, c0, c1..]`: at most 14 heads).
