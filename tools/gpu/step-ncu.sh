@@ -2,7 +2,7 @@
 # Per-kernel device time and DRAM traffic of one frame step and of one prompt, under ncu, ON THE
 # GPU MACHINE from the repository root (after tools/gpu/build.sh here; the .gpu pack travelled):
 #
-#   tools/gpu/step-ncu.sh [REPORT_DIR] [PROMPT_ROWS]
+#   tools/gpu/step-ncu.sh [REPORT_DIR] [PROMPT_ROWS]      RANGES="prompt": profile only the prompt
 #
 # `bench engine --profiler-range step|prompt` brackets two graph frame steps (after eight
 # unprofiled ones), or one prompt, with cuProfilerStart/Stop; ncu (--profile-from-start off,
@@ -26,7 +26,7 @@ metrics=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch
 bench=(.gpu/bin/limelight bench engine --model "$ckpt" --prompt-rows "$rows" --context-length 2048 --prefill-chunk 1024)
 # Wall times without the profiler attached: the step and prompt the kernels are set against.
 "${bench[@]}" --frames 64 --json "$report_dir/engine.json" >"$report_dir/engine.txt" 2>&1
-for range in step prompt; do
+for range in ${RANGES:-step prompt}; do
     ncu --profile-from-start off --clock-control none --metrics "$metrics" -f -o "$report_dir/ncu-$range" \
         "${bench[@]}" --frames 16 --profiler-range "$range" >"$report_dir/engine-ncu-$range.txt" 2>&1
     ncu --import "$report_dir/ncu-$range.ncu-rep" --csv --page raw --print-units base >"$report_dir/ncu-$range.csv"
