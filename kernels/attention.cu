@@ -115,10 +115,15 @@ extern "C" __global__ void attn_prep(const bf16* __restrict__ qg, const bf16* __
 
 // Prefill attention. For kv head `kvh` the query rows are the flattened (t, g) pairs r = t·G + g
 // (G = H / Hkv q heads share the kv head, so one K/V tile serves all of them); CTA (bx, kvh) takes
-// rows bx·64 .. bx·64+63 and streams keys 0 ..= start + t_last through shared memory in tiles of 32.
+// rows bx·BM .. bx·BM + BM − 1 and streams keys 0 ..= start + t_last through shared memory in tiles of 32.
 // grid (ceil(T·G / 64), Hkv), NT threads, dynamic shared memory prefill_smem_bytes(HD) (attention.rs).
-// Thread (ry = tid / 8, cx = tid % 8) owns rows ry and ry + 32: scores for keys cx + 8j (j < 4), and
-// output columns 4·cx + 32j .. +3 (j < HD/32). Warp w runs the softmax of rows 8w .. 8w+7.
+// Thread (ry = tid / 8, cx = tid % 8) owns rows ry + 32i (i < BM / 32): scores for keys cx + 8j
+// (j < 4), and output columns 4·cx + 32j .. +3 (j < HD/32). Warp w runs the softmax of rows
+// w·BM/8 .. (w+1)·BM/8 − 1. BM = 32 (one row a thread): a 200-row prompt's 1600 (row, head) pairs
+// of a kv head make 50 CTAs of 64 rows each at BM = 64, half of an H200's SMs idle and each
+// thread walking two rows (117 µs a layer, run 23); at 32, 100 CTAs of half the work each. A
+// row's sums are the same whichever CTA holds it (tiles past its causal limit add exactly
+// nothing), so BM changes no bit.
 // Several prompts in one launch (`seqs` given, grid.z = prompts): prompt z's rows are rows
 // seqs[5z + 2] .. + seqs[5z + 3] of q, qg and out, its cache keys seqs[5z], values seqs[5z + 1],
 // its first position seqs[5z + 4] (rows and start from the arguments are then unused); each
@@ -130,6 +135,10 @@ __device__ __forceinline__ void attn_prefill(const float* __restrict__ q, const 
                                              const unsigned long long* __restrict__ seqs) {
     pdl_begin();
     static_assert(HD % 32 == 0 && HD <= 1024, "head_dim must be a multiple of 32");
+    constexpr int ROW_STEP = NT / 8;    // rows between a thread's rows
+    constexpr int RPT = BM / ROW_STEP;  // rows a thread owns
+    constexpr int WARP_ROWS = BM / (NT / 32);
+    static_assert(BM % ROW_STEP == 0 && BM % (NT / 32) == 0 && RPT >= 1, "rows split evenly");
     if (seqs) {
         const unsigned long long* sq = seqs + 5 * blockIdx.z;
         kc = reinterpret_cast<const bf16*>(sq[0]);
@@ -172,18 +181,18 @@ __device__ __forceinline__ void attn_prefill(const float* __restrict__ q, const 
     }
 
     const int ry = tid / 8, cx = tid % 8, warp = tid / 32, lane = tid % 32;
-    int qpos[2];  // causal limit of my two rows; −1 past the last row (sees nothing, never written)
+    int qpos[RPT];  // causal limit of my rows; −1 past the last row (sees nothing, never written)
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const int fr = r0 + ry + 32 * i;
+    for (int i = 0; i < RPT; ++i) {
+        const int fr = r0 + ry + ROW_STEP * i;
         qpos[i] = fr < nrows ? start + fr / group : -1;
     }
     const int nkeys = start + (min(r0 + BM, nrows) - 1) / group + 1;
     const int total = start + rows;  // keys present in the cache
 
-    float o[2][HD / 32][4];
+    float o[RPT][HD / 32][4];
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
+    for (int i = 0; i < RPT; ++i)
 #pragma unroll
         for (int j = 0; j < HD / 32; ++j) o[i][j][0] = o[i][j][1] = o[i][j][2] = o[i][j][3] = 0.f;
 
@@ -192,29 +201,32 @@ __device__ __forceinline__ void attn_prefill(const float* __restrict__ q, const 
         load_kv_tile<HD>(kc, vc, kv_heads, kvh, k0, total, Ks, Vs);
         __syncthreads();
 
-        float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+        float s[RPT][4];
+#pragma unroll
+        for (int i = 0; i < RPT; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
 #pragma unroll 4
         for (int d = 0; d < HD; d += 4) {
-            const float4 qa = *reinterpret_cast<const float4*>(Qs + ry * QS + d);
-            const float4 qb = *reinterpret_cast<const float4*>(Qs + (ry + 32) * QS + d);
+            float4 qr[RPT];
+#pragma unroll
+            for (int i = 0; i < RPT; ++i) qr[i] = *reinterpret_cast<const float4*>(Qs + (ry + ROW_STEP * i) * QS + d);
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 const float4 kv = *reinterpret_cast<const float4*>(Ks + (cx + 8 * j) * QS + d);
-                s[0][j] += dot4(qa, kv);
-                s[1][j] += dot4(qb, kv);
+#pragma unroll
+                for (int i = 0; i < RPT; ++i) s[i][j] += dot4(qr[i], kv);
             }
         }
 #pragma unroll
-        for (int i = 0; i < 2; ++i)
+        for (int i = 0; i < RPT; ++i)
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 const int c = cx + 8 * j;
-                Ps[(ry + 32 * i) * PS + c] = k0 + c <= qpos[i] ? s[i][j] : -INFINITY;
+                Ps[(ry + ROW_STEP * i) * PS + c] = k0 + c <= qpos[i] ? s[i][j] : -INFINITY;
             }
         __syncthreads();
 
-        for (int rr = 0; rr < BM / 8; ++rr) {
-            const int r = warp * (BM / 8) + rr;
+        for (int rr = 0; rr < WARP_ROWS; ++rr) {
+            const int r = warp * WARP_ROWS + rr;
             const float v = Ps[r * PS + lane];
             const float m_old = row_m[r];
             const float m_new = fmaxf(m_old, warp_max(v));
@@ -232,36 +244,37 @@ __device__ __forceinline__ void attn_prefill(const float* __restrict__ q, const 
         }
         __syncthreads();
 
-        const float a0 = row_a[ry], a1 = row_a[ry + 32];
 #pragma unroll
-        for (int j = 0; j < HD / 32; ++j)
+        for (int i = 0; i < RPT; ++i) {
+            const float a = row_a[ry + ROW_STEP * i];
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                o[0][j][e] *= a0;
-                o[1][j][e] *= a1;
-            }
+            for (int j = 0; j < HD / 32; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) o[i][j][e] *= a;
+        }
 #pragma unroll 4
         for (int kk = 0; kk < BK; ++kk) {
-            const float p0 = Ps[ry * PS + kk], p1 = Ps[(ry + 32) * PS + kk];
+            float p[RPT];
+#pragma unroll
+            for (int i = 0; i < RPT; ++i) p[i] = Ps[(ry + ROW_STEP * i) * PS + kk];
 #pragma unroll
             for (int j = 0; j < HD / 32; ++j) {
                 const float4 v = *reinterpret_cast<const float4*>(Vs + kk * HD + 4 * cx + 32 * j);
-                o[0][j][0] += p0 * v.x;
-                o[0][j][1] += p0 * v.y;
-                o[0][j][2] += p0 * v.z;
-                o[0][j][3] += p0 * v.w;
-                o[1][j][0] += p1 * v.x;
-                o[1][j][1] += p1 * v.y;
-                o[1][j][2] += p1 * v.z;
-                o[1][j][3] += p1 * v.w;
+#pragma unroll
+                for (int i = 0; i < RPT; ++i) {
+                    o[i][j][0] += p[i] * v.x;
+                    o[i][j][1] += p[i] * v.y;
+                    o[i][j][2] += p[i] * v.z;
+                    o[i][j][3] += p[i] * v.w;
+                }
             }
         }
     }
 
     // Epilogue: normalise, · sigmoid(gate), one rounding to bf16 (8-byte stores of 4 values).
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const int r = ry + 32 * i, fr = r0 + r;
+    for (int i = 0; i < RPT; ++i) {
+        const int r = ry + ROW_STEP * i, fr = r0 + r;
         if (fr >= nrows) continue;
         const int t = fr / group, head = kvh * group + fr % group;
         const float inv_l = 1.f / row_l[r];

@@ -23,7 +23,7 @@ pub const ROWS_PAIRS: usize = 8;
 // kernels/attention.cu: threads of the prefill and decode kernels, query rows per prefill CTA,
 // keys per shared-memory tile, the most q heads per kv head the decode kernel holds.
 pub const ATTN_THREADS: usize = 256;
-pub const ATTN_PREFILL_ROWS: usize = 64;
+pub const ATTN_PREFILL_ROWS: usize = 32;
 pub const ATTN_TILE_KEYS: usize = 32;
 pub const ATTN_MAX_GROUP: usize = 16;
 
