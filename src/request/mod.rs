@@ -4,6 +4,7 @@
 
 pub mod chunked;
 pub mod normalize;
+pub mod number_words;
 pub mod prompt;
 pub mod split;
 pub mod text;

@@ -11,10 +11,10 @@
 //! - currencies `$ € £ ¥` before an amount (`$5.20` → five dollars and twenty cents);
 //! - percentages (`50%` → fifty percent) and a table of units after a number (`5 km`, `20°C`).
 //!
-//! Numbers become words with the `num2words` crate (MIT or Apache-2.0). Tags and directions
+//! Numbers become words as the `num2words` crate words them (`number_words`). Tags and directions
 //! (`<|…|>`, `[…]`, `<tag>`/`</tag>`) are never touched; anything not recognised is left as it is.
 
-use num2words::Num2Words;
+use super::number_words::{cardinal, ordinal, year};
 
 use super::text::markup_len;
 
@@ -76,7 +76,7 @@ fn rewrite(s: &str) -> Option<(String, usize)> {
         && !negative
         && let Some(n) = number.integer()
     {
-        let words = Num2Words::new(n).ordinal().to_words().ok()?;
+        let words = ordinal(n);
         return Some((words, used + suffix.len()));
     }
     if after.starts_with(|c: char| c.is_alphanumeric()) && unit_at(after).is_none() {
@@ -134,7 +134,7 @@ impl Number {
 
     fn words(&self) -> Option<String> {
         let whole: i64 = self.integer.parse().ok()?;
-        let mut words = Num2Words::new(whole).to_words().ok()?;
+        let mut words = cardinal(whole);
         if let Some(fraction) = &self.fraction {
             words.push_str(" point");
             for d in fraction.chars() {
@@ -177,8 +177,8 @@ fn number_at(s: &str) -> Option<(Number, usize)> {
 }
 
 /// A year's words: "nineteen ninety-nine", "two thousand and five", "twenty twenty-six".
-fn year_words(year: i64) -> Option<String> {
-    Num2Words::new(year).year().to_words().ok()
+fn year_words(value: i64) -> Option<String> {
+    Some(year(value))
 }
 
 /// `$5`, `$5.20`, `€1,000`, `£0.99`, `¥500` at the start of `s`.
@@ -193,7 +193,7 @@ fn currency(s: &str) -> Option<(String, usize)> {
     };
     let (number, len) = number_at(&s[symbol.len_utf8()..])?;
     let whole: i64 = number.integer.parse().ok()?;
-    let mut words = Num2Words::new(whole).to_words().ok()?;
+    let mut words = cardinal(whole);
     words.push(' ');
     words.push_str(if whole == 1 { one } else { many });
     match number.fraction.as_deref() {
@@ -201,7 +201,7 @@ fn currency(s: &str) -> Option<(String, usize)> {
         Some(f) if f.len() == 2 && !cent.is_empty() => {
             let minor: i64 = f.parse().ok()?;
             if minor > 0 {
-                let minor_words = Num2Words::new(minor).to_words().ok()?;
+                let minor_words = cardinal(minor);
                 words = if whole == 0 { String::new() } else { format!("{words} and ") };
                 words.push_str(&minor_words);
                 words.push(' ');
@@ -226,7 +226,7 @@ fn date(s: &str) -> Option<(String, usize)> {
     if !(1..=31).contains(&day) {
         return None;
     }
-    let words = format!("{name} {}, {}", Num2Words::new(day).ordinal().to_words().ok()?, year_words(year)?);
+    let words = format!("{name} {}, {}", ordinal(day), year_words(year)?);
     Some((words, 10))
 }
 
@@ -263,11 +263,11 @@ fn time(s: &str) -> Option<(String, usize)> {
         return None;
     }
     let mut len = hours + 3;
-    let mut words = Num2Words::new(h).to_words().ok()?;
+    let mut words = cardinal(h);
     match m {
         0 => words.push_str(" o'clock"),
         1..=9 => words.push_str(&format!(" oh {}", DIGITS[m as usize])),
-        _ => words.push_str(&format!(" {}", Num2Words::new(m).to_words().ok()?)),
+        _ => words.push_str(&format!(" {}", cardinal(m))),
     }
     let after = &s[len..];
     let spaced = after.strip_prefix(' ').unwrap_or(after);
