@@ -60,6 +60,29 @@ impl Outcome {
     }
 }
 
+/// What differs between `self` (from a batch) and `alone`, for a failed [`Outcome::matches`]: how
+/// each ended, the first frame whose codes differ, and the first PCM sample that differs.
+pub fn difference(got: &Outcome, alone: &Outcome) -> String {
+    let w = alone.finished.rows.width();
+    let (g, a) = (got.finished.rows.as_flat(), alone.finished.rows.as_flat());
+    let frame =
+        (0..got.finished.frames.min(alone.finished.frames)).find(|&f| g[f * w..(f + 1) * w] != a[f * w..(f + 1) * w]);
+    let (gp, ap) = (got.pcm_bits(), alone.pcm_bits());
+    let sample = gp.iter().zip(&ap).position(|(x, y)| x != y);
+    format!(
+        "{:?} after {} frames ({} samples) against {:?} after {} ({} samples alone); first frame differing {:?}, \
+         first sample differing {:?}",
+        got.finished.reason,
+        got.finished.frames,
+        gp.len(),
+        alone.finished.reason,
+        alone.finished.frames,
+        ap.len(),
+        frame,
+        sample
+    )
+}
+
 /// The request alone, through the public one-request API.
 pub fn alone<B: Backend>(engine: &Engine<'_, B>, r: &Planned) -> Outcome {
     let mut pcm = Vec::new();

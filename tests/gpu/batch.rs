@@ -14,7 +14,7 @@ use limelight::model::sampling::SamplingParams;
 use limelight::request::prompt::PromptBuilder;
 
 use crate::backbone;
-use crate::batch_driver::{Outcome, Planned, alone, batched};
+use crate::batch_driver::{Outcome, Planned, alone, batched, difference};
 use crate::harness::Ctx;
 
 /// Batch sizes checked (the most streams planned at once; arrivals are staggered).
@@ -76,6 +76,19 @@ pub fn run(ctx: &mut Ctx) {
             let mismatched: Vec<usize> =
                 (0..size).filter(|&i| !got[i].matches(&want[i], plan[i].cancel_after, samples_per_frame)).collect();
             let frames: usize = got.iter().map(|o| o.finished.frames).sum();
+            for &i in &mismatched {
+                let r = &plan[i];
+                eprintln!(
+                    "batch of {size}, {draws} draws: request {i} ({} prompt rows, joins at turn {}, cancel after {:?}, \
+                     {:?}, seed {}): {}",
+                    r.rows.len(),
+                    r.joins_at,
+                    r.cancel_after,
+                    r.opts.params,
+                    r.opts.seed,
+                    difference(&got[i], &want[i])
+                );
+            }
             ctx.check(
                 format!(
                     "batch of {size}, {draws} draws ({} at most stepping, {} prefilling together, {frames} frames): \
