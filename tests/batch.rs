@@ -7,10 +7,11 @@ mod common;
 #[path = "common/batch_driver.rs"]
 mod batch_driver;
 
-use batch_driver::{Planned, alone, batched};
+use batch_driver::{Outcome, Planned, alone, batched};
 use limelight::backend::cpu::Cpu;
-use limelight::engine::generate::{Engine, GenerateOptions, PREFILL_CHUNK, ResidentModel};
+use limelight::engine::generate::{Engine, FinishReason, Finished, GenerateOptions, PREFILL_CHUNK, ResidentModel};
 use limelight::engine::prefix::SharedPrefix;
+use limelight::model::frame::Rows;
 use limelight::model::load::Checkpoint;
 use limelight::model::sampling::SamplingParams;
 use limelight::request::prompt::PromptBuilder;
@@ -96,4 +97,37 @@ fn a_request_is_bit_identical_alone_and_in_any_batch() {
         let want = &want[shuffled.len() - 1 - i];
         assert!(got.matches(want, r.cancel_after, 2048), "reordered request {i}");
     }
+}
+
+/// A made-up outcome: `frames` frames of 2 codebooks (frame f's codes all f) and 4 samples a
+/// frame (sample s of frame f is f + s/10).
+fn outcome(reason: FinishReason, frames: usize) -> Outcome {
+    let rows = Rows::from_flat(2, (0..frames).flat_map(|f| [f as u32; 3]).collect());
+    let pcm = (0..frames).flat_map(|f| (0..4).map(move |s| f as f32 + s as f32 / 10.0)).collect();
+    Outcome { finished: Finished { reason, frames, rows }, pcm }
+}
+
+/// The comparison's rule for a caller who cancels after 3 frames. EOS is a step of its own after
+/// the last frame, so a lone run ending in EOS after exactly 3 frames is, in a batch, cancelled
+/// first (GPU seed 1796508956315357660's request 22 of the batch of 32 was such a run, and the
+/// earlier rule called it a mismatch); `max_frames` ends with the frame's own step, before it.
+#[test]
+fn the_cancel_rule_follows_when_each_ending_is_decided() {
+    use FinishReason::{Cancelled, Length, Stop};
+    let cancelled = outcome(Cancelled, 3);
+    assert!(cancelled.matches(&outcome(Stop, 3), Some(3), 4), "EOS after the 3rd frame comes after the cancel");
+    assert!(outcome(Stop, 3).matches(&outcome(Stop, 3), Some(4), 4), "EOS before the cancel: the whole run");
+    assert!(!cancelled.matches(&outcome(Stop, 2), Some(3), 4), "EOS after 2 frames ends it before any cancel");
+    assert!(outcome(Stop, 2).matches(&outcome(Stop, 2), Some(3), 4));
+    assert!(outcome(Length, 3).matches(&outcome(Length, 3), Some(3), 4), "max_frames ends it with the 3rd frame");
+    assert!(!cancelled.matches(&outcome(Length, 3), Some(3), 4));
+    assert!(cancelled.matches(&outcome(Cancelled, 3), Some(3), 4));
+    assert!(cancelled.matches(&outcome(Length, 9), Some(3), 4), "the first 3 frames of a longer run");
+    let mut other = outcome(Length, 9);
+    let kept = other.pcm[11];
+    other.pcm[11] = 0.5;
+    assert!(!cancelled.matches(&other, Some(3), 4), "a differing sample within the first 3 frames");
+    other.pcm[11] = kept;
+    other.pcm[12] = 0.5;
+    assert!(cancelled.matches(&other, Some(3), 4), "a sample after them is not compared");
 }

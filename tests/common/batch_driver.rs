@@ -41,14 +41,17 @@ impl Outcome {
 
     /// Whether `self` (from a batch) is what `alone` produced for the same request: the same
     /// rows, reason and PCM bits; for a request cancelled after `n` frames, exactly the first `n`
-    /// frames of the lone run and their audio. A request whose lone run ends by itself (EOS or
-    /// `max_frames`) within those `n` frames ends the same way in the batch, before its caller's
-    /// cancel comes: then it must equal the lone run whole.
+    /// frames of the lone run and their audio. A request whose lone run ends by itself before its
+    /// caller's cancel comes ends the same way in the batch: then it must equal the lone run
+    /// whole. That is a run of fewer than `n` frames, or of exactly `n` ended by the `n`-th
+    /// frame's own step (`max_frames`, the stall guard). EOS is a step of its own, after the
+    /// last frame, so a lone run ending in EOS after exactly `n` frames is cancelled in the batch
+    /// first, between frames: the first `n` frames rule applies.
     pub fn matches(&self, alone: &Outcome, cancel_after: Option<usize>, samples_per_frame: usize) -> bool {
         let whole = self.finished == alone.finished && self.pcm_bits() == alone.pcm_bits();
         match cancel_after {
             None => whole,
-            Some(n) if alone.finished.frames <= n && alone.finished.reason != FinishReason::Cancelled => whole,
+            Some(n) if ends_before_cancel(&alone.finished, n) => whole,
             Some(n) => {
                 let w = alone.finished.rows.width();
                 self.finished.reason == FinishReason::Cancelled
@@ -57,6 +60,16 @@ impl Outcome {
                     && self.pcm_bits()[..] == alone.pcm_bits()[..self.finished.frames * samples_per_frame]
             }
         }
+    }
+}
+
+/// Whether a lone run that `finished` so ends before a caller who cancels after `n` frames
+/// (between frames, as [`batched`] does) would cancel it.
+fn ends_before_cancel(finished: &Finished, n: usize) -> bool {
+    match finished.reason {
+        FinishReason::Cancelled => false,
+        FinishReason::Stop => finished.frames < n,
+        FinishReason::Length | FinishReason::Stalled => finished.frames <= n,
     }
 }
 
