@@ -540,7 +540,7 @@ extern "C" __global__ void __launch_bounds__(256) restricted_logits(const bf16* 
 }
 
 // ---------------------------------------------------------------------------------------------
-// Prefill projections on tensor cores (`linear_gemm_r64`, `linear_gemm_r128`): above
+// Prefill projections on tensor cores (`linear_gemm_r32`, `_r64`, `_r128`): above
 // DECODE_MAX_ROWS rows, `linear` and `linear_segments` (several prompts' rows in one launch).
 //
 // A tiled GEMM in the Ampere style on mma.sync m16n8k16 bf16 (f32 accumulate): a block owns BM
@@ -554,14 +554,16 @@ extern "C" __global__ void __launch_bounds__(256) restricted_logits(const bf16* 
 // Per-output reduction order, fixed by k alone: one accumulator per output, fed the k16 steps
 // 0, 16, 32, … in increasing order (an MMA computes each output from its own A row and B column
 // only). So a row's bits depend on neither the rows that share its tile, nor BM, nor the grid:
-// `linear_gemm_r64` and `_r128` give each row the same bits, alone or among any rows, which is
+// `linear_gemm_r32`, `_r64` and `_r128` give each row the same bits, alone or among any rows, which is
 // what lets one launch project many prompts' rows (issue 12). (They are not the bits of
 // `linear_mma_*`, whose K runs in 8 interleaved slices; `linear` and `linear_segments` keep each
 // row count on one path.) No split-K, no atomics.
 //
 // Launch: 256 threads, grid (ceil(n / 128), ceil(rows / BM)). Needs k % 8 == 0 (16-byte chunks,
 // each wholly in or out of the matrix). Dynamic shared memory STAGES · (BM + 128) · 128 bytes
-// (96 KiB at both BM = 64 and 128; linear.rs `gemm_smem_bytes`).
+// (96 KiB at both BM = 64 and 128, 80 KiB at 32; linear.rs `gemm_smem_bytes`). BM = 32 serves
+// launches whose 64-row grid would leave SMs idle: a 200-row prompt's [2048, 4096] projections
+// were 64 blocks on 132 SMs, 42 µs each (run 24, an H100), each block computing alone on its SM.
 //
 // Floor (H200): FLOPs 2·rows·n·k at the mma.sync rate; at 64 prompts × 85 rows every dense
 // projection of the prefill is ≈ 15 TFLOP, ≈ 25 ms at 600 TFLOP/s. The weights are re-read per
@@ -680,6 +682,10 @@ __device__ __forceinline__ void linear_gemm(const bf16* __restrict__ x, const bf
             }
 }
 
+extern "C" __global__ void __launch_bounds__(256, 2) linear_gemm_r32(const bf16* x, const bf16* w, bf16* y, int rows, int n, int k) {
+    pdl_begin();
+    linear_gemm<32, 4>(x, w, y, rows, n, k);
+}
 extern "C" __global__ void __launch_bounds__(256, 2) linear_gemm_r64(const bf16* x, const bf16* w, bf16* y, int rows, int n, int k) {
     pdl_begin();
     linear_gemm<64, 4>(x, w, y, rows, n, k);

@@ -42,9 +42,10 @@ const ROWS: &[usize] = &[1, 2, 3, 8, 9, 64, 65, 130, 200, 520];
 const LINEAR_BOUND: f64 = 1e-2;
 /// Row counts of the row-invariance check (each row of an M-row call against the row alone).
 const INVARIANCE_ROWS: &[usize] = &[1, 2, 7, 8, 9, 33, 64, 65, 130];
-/// Row counts of the prefill GEMM's row-invariance check: 64-row blocks (one, a part, several)
-/// and 128-row blocks (from 512 rows).
-const GEMM_INVARIANCE_ROWS: &[usize] = &[1, 9, 64, 65, 130, 600];
+/// Row counts of the prefill GEMM's row-invariance check: 32-row blocks (grids that would leave
+/// SMs idle at 64: one row, a part, several), 64-row blocks (300 rows of the 4096-feature shape:
+/// 160 blocks) and 128-row blocks (from 512 rows). Each row alone takes 32-row blocks.
+const GEMM_INVARIANCE_ROWS: &[usize] = &[1, 9, 64, 65, 130, 300, 600];
 /// Prompt lengths of `linear_segments`' check: runs on both sides of DECODE_MAX_ROWS.
 const SEGMENTS: &[usize] = &[3, 85, 9, 1, 200, 8, 64];
 
@@ -187,8 +188,8 @@ fn many(ctx: &mut Ctx, ns: &[usize], k: usize) {
     }
 }
 
-/// The prefill GEMM's rows are their own: each row of an M-row call (64- and 128-row blocks) has
-/// the bits of that row computed alone on the same path.
+/// The prefill GEMM's rows are their own: each row of an M-row call (32-, 64- and 128-row blocks)
+/// has the bits of that row computed alone on the same path.
 fn gemm_row_invariance(ctx: &mut Ctx, n: usize, k: usize) {
     let w = ctx.random_bf16(n, k, 0.05);
     let (_, gw) = upload_bf16(ctx, "gemm invariance weight", &w);

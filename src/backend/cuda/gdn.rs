@@ -1,4 +1,4 @@
-//! `kernels/gdn.cu`: the Gated DeltaNet mixer (`backbone.md` §3) on the GPU, with its per-request
+//! `kernels/gdn.cu` and `kernels/gdn_chunk.cu` (the chunked prefill): the Gated DeltaNet mixer (`backbone.md` §3) on the GPU, with its per-request
 //! state. Same contract as the CPU oracle (`cpu::backbone::gdn`): projections, causal conv with the
 //! carried conv state, SiLU, L2-normalised q/k, gates β and g, the delta rule (64-token chunks for
 //! prefill, the token recurrence for decode), gated RMSNorm and `out_proj`.
@@ -47,10 +47,11 @@ pub struct GdnKernels {
 impl GdnKernels {
     pub fn load(ctx: &Arc<CudaContext>) -> Result<GdnKernels, KernelError> {
         let m = Module::load_overlapping(ctx, "gdn", embedded::GDN)?;
-        // 84.8 and 68.8 KiB at Dk = 128: within the opt-in limit of every target (99 KiB on
+        let chunked = Module::load_overlapping(ctx, "gdn_chunk", embedded::GDN_CHUNK)?;
+        // 84.8 and 98.75 KiB at Dk = 128: within the opt-in limit of every target (99 KiB on
         // sm_89/sm_120), two CTAs an SM on sm_90.
-        let chunk_intra = m.kernel_with_shared("gdn_chunk_intra", intra_shared_bytes(MAX_KEY_DIM) as usize)?;
-        let chunk_scan = m.kernel_with_shared("gdn_chunk_scan", scan_shared_bytes(MAX_KEY_DIM) as usize)?;
+        let chunk_intra = chunked.kernel_with_shared("gdn_chunk_intra", intra_shared_bytes(MAX_KEY_DIM) as usize)?;
+        let chunk_scan = chunked.kernel_with_shared("gdn_chunk_scan", scan_shared_bytes(MAX_KEY_DIM) as usize)?;
         Ok(GdnKernels {
             zero_f32: m.kernel("gdn_zero_f32")?,
             conv_prepare: m.kernel("gdn_conv_prepare")?,
@@ -71,11 +72,14 @@ fn intra_shared_bytes(dk: usize) -> u32 {
 }
 
 /// Dynamic shared memory of `gdn_chunk_scan` for key dim `dk` (the layout above the kernel):
-/// Sᵀ, the chunk's W / Q / K, C, V_newᵀ and its decayed copy, then e^γ and e^{γ_n−γ}.
+/// Sᵀ, two tiles (W / Q / K in turn, unpadded rows), C, V_newᵀ and its decayed copy, then two
+/// buffers each of e^γ and e^{γ_n−γ}.
 fn scan_shared_bytes(dk: usize) -> u32 {
-    let row = dk + GDN_ROW_PAD;
-    let floats =
-        SCAN_VALUE_TILE * row + CHUNK * row + CHUNK * GDN_SQ_STRIDE + 2 * SCAN_VALUE_TILE * GDN_SQ_STRIDE + 2 * CHUNK;
+    let floats = SCAN_VALUE_TILE * (dk + GDN_ROW_PAD)
+        + 2 * CHUNK * dk
+        + CHUNK * GDN_SQ_STRIDE
+        + 2 * SCAN_VALUE_TILE * GDN_SQ_STRIDE
+        + 4 * CHUNK;
     u32::try_from(floats * 4).expect("shared memory size")
 }
 
@@ -552,7 +556,19 @@ fn check_weights(shape: &GdnShape, w: &GdnWeights<GpuWeight>) {
 
 #[cfg(test)]
 mod tests {
-    use super::sequence_words;
+    use super::{MAX_KEY_DIM, intra_shared_bytes, scan_shared_bytes, sequence_words};
+
+    /// The most dynamic shared memory a block may opt into on sm_89 and sm_120, the smallest of
+    /// the built targets (build.rs).
+    const LEAST_OPT_IN: u32 = 99 << 10;
+
+    #[test]
+    fn the_chunk_kernels_fit_every_targets_shared_memory() {
+        assert!(intra_shared_bytes(MAX_KEY_DIM) <= LEAST_OPT_IN, "{}", intra_shared_bytes(MAX_KEY_DIM));
+        assert!(scan_shared_bytes(MAX_KEY_DIM) <= LEAST_OPT_IN, "{}", scan_shared_bytes(MAX_KEY_DIM));
+        // Two scans an SM on sm_90 (228 KiB, 1 KiB of it reserved per block).
+        assert!(2 * (scan_shared_bytes(MAX_KEY_DIM) + 1024) <= 228 << 10);
+    }
 
     #[test]
     fn sequence_words_map_rows_to_their_prompt_then_give_each_start() {

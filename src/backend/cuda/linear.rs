@@ -33,8 +33,9 @@ const MMA_BLOCK_FEATURES: usize = 16;
 const MMA_R8_ROWS: usize = 8;
 const MMA_R64_ROWS: usize = 64;
 /// Output features per `linear_gemm_*` block (`gemm::BN` in the .cu); input rows per block of
-/// `linear_gemm_r64` and `linear_gemm_r128`.
+/// `linear_gemm_r32`, `linear_gemm_r64` and `linear_gemm_r128`.
 const GEMM_BLOCK_FEATURES: usize = 128;
+const GEMM_R32_ROWS: usize = 32;
 const GEMM_R64_ROWS: usize = 64;
 const GEMM_R128_ROWS: usize = 128;
 /// Rows from which the prefill GEMM takes 128-row blocks: fewer rows keep more blocks in flight
@@ -59,7 +60,9 @@ pub struct LinearKernels {
     /// one launch, each output with the bits of its own `linear_mma_*` launch.
     mma_r8_many: Kernel,
     mma_r64_many: Kernel,
-    /// `linear_gemm_r64` and `linear_gemm_r128`: the prefill GEMM, the same arithmetic.
+    /// `linear_gemm_r32`, `linear_gemm_r64` and `linear_gemm_r128`: the prefill GEMM, the same
+    /// arithmetic.
+    gemm_r32: Kernel,
     gemm_r64: Kernel,
     gemm_r128: Kernel,
     tiled: Kernel,
@@ -88,11 +91,11 @@ fn staged_smem_bytes(rows: usize, k: usize) -> usize {
 /// Static shared memory of `linear_mma_r8*` (the slices' partials), beside the stage.
 const STAGED_STATIC_BYTES: usize = 4096;
 
-/// Dynamic shared memory of `linear_gemm_*` with `rows_per_block` rows: its stages (4 at 64 rows,
-/// 3 at 128: the `STAGES` each kernel instantiates in the .cu) of the block's x and W rows, 64 bf16
-/// each (`gemm::BK`).
+/// Dynamic shared memory of `linear_gemm_*` with `rows_per_block` rows: its stages (4 at 32 and 64
+/// rows, 3 at 128: the `STAGES` each kernel instantiates in the .cu) of the block's x and W rows,
+/// 64 bf16 each (`gemm::BK`).
 fn gemm_smem_bytes(rows_per_block: usize) -> usize {
-    let stages = if rows_per_block == GEMM_R64_ROWS { 4 } else { 3 };
+    let stages = if rows_per_block <= GEMM_R64_ROWS { 4 } else { 3 };
     stages * (rows_per_block + GEMM_BLOCK_FEATURES) * 64 * 2
 }
 
@@ -112,6 +115,7 @@ impl LinearKernels {
             mma_r64: m.kernel("linear_mma_r64")?,
             mma_r8_many: staged("linear_mma_r8_many")?,
             mma_r64_many: m.kernel("linear_mma_r64_many")?,
+            gemm_r32: gemm("linear_gemm_r32", GEMM_R32_ROWS)?,
             gemm_r64: gemm("linear_gemm_r64", GEMM_R64_ROWS)?,
             gemm_r128: gemm("linear_gemm_r128", GEMM_R128_ROWS)?,
             tiled: m.kernel("linear_tiled")?,
@@ -137,6 +141,17 @@ impl LinearKernels {
 fn staged_grid(cuda: &Cuda, tiles: usize) -> u32 {
     let sms = usize::try_from(cuda.info().multiprocessors).unwrap_or(1).max(1);
     u32::try_from(tiles.min(sms)).expect("grid")
+}
+
+/// Input rows per `linear_gemm_*` block for `rows` rows of an `n`-feature projection on `sms`
+/// SMs: 128 from [`GEMM_R128_FROM_ROWS`] rows, else 64 unless that grid would leave SMs idle,
+/// then 32 (twice the blocks; every size gives the same bits).
+fn gemm_rows_per_block(rows: usize, n: usize, sms: i32) -> usize {
+    if rows >= GEMM_R128_FROM_ROWS {
+        return GEMM_R128_ROWS;
+    }
+    let blocks = n.div_ceil(GEMM_BLOCK_FEATURES) * rows.div_ceil(GEMM_R64_ROWS);
+    if blocks < usize::try_from(sms).unwrap_or(0) { GEMM_R32_ROWS } else { GEMM_R64_ROWS }
 }
 
 /// How a projection is computed.
@@ -356,10 +371,10 @@ fn project(cuda: &Cuda, x: u64, rows: usize, w: &GpuWeight, y: u64, path: Path) 
         Path::Gemm => {
             assert!(mma_fits(k), "the tensor-core GEMM needs k % 8 == 0, not k = {k}");
             let kernels = &cuda.kernels.linear;
-            let (kernel, per_block) = if rows >= GEMM_R128_FROM_ROWS {
-                (&kernels.gemm_r128, GEMM_R128_ROWS)
-            } else {
-                (&kernels.gemm_r64, GEMM_R64_ROWS)
+            let (kernel, per_block) = match gemm_rows_per_block(rows, n, cuda.info().multiprocessors) {
+                GEMM_R128_ROWS => (&kernels.gemm_r128, GEMM_R128_ROWS),
+                GEMM_R64_ROWS => (&kernels.gemm_r64, GEMM_R64_ROWS),
+                _ => (&kernels.gemm_r32, GEMM_R32_ROWS),
             };
             let grid = (n.div_ceil(GEMM_BLOCK_FEATURES) as u32, rows.div_ceil(per_block) as u32, 1);
             let args = [x.into(), w.ptr.into(), y.into(), rows.into(), n.into(), k.into()];
@@ -518,5 +533,21 @@ impl RestrictedHead {
     pub fn logits_to_host(&self, cuda: &Cuda, lm_head: &GpuWeight, hidden: &GpuMatrix, row: usize) -> Vec<f32> {
         let logits = self.logits(cuda, lm_head, hidden, row);
         cuda.copy_to_host(logits.ptr(), self.count)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{GEMM_R32_ROWS, GEMM_R64_ROWS, GEMM_R128_ROWS, gemm_rows_per_block};
+
+    #[test]
+    fn the_prefill_gemm_halves_its_row_blocks_only_where_sms_would_idle() {
+        // A 200-row prompt on 132 SMs: [2048, ·] is 16 × 4 blocks at 64 rows, so 32;
+        // [8192, ·] is 64 × 4 = 256 blocks, enough.
+        assert_eq!(gemm_rows_per_block(200, 2048, 132), GEMM_R32_ROWS);
+        assert_eq!(gemm_rows_per_block(200, 8192, 132), GEMM_R64_ROWS);
+        assert_eq!(gemm_rows_per_block(300, 4096, 132), GEMM_R64_ROWS);
+        assert_eq!(gemm_rows_per_block(512, 512, 132), GEMM_R128_ROWS);
+        assert_eq!(gemm_rows_per_block(9, 512, 132), GEMM_R32_ROWS);
     }
 }

@@ -22,6 +22,7 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::CudaContext;
 
+use super::kernel_constants::ROUTER_ROWS;
 use super::launch::{Arg, Dims, Kernel, KernelError, Module, embedded};
 use super::memory::PoolBuf;
 use super::tensor::{DType, GpuMatrix, GpuWeight};
@@ -231,10 +232,11 @@ fn router_logits(cuda: &Cuda, s: &MoeShape, w: &MoeWeights<GpuWeight>, x: &GpuMa
             w.router.ptr.into(),
             w.shared_expert_gate.ptr.into(),
             logits.ptr().into(),
+            rows.into(),
             e.into(),
             h.into(),
         ];
-        let dims = Dims::grid(((e + 1).div_ceil(8) as u32, rows as u32, 1), 256);
+        let dims = Dims::grid(((e + 1).div_ceil(8) as u32, rows.div_ceil(ROUTER_ROWS) as u32, 1), 256);
         cuda.kernels.moe.router_logits.launch(cuda.stream(), dims, &args);
     }
     (routing, logits)
