@@ -31,6 +31,9 @@ __device__ __forceinline__ float dot_e4m3x4(unsigned int w, float4 x, float acc)
 // ---------------------------------------------------------------------------------------------
 // Router
 
+// Weight vectors (16 bytes) a lane of `moe_router_logits` loads at once.
+#define ROUTER_VECS 8
+
 // logits[row, e] = x[row] · W_g[e] in fp32 (not rounded), for e < E; column E holds the shared
 // expert's gate logit x[row] · w_sg. One warp per logit column, 8 per block, each over
 // ROUTER_ROWS rows: grid (ceil((E+1)/8), ceil(rows/ROUTER_ROWS)), 256 threads. x: [rows, K] bf16;
@@ -38,7 +41,8 @@ __device__ __forceinline__ float dot_e4m3x4(unsigned int w, float4 x, float acc)
 // Per-logit order, fixed by K alone: lane l sums k = 8l.. in steps of 256, the 8 of a vector in
 // order, then the warp's butterfly sum; a row's logits do not depend on the rows beside it. A
 // warp reads each weight vector once for its ROUTER_ROWS rows (one row a warp re-read the
-// weights and x per logit from L2: 28 µs for 200 rows, run 24).
+// weights and x per logit from L2: 28 µs for 200 rows, run 24), ROUTER_VECS of them in flight at
+// once (a round trip a vector held the decode step's one row at 5 µs a launch, run 23).
 extern "C" __global__ void moe_router_logits(const bf16* __restrict__ x, const bf16* __restrict__ wg,
                                              const bf16* __restrict__ wsg, float* __restrict__ logits, int rows,
                                              int E, int K) {
@@ -54,16 +58,32 @@ extern "C" __global__ void moe_router_logits(const bf16* __restrict__ x, const b
 #pragma unroll
     for (int r = 0; r < ROUTER_ROWS; ++r) acc[r] = 0.f;
     if ((K & 7) == 0) {
-        for (int i = lane * 8; i < K; i += 32 * 8) {
-            const uint4 wv = *reinterpret_cast<const uint4*>(wr + i);
-            const bf16* ws = reinterpret_cast<const bf16*>(&wv);
+        // ROUTER_VECS of the lane's weight vectors at once, then each row's matching x vectors
+        // at once: a round trip per batch, not per vector.
+        for (int base = lane * 8; base < K; base += ROUTER_VECS * 32 * 8) {
+            uint4 wv[ROUTER_VECS];
+#pragma unroll
+            for (int u = 0; u < ROUTER_VECS; ++u) {
+                const int i = base + u * 32 * 8;
+                wv[u] = i < K ? __ldg(reinterpret_cast<const uint4*>(wr + i)) : make_uint4(0, 0, 0, 0);
+            }
 #pragma unroll
             for (int r = 0; r < ROUTER_ROWS; ++r) {
                 if (r >= n) break;
-                const uint4 xv = __ldg(reinterpret_cast<const uint4*>(xr + (size_t)r * K + i));
-                const bf16* xs = reinterpret_cast<const bf16*>(&xv);
+                uint4 xv[ROUTER_VECS];
 #pragma unroll
-                for (int j = 0; j < 8; ++j) acc[r] = fmaf(to_f32(xs[j]), to_f32(ws[j]), acc[r]);
+                for (int u = 0; u < ROUTER_VECS; ++u) {
+                    const int i = base + u * 32 * 8;
+                    xv[u] = i < K ? __ldg(reinterpret_cast<const uint4*>(xr + (size_t)r * K + i)) : make_uint4(0, 0, 0, 0);
+                }
+#pragma unroll
+                for (int u = 0; u < ROUTER_VECS; ++u) {
+                    if (base + u * 32 * 8 >= K) break;
+                    const bf16* xs = reinterpret_cast<const bf16*>(&xv[u]);
+                    const bf16* ws = reinterpret_cast<const bf16*>(&wv[u]);
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) acc[r] = fmaf(to_f32(xs[j]), to_f32(ws[j]), acc[r]);
+                }
             }
         }
     } else {
