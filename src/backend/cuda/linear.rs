@@ -144,14 +144,17 @@ fn staged_grid(cuda: &Cuda, tiles: usize) -> u32 {
 }
 
 /// Input rows per `linear_gemm_*` block for `rows` rows of an `n`-feature projection on `sms`
-/// SMs: 128 from [`GEMM_R128_FROM_ROWS`] rows, else 64 unless that grid would leave SMs idle,
-/// then 32 (twice the blocks; every size gives the same bits).
+/// SMs: 128 from [`GEMM_R128_FROM_ROWS`] rows, else 32 where the 32-row grid still fits one
+/// block an SM (each SM then has half the work it would have at 64), else 64. Every size gives
+/// the same bits. Run 27 (an H100, 200 rows): [2048, ·] 41.9 → 33.7 µs and [512, ·] 21.2 →
+/// 16.9 µs at 32 rows (112 and 28 blocks), but [4096, ·] 22.5 → 27.0 µs (224 blocks: two on
+/// most SMs, each as slow as one of 64 rows).
 fn gemm_rows_per_block(rows: usize, n: usize, sms: i32) -> usize {
     if rows >= GEMM_R128_FROM_ROWS {
         return GEMM_R128_ROWS;
     }
-    let blocks = n.div_ceil(GEMM_BLOCK_FEATURES) * rows.div_ceil(GEMM_R64_ROWS);
-    if blocks < usize::try_from(sms).unwrap_or(0) { GEMM_R32_ROWS } else { GEMM_R64_ROWS }
+    let blocks = n.div_ceil(GEMM_BLOCK_FEATURES) * rows.div_ceil(GEMM_R32_ROWS);
+    if blocks <= usize::try_from(sms).unwrap_or(0) { GEMM_R32_ROWS } else { GEMM_R64_ROWS }
 }
 
 /// How a projection is computed.
@@ -541,10 +544,11 @@ mod tests {
     use super::{GEMM_R32_ROWS, GEMM_R64_ROWS, GEMM_R128_ROWS, gemm_rows_per_block};
 
     #[test]
-    fn the_prefill_gemm_halves_its_row_blocks_only_where_sms_would_idle() {
-        // A 200-row prompt on 132 SMs: [2048, ·] is 16 × 4 blocks at 64 rows, so 32;
-        // [8192, ·] is 64 × 4 = 256 blocks, enough.
+    fn the_prefill_gemm_halves_its_row_blocks_only_where_each_sm_keeps_one() {
+        // A 200-row prompt on 132 SMs: [2048, ·] is 16 × 7 = 112 blocks at 32 rows, so 32;
+        // [4096, ·] would be 32 × 7 = 224 and [8192, ·] 448: 64.
         assert_eq!(gemm_rows_per_block(200, 2048, 132), GEMM_R32_ROWS);
+        assert_eq!(gemm_rows_per_block(200, 4096, 132), GEMM_R64_ROWS);
         assert_eq!(gemm_rows_per_block(200, 8192, 132), GEMM_R64_ROWS);
         assert_eq!(gemm_rows_per_block(300, 4096, 132), GEMM_R64_ROWS);
         assert_eq!(gemm_rows_per_block(512, 512, 132), GEMM_R128_ROWS);
