@@ -562,8 +562,9 @@ extern "C" __global__ void __launch_bounds__(256) restricted_logits(const bf16* 
 // Launch: 256 threads, grid (ceil(n / 128), ceil(rows / BM)). Needs k % 8 == 0 (16-byte chunks,
 // each wholly in or out of the matrix). Dynamic shared memory STAGES · (BM + 128) · 128 bytes
 // (96 KiB at both BM = 64 and 128, 80 KiB at 32; linear.rs `gemm_smem_bytes`). BM = 32 serves
-// launches whose 64-row grid would leave SMs idle: a 200-row prompt's [2048, 4096] projections
-// were 64 blocks on 132 SMs, 42 µs each (run 24, an H100), each block computing alone on its SM.
+// launches whose 32-row grid still fits one block an SM (linear.rs `gemm_rows_per_block`): a
+// 200-row prompt's [2048, 4096] projections were 64 blocks on 132 SMs, 42 µs each at 64 rows and
+// 33.7 µs at 32 (runs 24 and 27, an H100).
 //
 // Floor (H200): FLOPs 2·rows·n·k at the mma.sync rate; at 64 prompts × 85 rows every dense
 // projection of the prefill is ≈ 15 TFLOP, ≈ 25 ms at 600 TFLOP/s. The weights are re-read per
