@@ -12,7 +12,6 @@
 // path for prefill (pairs sorted by expert on the device, 32-row tiles sharing one weight tile).
 // Both (and moe_rows.cu's) write one f32 output row per (row, slot); the combine sums the slots in
 // slot order, so the result does not depend on scheduling (no float atomics).
-#include "kernel_constants.cuh"  // ROUTER_ROWS (src/backend/cuda/kernel_constants.rs)
 #include "moe.cuh"
 
 // ---------------------------------------------------------------------------------------------
@@ -31,80 +30,34 @@ __device__ __forceinline__ float dot_e4m3x4(unsigned int w, float4 x, float acc)
 // ---------------------------------------------------------------------------------------------
 // Router
 
-// Weight vectors (16 bytes) a lane of `moe_router_logits` loads at once.
-#define ROUTER_VECS 8
-
 // logits[row, e] = x[row] · W_g[e] in fp32 (not rounded), for e < E; column E holds the shared
-// expert's gate logit x[row] · w_sg. One warp per logit column, 8 per block, over the block's
-// ROUTER_ROWS rows, which the block first copies into shared memory (dynamic, ROUTER_ROWS · K
-// bf16): grid (ceil((E+1)/8), ceil(rows/ROUTER_ROWS)), 256 threads. x: [rows, K] bf16;
-// wg: [E, K] bf16; wsg: [1, K] bf16; logits: [rows, E+1] f32.
-// Per-logit order, fixed by K alone: lane l sums k = 8l.. in steps of 256 (k = l.. in steps of 32
-// where K % 8 != 0), the 8 of a vector in order, then the warp's butterfly sum; a row's logits do
-// not depend on the rows beside it. Why this shape (run 24, an H100, 200 rows): one warp per
-// (row, logit) re-read x and the weights from L2 for every logit, 28 µs a launch; one warp per
-// logit over 8 rows reading x from L2 a row at a time waited out a round trip per row, 37 µs (run
-// 27). Here the x rows arrive in one round trip for the block, and each warp's weights in one.
+// expert's gate logit x[row] · w_sg. One warp per logit, 8 per block: grid (ceil((E+1)/8), rows),
+// 256 threads. x: [rows, K] bf16; wg: [E, K] bf16; wsg: [1, K] bf16; logits: [rows, E+1] f32.
 extern "C" __global__ void moe_router_logits(const bf16* __restrict__ x, const bf16* __restrict__ wg,
-                                             const bf16* __restrict__ wsg, float* __restrict__ logits, int rows,
-                                             int E, int K) {
+                                             const bf16* __restrict__ wsg, float* __restrict__ logits, int E,
+                                             int K) {
     pdl_begin();
-    extern __shared__ __align__(16) bf16 xs_rows[];  // [n][K]
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int e = blockIdx.x * (blockDim.x >> 5) + warp;
-    const int row0 = blockIdx.y * ROUTER_ROWS;
-    const int n = min(ROUTER_ROWS, rows - row0);
-    const bf16* xr = x + (size_t)row0 * K;
-    const bool vec = (K & 7) == 0;
-    if (vec) {
-        const int quads = n * K / 8;
-        for (int q = threadIdx.x; q < quads; q += blockDim.x)
-            reinterpret_cast<uint4*>(xs_rows)[q] = __ldg(reinterpret_cast<const uint4*>(xr) + q);
-    } else {
-        for (int i = threadIdx.x; i < n * K; i += blockDim.x) xs_rows[i] = xr[i];
-    }
-    __syncthreads();
-    if (e > E) return;  // after the block's only barrier
+    const int row = blockIdx.y;
+    if (e > E) return;
+    const bf16* xr = x + (size_t)row * K;
     const bf16* wr = e < E ? wg + (size_t)e * K : wsg;
-    float acc[ROUTER_ROWS];
+    float acc = 0.f;
+    if ((K & 7) == 0) {
+        for (int i = lane * 8; i < K; i += 32 * 8) {
+            const uint4 xv = *reinterpret_cast<const uint4*>(xr + i);
+            const uint4 wv = *reinterpret_cast<const uint4*>(wr + i);
+            const bf16* xs = reinterpret_cast<const bf16*>(&xv);
+            const bf16* ws = reinterpret_cast<const bf16*>(&wv);
 #pragma unroll
-    for (int r = 0; r < ROUTER_ROWS; ++r) acc[r] = 0.f;
-    if (vec) {
-        for (int base = lane * 8; base < K; base += ROUTER_VECS * 32 * 8) {
-            uint4 wv[ROUTER_VECS];  // the lane's next ROUTER_VECS weight vectors, loaded together
-#pragma unroll
-            for (int u = 0; u < ROUTER_VECS; ++u) {
-                const int i = base + u * 32 * 8;
-                wv[u] = i < K ? __ldg(reinterpret_cast<const uint4*>(wr + i)) : make_uint4(0, 0, 0, 0);
-            }
-#pragma unroll
-            for (int u = 0; u < ROUTER_VECS; ++u) {
-                const int i = base + u * 32 * 8;
-                if (i >= K) break;
-                const bf16* ws = reinterpret_cast<const bf16*>(&wv[u]);
-#pragma unroll
-                for (int r = 0; r < ROUTER_ROWS; ++r) {
-                    if (r >= n) break;
-                    const uint4 xv = *reinterpret_cast<const uint4*>(xs_rows + (size_t)r * K + i);
-                    const bf16* xs = reinterpret_cast<const bf16*>(&xv);
-#pragma unroll
-                    for (int j = 0; j < 8; ++j) acc[r] = fmaf(to_f32(xs[j]), to_f32(ws[j]), acc[r]);
-                }
-            }
+            for (int j = 0; j < 8; ++j) acc = fmaf(to_f32(xs[j]), to_f32(ws[j]), acc);
         }
     } else {
-        for (int i = lane; i < K; i += 32) {
-            const float w = to_f32(wr[i]);
-#pragma unroll
-            for (int r = 0; r < ROUTER_ROWS; ++r)
-                if (r < n) acc[r] = fmaf(to_f32(xs_rows[(size_t)r * K + i]), w, acc[r]);
-        }
+        for (int i = lane; i < K; i += 32) acc = fmaf(to_f32(xr[i]), to_f32(wr[i]), acc);
     }
-#pragma unroll
-    for (int r = 0; r < ROUTER_ROWS; ++r) {
-        const float sum = warp_sum(acc[r]);
-        if (lane == 0 && r < n) logits[(size_t)(row0 + r) * (E + 1) + e] = sum;
-    }
+    acc = warp_sum(acc);
+    if (lane == 0) logits[(size_t)row * (E + 1) + e] = acc;
 }
 
 // Softmax over the E logits of a row (fp32), the top_k most probable experts (ties to the lower

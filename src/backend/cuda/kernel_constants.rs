@@ -16,10 +16,6 @@ pub const PIECE_STRIDE: usize = PIECE_STEPS * 4 + 4;
 /// Weights one `linear_mma_*_many` launch takes.
 pub const MMA_MANY: usize = 4;
 
-/// Rows per `moe_router_logits` block (kernels/moe.cu): each weight vector a warp loads serves
-/// that many rows.
-pub const ROUTER_ROWS: usize = 8;
-
 /// Pairs of one expert per tile of the decode batch's experts (kernels/moe_rows.cu): one n8
 /// MMA column set.
 pub const ROWS_PAIRS: usize = 8;
@@ -31,9 +27,9 @@ pub const ATTN_PREFILL_ROWS: usize = 32;
 pub const ATTN_TILE_KEYS: usize = 32;
 pub const ATTN_MAX_GROUP: usize = 16;
 
-// kernels/gdn.cu and gdn_chunk.cu: threads of every kernel, tokens per chunk of the prefill (the reference's),
-// value columns per CTA of the recurrent core and of the chunk scan, the largest key dim the
-// cores hold, the floats each shared row of a chunk's keys is padded by.
+// kernels/gdn.cu and gdn_chunk.cu: threads of every kernel, tokens per chunk of the prefill (the
+// reference's), value columns per CTA of the recurrent core and of the chunk scan, the largest
+// key dim the cores hold, the floats each shared row of a chunk's keys is padded by.
 pub const GDN_THREADS: usize = 256;
 pub const GDN_CHUNK: usize = 64;
 pub const GDN_BV: usize = 32;

@@ -22,7 +22,6 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::CudaContext;
 
-use super::kernel_constants::ROUTER_ROWS;
 use super::launch::{Arg, Dims, Kernel, KernelError, Module, embedded};
 use super::memory::PoolBuf;
 use super::tensor::{DType, GpuMatrix, GpuWeight};
@@ -53,7 +52,7 @@ impl MoeKernels {
         let m = Module::load_overlapping(ctx, "moe", embedded::MOE)?;
         let r = Module::load_overlapping(ctx, "moe_rows", embedded::MOE_ROWS)?;
         Ok(MoeKernels {
-            router_logits: m.kernel_with_shared("moe_router_logits", ROUTER_SMEM_CAP)?,
+            router_logits: m.kernel("moe_router_logits")?,
             route: m.kernel("moe_route")?,
             group_pairs: m.kernel("moe_group_pairs")?,
             route_group: m.kernel("moe_route_group")?,
@@ -215,10 +214,6 @@ pub fn route(cuda: &Cuda, s: &MoeShape, w: &MoeWeights<GpuWeight>, x: &GpuMatrix
     routing
 }
 
-/// Dynamic shared memory `moe_router_logits` may take (its rows of x): within every target's
-/// opt-in limit (99 KiB on sm_89/sm_120), hidden sizes to 6336.
-const ROUTER_SMEM_CAP: usize = 99 << 10;
-
 /// The router's logits `[rows, E + 1]` f32 (the last column the shared expert's gate), and the
 /// routing buffers that `moe_route` (or `moe_route_group`) fills from them.
 fn router_logits(cuda: &Cuda, s: &MoeShape, w: &MoeWeights<GpuWeight>, x: &GpuMatrix) -> (Routing, PoolBuf) {
@@ -236,15 +231,10 @@ fn router_logits(cuda: &Cuda, s: &MoeShape, w: &MoeWeights<GpuWeight>, x: &GpuMa
             w.router.ptr.into(),
             w.shared_expert_gate.ptr.into(),
             logits.ptr().into(),
-            rows.into(),
             e.into(),
             h.into(),
         ];
-        // The block's rows of x, staged in shared memory.
-        let shared = rows.min(ROUTER_ROWS) * h * 2;
-        assert!(shared <= ROUTER_SMEM_CAP, "the router stages {ROUTER_ROWS} rows of {h}: past its shared memory");
-        let dims = Dims::grid(((e + 1).div_ceil(8) as u32, rows.div_ceil(ROUTER_ROWS) as u32, 1), 256)
-            .with_shared(shared as u32);
+        let dims = Dims::grid(((e + 1).div_ceil(8) as u32, rows as u32, 1), 256);
         cuda.kernels.moe.router_logits.launch(cuda.stream(), dims, &args);
     }
     (routing, logits)
