@@ -116,7 +116,7 @@ fn projections(ctx: &mut Ctx, n: usize, k: usize) {
         let gx = ctx.cuda.upload_matrix(&x);
         let mut paths = vec![Path::Tiled];
         if mma_ok {
-            paths.extend([Path::Mma, Path::Gemm]);
+            paths.extend([Path::Mma, Path::Gemm, Path::GemmMmaSync]);
         }
         if ctx.cuda.blas.is_some() {
             paths.push(Path::Blas);
@@ -188,22 +188,27 @@ fn many(ctx: &mut Ctx, ns: &[usize], k: usize) {
     }
 }
 
-/// The prefill GEMM's rows are their own: each row of an M-row call (32-, 64- and 128-row blocks)
-/// has the bits of that row computed alone on the same path.
+/// The prefill GEMM's rows are their own: each row of an M-row call (every block shape the path
+/// takes: 32-, 64- and 128-row blocks of the mma.sync GEMM; 64-row blocks of the wgmma GEMM) has
+/// the bits of that row computed alone on the same path. Both GEMM paths on a Hopper GPU, where
+/// `Gemm` is the wgmma kernel and `GemmMmaSync` the kernels of every other GPU.
 fn gemm_row_invariance(ctx: &mut Ctx, n: usize, k: usize) {
     let w = ctx.random_bf16(n, k, 0.05);
     let (_, gw) = upload_bf16(ctx, "gemm invariance weight", &w);
     let most = GEMM_INVARIANCE_ROWS.iter().copied().max().unwrap_or(1);
     let x = ctx.random_bf16(most, k, 1.0);
-    let gemm = |ctx: &Ctx, x: &Matrix| {
-        let y = linear::linear_via(ctx.cuda, &ctx.cuda.upload_matrix(x), &gw, Path::Gemm).expect("no failure path");
-        bits(&ctx.cuda.to_host(&y))
-    };
-    let alone: Vec<Vec<u32>> = (0..most).map(|r| gemm(ctx, &Matrix::from_vec(1, k, x.row(r).to_vec()))).collect();
-    for &m in GEMM_INVARIANCE_ROWS {
-        let want: Vec<u32> = alone[..m].concat();
-        let got = gemm(ctx, &Matrix::from_vec(m, k, x.data[..m * k].to_vec()));
-        ctx.exact(format!("linear_gemm [{m}, {k}]·[{n}, {k}]ᵀ rows vs alone (bits)"), &got, &want);
+    for path in [Path::Gemm, Path::GemmMmaSync] {
+        let gemm = |ctx: &Ctx, x: &Matrix| {
+            let y = linear::linear_via(ctx.cuda, &ctx.cuda.upload_matrix(x), &gw, path).expect("no failure path");
+            bits(&ctx.cuda.to_host(&y))
+        };
+        let alone: Vec<Vec<u32>> = (0..most).map(|r| gemm(ctx, &Matrix::from_vec(1, k, x.row(r).to_vec()))).collect();
+        for &m in GEMM_INVARIANCE_ROWS {
+            let want: Vec<u32> = alone[..m].concat();
+            let got = gemm(ctx, &Matrix::from_vec(m, k, x.data[..m * k].to_vec()));
+            let name = format!("{path:?}").to_lowercase();
+            ctx.exact(format!("linear {name} [{m}, {k}]·[{n}, {k}]ᵀ rows vs alone (bits)"), &got, &want);
+        }
     }
 }
 

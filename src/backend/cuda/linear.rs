@@ -1,5 +1,6 @@
-//! `kernels/linear.cu` and cuBLASLt: dense bf16 projections `y = x · Wᵀ` (fp32 accumulation, one
-//! rounding to bf16), the input-embedding gather and the restricted `lm_head`.
+//! `kernels/linear.cu`, `kernels/linear_gemm.cu` (the prefill GEMM) and cuBLASLt: dense bf16
+//! projections `y = x · Wᵀ` (fp32 accumulation, one rounding to bf16), the input-embedding gather
+//! and the restricted `lm_head`.
 //!
 //! Projections pick a path by row count: up to [`DECODE_MAX_ROWS`] rows (decode) a bandwidth-bound
 //! tensor-core kernel (`linear_mma_*`) that reads each weight byte once; more rows (prefill) a
@@ -38,6 +39,16 @@ const GEMM_BLOCK_FEATURES: usize = 128;
 const GEMM_R32_ROWS: usize = 32;
 const GEMM_R64_ROWS: usize = 64;
 const GEMM_R128_ROWS: usize = 128;
+/// `linear_gemm_wg`, the prefill GEMM on Hopper's warpgroup MMA: input rows and output features
+/// per block, threads (one warpgroup of 128 per 64 rows), its k stages in shared memory (`STAGES`
+/// of the instantiation in the .cu) and the 1 KiB it may skip to start the tiles on 1024 bytes.
+const GEMM_WG_ROWS: usize = 64;
+const GEMM_WG_FEATURES: usize = 128;
+const GEMM_WG_THREADS: u32 = 128;
+const GEMM_WG_STAGES: usize = 5;
+fn gemm_wg_smem_bytes() -> usize {
+    GEMM_WG_STAGES * (GEMM_WG_ROWS + GEMM_WG_FEATURES) * 64 * 2 + 1024
+}
 /// Rows from which the prefill GEMM takes 128-row blocks: fewer rows keep more blocks in flight
 /// with 64 (the same bits either way).
 const GEMM_R128_FROM_ROWS: usize = 512;
@@ -65,6 +76,9 @@ pub struct LinearKernels {
     gemm_r32: Kernel,
     gemm_r64: Kernel,
     gemm_r128: Kernel,
+    /// `linear_gemm_wg`: the prefill GEMM on compute capability 9.0 (wgmma), in place of the
+    /// three above; `None` on every other GPU.
+    gemm_wg: Option<Kernel>,
     tiled: Kernel,
     embed_gather: Kernel,
     restricted_logits: Kernel,
@@ -100,10 +114,12 @@ fn gemm_smem_bytes(rows_per_block: usize) -> usize {
 }
 
 impl LinearKernels {
-    pub fn load(ctx: &Arc<CudaContext>) -> Result<LinearKernels, KernelError> {
+    /// `hopper`: the GPU is compute capability 9.0, whose kernels include sm_90a's wgmma.
+    pub fn load(ctx: &Arc<CudaContext>, hopper: bool) -> Result<LinearKernels, KernelError> {
         let m = Module::load_overlapping(ctx, "linear", embedded::LINEAR)?;
+        let prefill = Module::load_overlapping(ctx, "linear_gemm", embedded::LINEAR_GEMM)?;
         // 96 KiB: within every supported GPU's per-block limit (≥ 99 KiB from sm_80).
-        let gemm = |name, rows_per_block| m.kernel_with_shared(name, gemm_smem_bytes(rows_per_block));
+        let gemm = |name, rows_per_block| prefill.kernel_with_shared(name, gemm_smem_bytes(rows_per_block));
         let optin = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
             .map_err(|source| KernelError { module: "linear", kernel: None, source })?;
@@ -118,6 +134,11 @@ impl LinearKernels {
             gemm_r32: gemm("linear_gemm_r32", GEMM_R32_ROWS)?,
             gemm_r64: gemm("linear_gemm_r64", GEMM_R64_ROWS)?,
             gemm_r128: gemm("linear_gemm_r128", GEMM_R128_ROWS)?,
+            gemm_wg: if hopper {
+                Some(prefill.kernel_with_shared("linear_gemm_wg", gemm_wg_smem_bytes())?)
+            } else {
+                None
+            },
             tiled: m.kernel("linear_tiled")?,
             embed_gather: m.kernel("embed_gather")?,
             restricted_logits: m.kernel("restricted_logits")?,
@@ -163,9 +184,13 @@ pub enum Path {
     /// `linear_mma_*`: tensor cores, weight streamed once per 64 rows, per-output order fixed by
     /// `k` (any row count; needs `k % 8 == 0`).
     Mma,
-    /// `linear_gemm_*`: tensor cores, tiled in shared memory, per-output order fixed by `k`
-    /// (any row count; needs `k % 8 == 0`). Not the bits of `Mma`.
+    /// The prefill GEMM: `linear_gemm_wg` on compute capability 9.0, else `GemmMmaSync`'s kernels.
+    /// Tensor cores, tiled in shared memory, per-output order fixed by `k` (any row count; needs
+    /// `k % 8 == 0`). Not the bits of `Mma`, and the two GEMMs' bits differ from each other.
     Gemm,
+    /// `linear_gemm_r32`, `_r64`, `_r128` (mma.sync): `Gemm` on every GPU but compute capability
+    /// 9.0; there only through [`linear_via`], so that the checks still cover them.
+    GemmMmaSync,
     /// cuBLASLt (bf16 in/out, fp32 compute).
     Blas,
     /// `linear_tiled`: the fallback without cuBLASLt (any shape).
@@ -371,16 +396,22 @@ fn project(cuda: &Cuda, x: u64, rows: usize, w: &GpuWeight, y: u64, path: Path) 
             let args = [x.into(), w.ptr.into(), y.into(), rows.into(), n.into(), k.into()];
             kernel.launch(cuda.stream(), Dims::grid(grid, THREADS).with_shared(shared as u32), &args);
         }
-        Path::Gemm => {
+        Path::Gemm | Path::GemmMmaSync => {
             assert!(mma_fits(k), "the tensor-core GEMM needs k % 8 == 0, not k = {k}");
             let kernels = &cuda.kernels.linear;
+            let args = [x.into(), w.ptr.into(), y.into(), rows.into(), n.into(), k.into()];
+            if let (Path::Gemm, Some(wg)) = (path, &kernels.gemm_wg) {
+                let grid = (n.div_ceil(GEMM_WG_FEATURES) as u32, rows.div_ceil(GEMM_WG_ROWS) as u32, 1);
+                let dims = Dims::grid(grid, GEMM_WG_THREADS).with_shared(gemm_wg_smem_bytes() as u32);
+                wg.launch(cuda.stream(), dims, &args);
+                return Ok(());
+            }
             let (kernel, per_block) = match gemm_rows_per_block(rows, n, cuda.info().multiprocessors) {
                 GEMM_R128_ROWS => (&kernels.gemm_r128, GEMM_R128_ROWS),
                 GEMM_R64_ROWS => (&kernels.gemm_r64, GEMM_R64_ROWS),
                 _ => (&kernels.gemm_r32, GEMM_R32_ROWS),
             };
             let grid = (n.div_ceil(GEMM_BLOCK_FEATURES) as u32, rows.div_ceil(per_block) as u32, 1);
-            let args = [x.into(), w.ptr.into(), y.into(), rows.into(), n.into(), k.into()];
             let dims = Dims::grid(grid, THREADS).with_shared(gemm_smem_bytes(per_block) as u32);
             kernel.launch(cuda.stream(), dims, &args);
         }

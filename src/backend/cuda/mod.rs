@@ -101,7 +101,7 @@ impl Kernels {
         let ctx = &device.ctx;
         Ok(Kernels {
             norm: norm::NormKernels::load(ctx)?,
-            linear: linear::LinearKernels::load(ctx)?,
+            linear: linear::LinearKernels::load(ctx, device.info.compute_capability == (9, 0))?,
             gdn: gdn::GdnKernels::load(ctx)?,
             attention: attention::AttentionKernels::load(ctx)?,
             moe: moe::MoeKernels::load(ctx)?,
