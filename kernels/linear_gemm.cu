@@ -268,9 +268,20 @@ __device__ __forceinline__ void linear_gemm_wg(const bf16* __restrict__ x, const
 #endif
 }
 
-// One warpgroup of 64 rows × 128 features, five stages (4 loading ahead, one wgmma group in
-// flight): 120 KiB + 1 KiB of alignment slack (linear.rs `gemm_wg_smem_bytes`).
-extern "C" __global__ void __launch_bounds__(128) linear_gemm_wg(const bf16* x, const bf16* w, bf16* y, int rows, int n, int k) {
-    pdl_begin();
-    linear_gemm_wg<1, 128, 5, 1>(x, w, y, rows, n, k);
-}
+// Three tile shapes, one per launch shape (linear.rs `gemm_wg_shape`; the same bits): run 30's lab
+// on an H100 (.gpu/lab, L2 flushed) timed nine of them on the prefill's shapes.
+//   _64x64:   6 stages, 5 loading ahead: 200 rows at n ≤ 4096, 13–31 % under the mma.sync kernels
+//             ([2048, 2048]: 18.8 → 14.1 µs; [2048, 4096]: 32.6 → 24.2 µs);
+//   _64x128:  4 stages, no wgmma left in flight: 200 rows × 8192 features (36.4 → 30.3 µs), where
+//             64 × 64 tiles make 512 blocks;
+//   _128x128: two warpgroups, 4 stages: from 512 rows (1000 × [4096, 2048]: 59.7 → 46.2 µs).
+// Dynamic shared memory: STAGES · (rows + features) · 128 bytes + 1 KiB of alignment slack.
+#define GEMM_WG(NAME, WGS, BN, STAGES, KEEP)                                                                  \
+    extern "C" __global__ void __launch_bounds__(128 * WGS)                                                  \
+        NAME(const bf16* x, const bf16* w, bf16* y, int rows, int n, int k) {                                \
+        pdl_begin();                                                                                         \
+        linear_gemm_wg<WGS, BN, STAGES, KEEP>(x, w, y, rows, n, k);                                           \
+    }
+GEMM_WG(linear_gemm_wg_64x64, 1, 64, 6, 1)
+GEMM_WG(linear_gemm_wg_64x128, 1, 128, 4, 0)
+GEMM_WG(linear_gemm_wg_128x128, 2, 128, 4, 1)

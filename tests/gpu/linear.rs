@@ -42,9 +42,11 @@ const ROWS: &[usize] = &[1, 2, 3, 8, 9, 64, 65, 130, 200, 520];
 const LINEAR_BOUND: f64 = 1e-2;
 /// Row counts of the row-invariance check (each row of an M-row call against the row alone).
 const INVARIANCE_ROWS: &[usize] = &[1, 2, 7, 8, 9, 33, 64, 65, 130];
-/// Row counts of the prefill GEMM's row-invariance check: 32-row blocks (where their grid fits
-/// one block an SM: one row, a part, several), 64-row blocks (300 rows of the 4096-feature shape)
-/// and 128-row blocks (from 512 rows). Each row alone takes 32-row blocks.
+/// Row counts of the prefill GEMM's row-invariance check. mma.sync: 32-row blocks (where their
+/// grid fits one block an SM: one row, a part, several), 64-row blocks (300 rows of the
+/// 4096-feature shape) and 128-row blocks (from 512 rows); each row alone takes 32-row blocks.
+/// wgmma: 64 × 64 tiles (up to 130 rows), 64 × 128 (300 rows of the 4096-feature shape) and
+/// 128 × 128 (600 rows); each row alone takes 64 × 64.
 const GEMM_INVARIANCE_ROWS: &[usize] = &[1, 9, 64, 65, 130, 300, 600];
 /// Prompt lengths of `linear_segments`' check: runs on both sides of DECODE_MAX_ROWS.
 const SEGMENTS: &[usize] = &[3, 85, 9, 1, 200, 8, 64];

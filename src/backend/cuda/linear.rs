@@ -39,16 +39,44 @@ const GEMM_BLOCK_FEATURES: usize = 128;
 const GEMM_R32_ROWS: usize = 32;
 const GEMM_R64_ROWS: usize = 64;
 const GEMM_R128_ROWS: usize = 128;
-/// `linear_gemm_wg`, the prefill GEMM on Hopper's warpgroup MMA: input rows and output features
-/// per block, threads (one warpgroup of 128 per 64 rows), its k stages in shared memory (`STAGES`
-/// of the instantiation in the .cu) and the 1 KiB it may skip to start the tiles on 1024 bytes.
-const GEMM_WG_ROWS: usize = 64;
-const GEMM_WG_FEATURES: usize = 128;
-const GEMM_WG_THREADS: u32 = 128;
-const GEMM_WG_STAGES: usize = 5;
-fn gemm_wg_smem_bytes() -> usize {
-    GEMM_WG_STAGES * (GEMM_WG_ROWS + GEMM_WG_FEATURES) * 64 * 2 + 1024
+/// A tile shape of `linear_gemm_wg_*`, the prefill GEMM on Hopper's warpgroup MMA: input rows and
+/// output features per block (one warpgroup of 128 threads per 64 rows) and its k stages in
+/// shared memory (the instantiation's `STAGES` in the .cu). Every shape gives the same bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct WgShape {
+    rows: usize,
+    features: usize,
+    stages: usize,
 }
+
+const WG_64X64: WgShape = WgShape { rows: 64, features: 64, stages: 6 };
+const WG_64X128: WgShape = WgShape { rows: 64, features: 128, stages: 4 };
+const WG_128X128: WgShape = WgShape { rows: 128, features: 128, stages: 4 };
+
+impl WgShape {
+    fn threads(self) -> u32 {
+        u32::try_from(self.rows / 64 * 128).expect("threads")
+    }
+
+    /// Its k stages of x and W rows (64 bf16 each), and the 1 KiB it may skip to start the
+    /// tiles on 1024 bytes (the swizzle's period).
+    fn smem_bytes(self) -> usize {
+        self.stages * (self.rows + self.features) * 64 * 2 + 1024
+    }
+}
+
+/// The `linear_gemm_wg_*` tile for `rows` rows of an `n`-feature projection on `sms` SMs: 128 × 128
+/// from [`GEMM_R128_FROM_ROWS`] rows; else 64 × 64 while that grid is at most two blocks an SM
+/// (both fit at once), else 64 × 128. Run 30's lab (an H100): 64 × 64 was the fastest of nine
+/// shapes at 85 and 200 rows up to 4096 features, 64 × 128 at 200 × 8192, 128 × 128 at 1000 rows.
+fn gemm_wg_shape(rows: usize, n: usize, sms: i32) -> WgShape {
+    if rows >= GEMM_R128_FROM_ROWS {
+        return WG_128X128;
+    }
+    let blocks = n.div_ceil(WG_64X64.features) * rows.div_ceil(WG_64X64.rows);
+    if blocks <= 2 * usize::try_from(sms).unwrap_or(0) { WG_64X64 } else { WG_64X128 }
+}
+
 /// Rows from which the prefill GEMM takes 128-row blocks: fewer rows keep more blocks in flight
 /// with 64 (the same bits either way).
 const GEMM_R128_FROM_ROWS: usize = 512;
@@ -76,9 +104,9 @@ pub struct LinearKernels {
     gemm_r32: Kernel,
     gemm_r64: Kernel,
     gemm_r128: Kernel,
-    /// `linear_gemm_wg`: the prefill GEMM on compute capability 9.0 (wgmma), in place of the
-    /// three above; `None` on every other GPU.
-    gemm_wg: Option<Kernel>,
+    /// `linear_gemm_wg_64x64`, `_64x128`, `_128x128`: the prefill GEMM on compute capability 9.0
+    /// (wgmma), in place of the three above; `None` on every other GPU.
+    gemm_wg: Option<[Kernel; 3]>,
     tiled: Kernel,
     embed_gather: Kernel,
     restricted_logits: Kernel,
@@ -135,7 +163,12 @@ impl LinearKernels {
             gemm_r64: gemm("linear_gemm_r64", GEMM_R64_ROWS)?,
             gemm_r128: gemm("linear_gemm_r128", GEMM_R128_ROWS)?,
             gemm_wg: if hopper {
-                Some(prefill.kernel_with_shared("linear_gemm_wg", gemm_wg_smem_bytes())?)
+                let wg = |name, shape: WgShape| prefill.kernel_with_shared(name, shape.smem_bytes());
+                Some([
+                    wg("linear_gemm_wg_64x64", WG_64X64)?,
+                    wg("linear_gemm_wg_64x128", WG_64X128)?,
+                    wg("linear_gemm_wg_128x128", WG_128X128)?,
+                ])
             } else {
                 None
             },
@@ -401,9 +434,15 @@ fn project(cuda: &Cuda, x: u64, rows: usize, w: &GpuWeight, y: u64, path: Path) 
             let kernels = &cuda.kernels.linear;
             let args = [x.into(), w.ptr.into(), y.into(), rows.into(), n.into(), k.into()];
             if let (Path::Gemm, Some(wg)) = (path, &kernels.gemm_wg) {
-                let grid = (n.div_ceil(GEMM_WG_FEATURES) as u32, rows.div_ceil(GEMM_WG_ROWS) as u32, 1);
-                let dims = Dims::grid(grid, GEMM_WG_THREADS).with_shared(gemm_wg_smem_bytes() as u32);
-                wg.launch(cuda.stream(), dims, &args);
+                let shape = gemm_wg_shape(rows, n, cuda.info().multiprocessors);
+                let kernel = match shape {
+                    WG_64X64 => &wg[0],
+                    WG_64X128 => &wg[1],
+                    _ => &wg[2],
+                };
+                let grid = (n.div_ceil(shape.features) as u32, rows.div_ceil(shape.rows) as u32, 1);
+                let dims = Dims::grid(grid, shape.threads()).with_shared(shape.smem_bytes() as u32);
+                kernel.launch(cuda.stream(), dims, &args);
                 return Ok(());
             }
             let (kernel, per_block) = match gemm_rows_per_block(rows, n, cuda.info().multiprocessors) {
@@ -572,7 +611,27 @@ impl RestrictedHead {
 
 #[cfg(test)]
 mod tests {
-    use super::{GEMM_R32_ROWS, GEMM_R64_ROWS, GEMM_R128_ROWS, gemm_rows_per_block};
+    use super::gemm_wg_shape;
+    use super::{GEMM_R32_ROWS, GEMM_R64_ROWS, GEMM_R128_ROWS, WG_64X64, WG_64X128, WG_128X128, gemm_rows_per_block};
+
+    #[test]
+    fn the_wgmma_gemm_takes_the_tile_run_30_timed_fastest_for_each_shape() {
+        for n in [512, 2048, 4096] {
+            assert_eq!(gemm_wg_shape(200, n, 132), WG_64X64, "200 × {n}");
+            assert_eq!(gemm_wg_shape(85, n, 132), WG_64X64, "85 × {n}");
+        }
+        assert_eq!(gemm_wg_shape(200, 8192, 132), WG_64X128);
+        assert_eq!(gemm_wg_shape(1000, 2048, 132), WG_128X128);
+        assert_eq!(gemm_wg_shape(1000, 8192, 132), WG_128X128);
+    }
+
+    #[test]
+    fn every_wgmma_tile_fits_hoppers_shared_memory_and_its_thread_limit() {
+        for shape in [WG_64X64, WG_64X128, WG_128X128] {
+            assert!(shape.smem_bytes() <= 227 << 10, "{shape:?}");
+            assert!(shape.threads() <= 1024 && shape.rows.is_multiple_of(64), "{shape:?}");
+        }
+    }
 
     #[test]
     fn the_prefill_gemm_halves_its_row_blocks_only_where_each_sm_keeps_one() {
