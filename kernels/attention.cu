@@ -1,6 +1,6 @@
 // Gated full attention (`backbone.md` §2) around the bf16 projections `linear.cu` computes:
 //   attn_prep            q/gate split, zero-centred q/k norms, partial NeoX RoPE, K/V cache append;
-//   attn_prefill_hd*     causal GQA attention of many rows, online softmax, · sigmoid(gate), bf16;
+//   attn_prefill_hd*     causal GQA attention of many rows (kernels/attention_prefill.cu);
 //   attn_decode_hd*      one split of the keys for each query row (flash-decoding), partials in fp32;
 //   attn_decode_combine  merges the splits, · sigmoid(gate), bf16.
 //
@@ -14,8 +14,7 @@
 
 namespace {
 
-constexpr int NT = ATTN_THREADS;        // threads of the prefill and decode kernels
-constexpr int BM = ATTN_PREFILL_ROWS;   // (position, head) query rows per prefill CTA
+constexpr int NT = ATTN_THREADS;        // threads of the decode kernel
 constexpr int BK = ATTN_TILE_KEYS;      // keys per tile: one lane per key in the softmax
 constexpr int MAXG = ATTN_MAX_GROUP;    // most q heads per kv head the decode kernel takes
 
@@ -110,187 +109,6 @@ extern "C" __global__ void attn_prep(const bf16* __restrict__ qg, const bf16* __
         const size_t c = ((size_t)pos * kv_heads + kvh) * hd + d;
         kc[c] = to_bf16(y);
         vc[c] = vp[((size_t)t * kv_heads + kvh) * hd + d];
-    }
-}
-
-// Prefill attention. For kv head `kvh` the query rows are the flattened (t, g) pairs r = t·G + g
-// (G = H / Hkv q heads share the kv head, so one K/V tile serves all of them); CTA (bx, kvh) takes
-// rows bx·BM .. bx·BM + BM − 1 and streams keys 0 ..= start + t_last through shared memory in tiles of 32.
-// grid (ceil(T·G / 64), Hkv), NT threads, dynamic shared memory prefill_smem_bytes(HD) (attention.rs).
-// Thread (ry = tid / 8, cx = tid % 8) owns rows ry + 32i (i < BM / 32): scores for keys cx + 8j
-// (j < 4), and output columns 4·cx + 32j .. +3 (j < HD/32). Warp w runs the softmax of rows
-// w·BM/8 .. (w+1)·BM/8 − 1. BM = 32 (one row a thread): a 200-row prompt's 1600 (row, head) pairs
-// of a kv head make 50 CTAs of 64 rows each at BM = 64, half of an H200's SMs idle and each
-// thread walking two rows (117 µs a layer, run 23); at 32, 100 CTAs of half the work each. A
-// row's sums are the same whichever CTA holds it (tiles past its causal limit add exactly
-// nothing), so BM changes no bit.
-// Several prompts in one launch (`seqs` given, grid.z = prompts): prompt z's rows are rows
-// seqs[5z + 2] .. + seqs[5z + 3] of q, qg and out, its cache keys seqs[5z], values seqs[5z + 1],
-// its first position seqs[5z + 4] (rows and start from the arguments are then unused); each
-// prompt's CTAs compute exactly what they compute in a launch of their own.
-template <int HD>
-__device__ __forceinline__ void attn_prefill(const float* __restrict__ q, const bf16* __restrict__ qg,
-                                             const bf16* __restrict__ kc, const bf16* __restrict__ vc,
-                                             bf16* __restrict__ out, int rows, int heads, int kv_heads, int start,
-                                             const unsigned long long* __restrict__ seqs) {
-    pdl_begin();
-    static_assert(HD % 32 == 0 && HD <= 1024, "head_dim must be a multiple of 32");
-    constexpr int ROW_STEP = NT / 8;    // rows between a thread's rows
-    constexpr int RPT = BM / ROW_STEP;  // rows a thread owns
-    constexpr int WARP_ROWS = BM / (NT / 32);
-    static_assert(BM % ROW_STEP == 0 && BM % (NT / 32) == 0 && RPT >= 1, "rows split evenly");
-    if (seqs) {
-        const unsigned long long* sq = seqs + 5 * blockIdx.z;
-        kc = reinterpret_cast<const bf16*>(sq[0]);
-        vc = reinterpret_cast<const bf16*>(sq[1]);
-        const size_t row0 = sq[2];
-        rows = (int)sq[3];
-        start = (int)sq[4];
-        q += row0 * heads * HD;
-        qg += row0 * 2 * heads * HD;
-        out += row0 * heads * HD;
-    }
-    constexpr int QS = HD + 4;  // padded row stride of the Q and K tiles
-    constexpr int PS = BK + 1;  // padded row stride of the probabilities
-    extern __shared__ float4 smem4[];
-    float* Qs = reinterpret_cast<float*>(smem4);  // [BM][QS]
-    float* Ks = Qs + BM * QS;                     // [BK][QS]
-    float* Vs = Ks + BK * QS;                     // [BK][HD]
-    float* Ps = Vs + BK * HD;                     // [BM][PS]
-    float* row_m = Ps + BM * PS;                  // running max (log2 units)
-    float* row_l = row_m + BM;                    // running sum of exp2
-    float* row_a = row_l + BM;                    // this tile's rescale of the accumulators
-
-    const int group = heads / kv_heads, kvh = blockIdx.y, r0 = blockIdx.x * BM, tid = threadIdx.x;
-    const int nrows = rows * group;
-    if (r0 >= nrows) return;
-
-    constexpr int C4 = HD / 4;
-    for (int idx = tid; idx < BM * C4; idx += NT) {
-        const int r = idx / C4, c = idx % C4, fr = r0 + r;
-        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (fr < nrows) {
-            const int t = fr / group, head = kvh * group + fr % group;
-            v = *reinterpret_cast<const float4*>(q + ((size_t)t * heads + head) * HD + c * 4);
-        }
-        *reinterpret_cast<float4*>(Qs + r * QS + c * 4) = v;
-    }
-    if (tid < BM) {
-        row_m[tid] = -INFINITY;
-        row_l[tid] = 0.f;
-    }
-
-    const int ry = tid / 8, cx = tid % 8, warp = tid / 32, lane = tid % 32;
-    int qpos[RPT];  // causal limit of my rows; −1 past the last row (sees nothing, never written)
-#pragma unroll
-    for (int i = 0; i < RPT; ++i) {
-        const int fr = r0 + ry + ROW_STEP * i;
-        qpos[i] = fr < nrows ? start + fr / group : -1;
-    }
-    const int nkeys = start + (min(r0 + BM, nrows) - 1) / group + 1;
-    const int total = start + rows;  // keys present in the cache
-
-    float o[RPT][HD / 32][4];
-#pragma unroll
-    for (int i = 0; i < RPT; ++i)
-#pragma unroll
-        for (int j = 0; j < HD / 32; ++j) o[i][j][0] = o[i][j][1] = o[i][j][2] = o[i][j][3] = 0.f;
-
-    for (int k0 = 0; k0 < nkeys; k0 += BK) {
-        __syncthreads();  // the previous tile's readers are done; Q and the statistics are visible
-        load_kv_tile<HD>(kc, vc, kv_heads, kvh, k0, total, Ks, Vs);
-        __syncthreads();
-
-        float s[RPT][4];
-#pragma unroll
-        for (int i = 0; i < RPT; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
-#pragma unroll 4
-        for (int d = 0; d < HD; d += 4) {
-            float4 qr[RPT];
-#pragma unroll
-            for (int i = 0; i < RPT; ++i) qr[i] = *reinterpret_cast<const float4*>(Qs + (ry + ROW_STEP * i) * QS + d);
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const float4 kv = *reinterpret_cast<const float4*>(Ks + (cx + 8 * j) * QS + d);
-#pragma unroll
-                for (int i = 0; i < RPT; ++i) s[i][j] += dot4(qr[i], kv);
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < RPT; ++i)
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const int c = cx + 8 * j;
-                Ps[(ry + ROW_STEP * i) * PS + c] = k0 + c <= qpos[i] ? s[i][j] : -INFINITY;
-            }
-        __syncthreads();
-
-        for (int rr = 0; rr < WARP_ROWS; ++rr) {
-            const int r = warp * WARP_ROWS + rr;
-            const float v = Ps[r * PS + lane];
-            const float m_old = row_m[r];
-            const float m_new = fmaxf(m_old, warp_max(v));
-            const float m_use = m_new == -INFINITY ? 0.f : m_new;  // rows that have seen no key yet
-            const float p = exp2f(v - m_use);
-            const float sum = warp_sum(p);
-            Ps[r * PS + lane] = p;
-            __syncwarp();  // every lane has read row_m[r] before lane 0 replaces it
-            if (lane == 0) {
-                const float a = exp2f(m_old - m_use);
-                row_a[r] = a;
-                row_l[r] = row_l[r] * a + sum;
-                row_m[r] = m_new;
-            }
-        }
-        __syncthreads();
-
-#pragma unroll
-        for (int i = 0; i < RPT; ++i) {
-            const float a = row_a[ry + ROW_STEP * i];
-#pragma unroll
-            for (int j = 0; j < HD / 32; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) o[i][j][e] *= a;
-        }
-#pragma unroll 4
-        for (int kk = 0; kk < BK; ++kk) {
-            float p[RPT];
-#pragma unroll
-            for (int i = 0; i < RPT; ++i) p[i] = Ps[(ry + ROW_STEP * i) * PS + kk];
-#pragma unroll
-            for (int j = 0; j < HD / 32; ++j) {
-                const float4 v = *reinterpret_cast<const float4*>(Vs + kk * HD + 4 * cx + 32 * j);
-#pragma unroll
-                for (int i = 0; i < RPT; ++i) {
-                    o[i][j][0] += p[i] * v.x;
-                    o[i][j][1] += p[i] * v.y;
-                    o[i][j][2] += p[i] * v.z;
-                    o[i][j][3] += p[i] * v.w;
-                }
-            }
-        }
-    }
-
-    // Epilogue: normalise, · sigmoid(gate), one rounding to bf16 (8-byte stores of 4 values).
-#pragma unroll
-    for (int i = 0; i < RPT; ++i) {
-        const int r = ry + ROW_STEP * i, fr = r0 + r;
-        if (fr >= nrows) continue;
-        const int t = fr / group, head = kvh * group + fr % group;
-        const float inv_l = 1.f / row_l[r];
-        const bf16* gate = qg + (size_t)t * 2 * heads * HD + (size_t)head * 2 * HD + HD;
-        bf16* dst = out + ((size_t)t * heads + head) * HD;
-#pragma unroll
-        for (int j = 0; j < HD / 32; ++j) {
-            const int d = 4 * cx + 32 * j;
-            const uint2 graw = *reinterpret_cast<const uint2*>(gate + d);
-            const __nv_bfloat162* g2 = reinterpret_cast<const __nv_bfloat162*>(&graw);
-            const float2 ga = __bfloat1622float2(g2[0]), gb = __bfloat1622float2(g2[1]);
-            __nv_bfloat162 res[2];
-            res[0] = __floats2bfloat162_rn(o[i][j][0] * inv_l * sigmoidf_(ga.x), o[i][j][1] * inv_l * sigmoidf_(ga.y));
-            res[1] = __floats2bfloat162_rn(o[i][j][2] * inv_l * sigmoidf_(gb.x), o[i][j][3] * inv_l * sigmoidf_(gb.y));
-            *reinterpret_cast<uint2*>(dst + d) = *reinterpret_cast<const uint2*>(res);
-        }
     }
 }
 
@@ -405,15 +223,10 @@ __device__ __forceinline__ void attn_decode(const float* __restrict__ q, const b
     }
 }
 
-// One prefill and one decode entry point per compiled head_dim (attention.rs HEAD_DIMS). The `, 1` of
-// __launch_bounds__ lifts ptxas's own register target, under which the small variants spilled.
+// One decode entry point per compiled head_dim (attention.rs HEAD_DIMS); the prefill's are
+// kernels/attention_prefill.cu's. The `, 1` of __launch_bounds__ lifts ptxas's own register
+// target, under which the small variants spilled.
 #define ATTN_VARIANTS(HD)                                                                                              \
-    extern "C" __global__ void __launch_bounds__(NT, 1) attn_prefill_hd##HD(                                           \
-        const float* __restrict__ q, const bf16* __restrict__ qg, const bf16* __restrict__ kc,                         \
-        const bf16* __restrict__ vc, bf16* __restrict__ out, int rows, int heads, int kv_heads, int start,              \
-        const unsigned long long* __restrict__ seqs) {                                                                 \
-        attn_prefill<HD>(q, qg, kc, vc, out, rows, heads, kv_heads, start, seqs);                                      \
-    }                                                                                                                  \
     extern "C" __global__ void __launch_bounds__(NT, 1) attn_decode_hd##HD(                                            \
         const float* __restrict__ q, const bf16* kc, const bf16* vc, float* __restrict__ part_o,                       \
         float* __restrict__ part_ml, int heads, int kv_heads, int start, const int* __restrict__ dev_start,            \

@@ -17,7 +17,9 @@ use cudarc::driver::CudaContext;
 use half::bf16;
 
 use super::Cuda;
-use super::kernel_constants::{ATTN_MAX_GROUP, ATTN_PREFILL_ROWS, ATTN_THREADS, ATTN_TILE_KEYS};
+use super::kernel_constants::{
+    ATTN_MAX_GROUP, ATTN_PREFILL_KEYS, ATTN_PREFILL_ROWS, ATTN_PREFILL_THREADS, ATTN_THREADS, ATTN_TILE_KEYS,
+};
 use super::launch::{Arg, Dims, Kernel, KernelError, Module, embedded};
 use super::linear::{linear, linear_many, linear_rows, linear_rows_many};
 use super::memory::PoolBuf;
@@ -31,8 +33,10 @@ pub(super) use segments::{PrefillSegments, attend_prefill_segments, first_rows};
 
 /// Threads of the prefill and decode kernels.
 const THREADS: u32 = ATTN_THREADS as u32;
-/// Query rows per prefill CTA.
+/// Threads of a prefill CTA, its query rows (16 a warp) and keys per tile.
+const PREFILL_THREADS: u32 = ATTN_PREFILL_THREADS as u32;
 const PREFILL_ROWS: usize = ATTN_PREFILL_ROWS;
+const PREFILL_KEYS: usize = ATTN_PREFILL_KEYS;
 /// Keys per shared-memory tile.
 const TILE_KEYS: usize = ATTN_TILE_KEYS;
 /// Most q heads per kv head the decode kernel holds.
@@ -45,13 +49,10 @@ const KEYS_PER_SPLIT: usize = 64;
 /// Head dims with a compiled prefill/decode kernel.
 const HEAD_DIMS: [usize; 4] = [32, 64, 128, 256];
 
-/// Dynamic shared memory of `attn_prefill<HD>` (its layout: Qs, Ks, Vs, Ps, three row statistics).
+/// Dynamic shared memory of `attn_prefill_mma<HD>` (kernels/attention_prefill.cu): Q as hi and lo
+/// halves, one K and one V tile, bf16 rows padded by 8.
 fn prefill_smem_bytes(hd: usize) -> usize {
-    4 * (PREFILL_ROWS * (hd + 4)
-        + TILE_KEYS * (hd + 4)
-        + TILE_KEYS * hd
-        + PREFILL_ROWS * (TILE_KEYS + 1)
-        + 3 * PREFILL_ROWS)
+    2 * (2 * PREFILL_ROWS + 2 * PREFILL_KEYS) * (hd + 8)
 }
 
 /// Dynamic shared memory of `attn_decode<HD>` (Qs, Ks, Vs, Ps, three head statistics).
@@ -59,7 +60,7 @@ fn decode_smem_bytes(hd: usize) -> usize {
     4 * (MAX_GROUP * hd + TILE_KEYS * (hd + 4) + TILE_KEYS * hd + MAX_GROUP * TILE_KEYS + 3 * MAX_GROUP)
 }
 
-/// The kernels of one head dim. The prefill kernel's shared memory (139 KiB at head_dim 256) is
+/// The kernels of one head dim. The prefill kernel's shared memory (132 KiB at head_dim 256) is
 /// more than some GPUs grant a block; that is reported when prefill is used, not at start-up.
 struct Variant {
     head_dim: usize,
@@ -77,6 +78,7 @@ pub struct AttentionKernels {
 impl AttentionKernels {
     pub fn load(ctx: &Arc<CudaContext>) -> Result<AttentionKernels, KernelError> {
         let m = Module::load_overlapping(ctx, "attention", embedded::ATTENTION)?;
+        let pm = Module::load_overlapping(ctx, "attention_prefill", embedded::ATTENTION_PREFILL)?;
         let names = [
             ("attn_prefill_hd32", "attn_decode_hd32"),
             ("attn_prefill_hd64", "attn_decode_hd64"),
@@ -85,7 +87,7 @@ impl AttentionKernels {
         ];
         let mut variants = Vec::new();
         for (&head_dim, (prefill_name, decode_name)) in HEAD_DIMS.iter().zip(names) {
-            let prefill = m.kernel(prefill_name)?;
+            let prefill = pm.kernel(prefill_name)?;
             let smem = prefill_smem_bytes(head_dim);
             let prefill_ready = prefill.allow_shared_bytes(smem as u32).map_err(|e| {
                 format!("attention prefill at head_dim {head_dim} needs {smem} bytes of shared memory per block: {e}")
@@ -445,7 +447,7 @@ pub(super) fn attend_prefill(
     }
     let gated = cuda.matrix(rows, h * hd);
     let rows_per_kv_head = rows * (h / hkv);
-    let dims = Dims::grid((rows_per_kv_head.div_ceil(PREFILL_ROWS) as u32, hkv as u32, 1), THREADS)
+    let dims = Dims::grid((rows_per_kv_head.div_ceil(PREFILL_ROWS) as u32, hkv as u32, 1), PREFILL_THREADS)
         .with_shared(prefill_smem_bytes(hd) as u32);
     let args = [
         q.ptr().into(),

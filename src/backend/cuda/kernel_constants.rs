@@ -20,12 +20,15 @@ pub const MMA_MANY: usize = 4;
 /// MMA column set.
 pub const ROWS_PAIRS: usize = 8;
 
-// kernels/attention.cu: threads of the prefill and decode kernels, query rows per prefill CTA,
-// keys per shared-memory tile, the most q heads per kv head the decode kernel holds.
+// kernels/attention.cu: threads of the decode kernel, keys per shared-memory tile, the most q
+// heads per kv head it holds. kernels/attention_prefill.cu: threads of the prefill kernel (four
+// warps of 16 query rows), query rows per CTA, keys per tile.
 pub const ATTN_THREADS: usize = 256;
-pub const ATTN_PREFILL_ROWS: usize = 32;
 pub const ATTN_TILE_KEYS: usize = 32;
 pub const ATTN_MAX_GROUP: usize = 16;
+pub const ATTN_PREFILL_THREADS: usize = 128;
+pub const ATTN_PREFILL_ROWS: usize = 64;
+pub const ATTN_PREFILL_KEYS: usize = 64;
 
 // kernels/gdn.cu and gdn_chunk.cu: threads of every kernel, tokens per chunk of the prefill (the
 // reference's), value columns per CTA of the recurrent core and of the chunk scan, the largest

@@ -4,7 +4,8 @@
 //! tower's prefill shares [`attend_prefill_segments`].
 
 use super::{
-    GpuKvCache, PREFILL_ROWS, Projected, RowCaches, THREADS, check_shape, check_weights, prefill_smem_bytes, prep_rows,
+    GpuKvCache, PREFILL_ROWS, PREFILL_THREADS, Projected, RowCaches, check_shape, check_weights, prefill_smem_bytes,
+    prep_rows,
 };
 use crate::backend::backbone::AttentionShape;
 use crate::backend::cuda::Cuda;
@@ -68,8 +69,8 @@ pub(in crate::backend::cuda) fn attend_prefill_segments(
     let table = cuda.scratch(seqs.len() * 8);
     cuda.stage_to_device(table.ptr(), &seqs);
     let blocks = (most * (h / hkv)).div_ceil(PREFILL_ROWS);
-    let dims =
-        Dims::grid((blocks as u32, hkv as u32, lens.len() as u32), THREADS).with_shared(prefill_smem_bytes(hd) as u32);
+    let dims = Dims::grid((blocks as u32, hkv as u32, lens.len() as u32), PREFILL_THREADS)
+        .with_shared(prefill_smem_bytes(hd) as u32);
     let first = caches[0];
     let args = [
         q.into(),
