@@ -1,5 +1,5 @@
-//! `kernels/attention.cu`: the gated full-attention mixer (`backbone.md` §2) on the GPU, with its
-//! KV cache. Same contract as the CPU oracle (`cpu::backbone::attention`): per-head [query | gate]
+//! `kernels/attention.cu` (prep, decode) and `kernels/attention_prefill.cu` (the prefill on tensor
+//! cores): the gated full-attention mixer (`backbone.md` §2) on the GPU, with its KV cache. Same contract as the CPU oracle (`cpu::backbone::attention`): per-head [query | gate]
 //! split of `q_proj`, zero-centred q/k norms, partial NeoX RoPE at positions `cache.len ..`, GQA
 //! causal softmax, output · sigmoid(gate), `o_proj`. One request's rows ([`prefill`], [`decode`]),
 //! one row per request (the decode batch, [`decode_rows`]), or several requests' prompt chunks in
@@ -7,7 +7,9 @@
 //!
 //! Numerics: the projections come out of `linear::linear` in bf16; q stays f32 after its norm and
 //! RoPE; K (after norm and RoPE) and V are stored in a bf16 cache; scores, softmax and the weighted
-//! sum are fp32 (online softmax); the gated output is rounded once to bf16 before `o_proj`. RoPE's
+//! sum are fp32 (online softmax; the prefill's MMAs take q and the probabilities as bf16 hi + lo
+//! pairs, 16 significant bits, against the exact bf16 K and V); the gated output is rounded once
+//! to bf16 before `o_proj`. RoPE's
 //! angle is the oracle's f32 product `pos · inv_freq`, with `inv_freq` computed here on the host by
 //! the oracle's own expression, so angles agree bit for bit at every position; sin/cos are f64.
 
