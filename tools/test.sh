@@ -31,6 +31,9 @@ tools/cuda-toolchain.sh
 echo "== format and lints"
 cargo fmt --check
 cargo clippy --all-targets --locked -- -D warnings
+# The CPU-only build (the fuzz targets' and `--no-default-features` binaries'), whose code
+# behind `not(feature = "cuda")` the default build never compiles.
+cargo clippy --no-default-features --lib --locked -- -D warnings
 
 echo "== rust tests"
 cargo test --all-targets --locked

@@ -246,7 +246,6 @@ mod with_cuda {
 #[cfg(not(feature = "cuda"))]
 mod without_cuda {
     use std::path::PathBuf;
-    use std::sync::Arc;
 
     use super::super::engines::{BatchLimits, GpuOptions};
     use crate::scheduler::{Loader, ModelLoadError};
