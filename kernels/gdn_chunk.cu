@@ -228,13 +228,6 @@ __device__ __forceinline__ void gdn_state_rows_add(const float* k, float x, floa
     s[7] = fmaf(kb.w, x, s[7]);
 }
 
-// cp.async of 4 bytes into shared memory (through L1); where !ok it reads nothing and zero-fills
-// them (`gmem` must still be a valid address then).
-__device__ __forceinline__ void cp_async4_zfill(float* smem, const float* gmem, bool ok) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(s), "l"(gmem), "r"(ok ? 4 : 0) : "memory");
-}
-
 // Starts copying rows [0, n) × columns [0, cols) of a row-major global matrix (row stride
 // `stride` floats) into shared rows of `dst_stride` floats; 16 bytes a copy where `vec` (every
 // row start and cols a multiple of 4 floats), else 4. The caller commits and waits.

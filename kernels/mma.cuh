@@ -79,6 +79,13 @@ __device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, b
     const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(ok ? 16 : 0) : "memory");
 }
+// cp.async of 4 bytes into shared memory (through L1); where !ok it reads nothing and zero-fills
+// them (`gmem` must still be a valid address then).
+__device__ __forceinline__ void cp_async4_zfill(float* smem, const float* gmem, bool ok) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(s), "l"(gmem), "r"(ok ? 4 : 0) : "memory");
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
