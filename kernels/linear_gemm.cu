@@ -1,6 +1,7 @@
 // Prefill projections y = x · Wᵀ (W: [n, k] bf16 row-major as stored) on tensor cores, above
 // DECODE_MAX_ROWS rows (src/backend/cuda/linear.rs, `Path::Gemm`): fp32 accumulation, each
 // output rounded once to bf16. The decode projections are kernels/linear.cu's.
+#include "kernel_constants.cuh"  // GEMM_WG_*_STAGES (src/backend/cuda/kernel_constants.rs)
 #include "mma.cuh"
 #include "wgmma.cuh"
 
@@ -282,6 +283,6 @@ __device__ __forceinline__ void linear_gemm_wg(const bf16* __restrict__ x, const
         pdl_begin();                                                                                         \
         linear_gemm_wg<WGS, BN, STAGES, KEEP>(x, w, y, rows, n, k);                                           \
     }
-GEMM_WG(linear_gemm_wg_64x64, 1, 64, 6, 1)
-GEMM_WG(linear_gemm_wg_64x128, 1, 128, 4, 0)
-GEMM_WG(linear_gemm_wg_128x128, 2, 128, 4, 1)
+GEMM_WG(linear_gemm_wg_64x64, 1, 64, GEMM_WG_64X64_STAGES, 1)
+GEMM_WG(linear_gemm_wg_64x128, 1, 128, GEMM_WG_64X128_STAGES, 0)
+GEMM_WG(linear_gemm_wg_128x128, 2, 128, GEMM_WG_128X128_STAGES, 1)

@@ -18,6 +18,10 @@ for line in sys.stdin:
 mkdir -p .gpu/bin
 cp "$CARGO_TARGET_DIR/release/limelight" .gpu/bin/limelight
 cp "$check_bin" .gpu/bin/gpu-checks
+# The generated constants header, for the standalone labs that compile kernels/ there
+# (tools/gpu/gemm-lab.sh): the release build's, the one its kernels were compiled with.
+out_dir=$(dirname "$(ls -t "$CARGO_TARGET_DIR"/release/build/limelight-*/out/kernel_constants.cuh | head -1)")
+cp "$out_dir/kernel_constants.cuh" .gpu/bin/
 strip .gpu/bin/limelight .gpu/bin/gpu-checks
 ls -la .gpu/bin
 echo "commit $(git rev-parse --short HEAD)$(git diff --quiet || echo '+dirty')" > .gpu/bin/BUILD

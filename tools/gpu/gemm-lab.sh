@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The prefill GEMM lab, ON THE GPU MACHINE from the repository root (it needs nvcc there, not the
-# .gpu pack):
+# The prefill GEMM lab, ON THE GPU MACHINE from the repository root (after tools/gpu/build.sh
+# here; the .gpu pack travelled for its generated kernel_constants.cuh):
 #
 #   tools/gpu/gemm-lab.sh [REPORT_DIR]
 #
@@ -14,7 +14,8 @@
 # `linear.rs`'s `gemm_wg_shape` from it.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+tools/gpu/unpack.sh
 report_dir=${1:-${OUT:-.gpu/report}}
 mkdir -p "$report_dir"
-nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Ikernels tools/gpu/gemm_lab.cu -o "$report_dir/gemm_lab"
+nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Ikernels -I.gpu/bin tools/gpu/gemm_lab.cu -o "$report_dir/gemm_lab"
 "$report_dir/gemm_lab" | tee "$report_dir/gemm-lab.txt"

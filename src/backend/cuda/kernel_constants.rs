@@ -16,6 +16,12 @@ pub const PIECE_STRIDE: usize = PIECE_STEPS * 4 + 4;
 /// Weights one `linear_mma_*_many` launch takes.
 pub const MMA_MANY: usize = 4;
 
+// The k stages in shared memory of the prefill GEMM's wgmma tiles (kernels/linear_gemm.cu,
+// `linear_gemm_wg_64x64`, `_64x128`, `_128x128`): 64 bf16 of the block's x and W rows each.
+pub const GEMM_WG_64X64_STAGES: usize = 6;
+pub const GEMM_WG_64X128_STAGES: usize = 4;
+pub const GEMM_WG_128X128_STAGES: usize = 4;
+
 /// Pairs of one expert per tile of the decode batch's experts (kernels/moe_rows.cu): one n8
 /// MMA column set.
 pub const ROWS_PAIRS: usize = 8;

@@ -41,7 +41,7 @@ const GEMM_R64_ROWS: usize = 64;
 const GEMM_R128_ROWS: usize = 128;
 /// A tile shape of `linear_gemm_wg_*`, the prefill GEMM on Hopper's warpgroup MMA: input rows and
 /// output features per block (one warpgroup of 128 threads per 64 rows) and its k stages in
-/// shared memory (the instantiation's `STAGES` in the .cu). Every shape gives the same bits.
+/// shared memory. Every shape gives the same bits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct WgShape {
     rows: usize,
@@ -49,9 +49,9 @@ struct WgShape {
     stages: usize,
 }
 
-const WG_64X64: WgShape = WgShape { rows: 64, features: 64, stages: 6 };
-const WG_64X128: WgShape = WgShape { rows: 64, features: 128, stages: 4 };
-const WG_128X128: WgShape = WgShape { rows: 128, features: 128, stages: 4 };
+const WG_64X64: WgShape = WgShape { rows: 64, features: 64, stages: GEMM_WG_64X64_STAGES };
+const WG_64X128: WgShape = WgShape { rows: 64, features: 128, stages: GEMM_WG_64X128_STAGES };
+const WG_128X128: WgShape = WgShape { rows: 128, features: 128, stages: GEMM_WG_128X128_STAGES };
 
 impl WgShape {
     fn threads(self) -> u32 {
@@ -115,8 +115,11 @@ pub struct LinearKernels {
     staged_cap: usize,
 }
 
-// The weight pieces a `linear_mma_r8*` block holds at once (`kernel_constants`).
-use super::kernel_constants::{PIECE_STAGES, PIECE_STRIDE};
+// The weight pieces a `linear_mma_r8*` block holds at once, and the wgmma tiles' k stages
+// (`kernel_constants`).
+use super::kernel_constants::{
+    GEMM_WG_64X64_STAGES, GEMM_WG_64X128_STAGES, GEMM_WG_128X128_STAGES, PIECE_STAGES, PIECE_STRIDE,
+};
 
 /// `mma_x_stride` in the .cu: 16-byte vectors per staged input row of width `k` — whole k32
 /// steps, padded to ≡ 4 (mod 8) vectors.
@@ -217,7 +220,7 @@ pub enum Path {
     /// `linear_mma_*`: tensor cores, weight streamed once per 64 rows, per-output order fixed by
     /// `k` (any row count; needs `k % 8 == 0`).
     Mma,
-    /// The prefill GEMM: `linear_gemm_wg` on compute capability 9.0, else `GemmMmaSync`'s kernels.
+    /// The prefill GEMM: `linear_gemm_wg_*` on compute capability 9.0, else `GemmMmaSync`'s kernels.
     /// Tensor cores, tiled in shared memory, per-output order fixed by `k` (any row count; needs
     /// `k % 8 == 0`). Not the bits of `Mma`, and the two GEMMs' bits differ from each other.
     Gemm,
