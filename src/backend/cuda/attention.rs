@@ -33,13 +33,13 @@ mod segments;
 pub use segments::prefill_many;
 pub(super) use segments::{PrefillSegments, attend_prefill_segments, first_rows};
 
-/// Threads of the prefill and decode kernels.
+/// Threads of the decode kernel.
 const THREADS: u32 = ATTN_THREADS as u32;
 /// Threads of a prefill CTA, its query rows (16 a warp) and keys per tile.
 const PREFILL_THREADS: u32 = ATTN_PREFILL_THREADS as u32;
 const PREFILL_ROWS: usize = ATTN_PREFILL_ROWS;
 const PREFILL_KEYS: usize = ATTN_PREFILL_KEYS;
-/// Keys per shared-memory tile.
+/// Keys per shared-memory tile of the decode kernel.
 const TILE_KEYS: usize = ATTN_TILE_KEYS;
 /// Most q heads per kv head the decode kernel holds.
 const MAX_GROUP: usize = ATTN_MAX_GROUP;
