@@ -22,7 +22,7 @@
 // scores are −∞, so the max stays, the rescale is exp2(0) = 1, and p = 0 adds +0 to l and O.
 //
 // Pipelining: K and V have one buffer each, filled by cp.async. Tile j's V loads while its scores
-// are computed; tile j + 1's K loads while tile j's softmax and P·V run.
+// are computed and its softmax taken; tile j + 1's K loads while tile j's P·V runs.
 //
 // Shared memory (bf16, rows padded by 8 so that ldmatrix's 8 rows fall in 8 bank groups):
 // Q_hi, Q_lo [64][HD + 8], K, V [64][HD + 8]: 512 · (HD + 8) bytes (attention.rs
