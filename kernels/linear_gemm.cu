@@ -1,6 +1,6 @@
 // Prefill projections y = x · Wᵀ (W: [n, k] bf16 row-major as stored) on tensor cores, above
-// DECODE_MAX_ROWS rows (src/backend/cuda/linear.rs, `Path::Gemm`): fp32 accumulation, each
-// output rounded once to bf16. The decode projections are kernels/linear.cu's.
+// DECODE_MAX_ROWS rows (src/backend/cuda/linear/prefill_gemm.rs, `Path::Gemm`): fp32
+// accumulation, each output rounded once to bf16. The decode projections are kernels/linear.cu's.
 #include "kernel_constants.cuh"  // GEMM_WG_*_STAGES (src/backend/cuda/kernel_constants.rs)
 #include "mma.cuh"
 #include "wgmma.cuh"
@@ -27,10 +27,10 @@
 //
 // Launch: 256 threads, grid (ceil(n / 128), ceil(rows / BM)). Needs k % 8 == 0 (16-byte chunks,
 // each wholly in or out of the matrix). Dynamic shared memory STAGES · (BM + 128) · 128 bytes
-// (96 KiB at both BM = 64 and 128, 80 KiB at 32; linear.rs `gemm_smem_bytes`). BM = 32 serves
-// launches whose 32-row grid still fits one block an SM (linear.rs `gemm_rows_per_block`): a
-// 200-row prompt's [2048, 4096] projections were 64 blocks on 132 SMs, 42 µs each at 64 rows and
-// 33.7 µs at 32 (runs 24 and 27, an H100).
+// (96 KiB at both BM = 64 and 128, 80 KiB at 32; prefill_gemm.rs `mma_sync_smem_bytes`). BM = 32
+// serves launches whose 32-row grid still fits one block an SM (prefill_gemm.rs
+// `mma_sync_rows_per_block`): a 200-row prompt's [2048, 4096] projections were 64 blocks on 132
+// SMs, 42 µs each at 64 rows and 33.7 µs at 32 (runs 24 and 27, an H100).
 //
 // Floor (H200): FLOPs 2·rows·n·k at the mma.sync rate; at 64 prompts × 85 rows every dense
 // projection of the prefill is ≈ 15 TFLOP, ≈ 25 ms at 600 TFLOP/s. The weights are re-read per
@@ -163,7 +163,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) linear_gemm_r128(const bf16
 }
 
 // ---------------------------------------------------------------------------------------------
-// The same GEMM on Hopper's warpgroup MMA (`linear_gemm_wg*`, sm_90a; linear.rs takes it on
+// The same GEMM on Hopper's warpgroup MMA (`linear_gemm_wg*`, sm_90a; prefill_gemm.rs takes it on
 // compute capability 9.0 only, the mma.sync kernels above everywhere else).
 //
 // A block owns WGS · 64 input rows × BN output features: warpgroup i (128 threads) rows 64i..,
@@ -265,11 +265,11 @@ __device__ __forceinline__ void linear_gemm_wg(const bf16* __restrict__ x, const
             }
         }
 #else
-    __trap();  // linear.rs launches these on compute capability 9.0 only
+    __trap();  // prefill_gemm.rs launches these on compute capability 9.0 only
 #endif
 }
 
-// Three tile shapes, one per launch shape (linear.rs `gemm_wg_shape`; the same bits): run 30's lab
+// Three tile shapes, one per launch shape (prefill_gemm.rs `wg_tile`; the same bits): run 30's lab
 // on an H100 (.gpu/lab, L2 flushed) timed nine of them on the prefill's shapes.
 //   _64x64:   6 stages, 5 loading ahead: 200 rows at n ≤ 4096, 13–31 % under the mma.sync kernels
 //             ([2048, 2048]: 18.8 → 14.1 µs; [2048, 4096]: 32.6 → 24.2 µs);

@@ -25,6 +25,8 @@ use crate::backend::backbone::EmbedRow;
 
 pub use super::cublaslt::Blas;
 
+mod prefill_gemm;
+
 /// Rows up to which [`linear`] uses the tensor-core decode kernel; above, the prefill GEMM.
 pub const DECODE_MAX_ROWS: usize = 8;
 
@@ -33,53 +35,6 @@ const MMA_BLOCK_FEATURES: usize = 16;
 /// Input rows per block of `linear_mma_r8` and `linear_mma_r64` (1 and 8 n8 tiles).
 const MMA_R8_ROWS: usize = 8;
 const MMA_R64_ROWS: usize = 64;
-/// Output features per `linear_gemm_*` block (`gemm::BN` in the .cu); input rows per block of
-/// `linear_gemm_r32`, `linear_gemm_r64` and `linear_gemm_r128`.
-const GEMM_BLOCK_FEATURES: usize = 128;
-const GEMM_R32_ROWS: usize = 32;
-const GEMM_R64_ROWS: usize = 64;
-const GEMM_R128_ROWS: usize = 128;
-/// A tile shape of `linear_gemm_wg_*`, the prefill GEMM on Hopper's warpgroup MMA: input rows and
-/// output features per block (one warpgroup of 128 threads per 64 rows) and its k stages in
-/// shared memory. Every shape gives the same bits.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct WgShape {
-    rows: usize,
-    features: usize,
-    stages: usize,
-}
-
-const WG_64X64: WgShape = WgShape { rows: 64, features: 64, stages: GEMM_WG_64X64_STAGES };
-const WG_64X128: WgShape = WgShape { rows: 64, features: 128, stages: GEMM_WG_64X128_STAGES };
-const WG_128X128: WgShape = WgShape { rows: 128, features: 128, stages: GEMM_WG_128X128_STAGES };
-
-impl WgShape {
-    fn threads(self) -> u32 {
-        u32::try_from(self.rows / 64 * 128).expect("threads")
-    }
-
-    /// Its k stages of x and W rows (64 bf16 each), and the 1 KiB it may skip to start the
-    /// tiles on 1024 bytes (the swizzle's period).
-    fn smem_bytes(self) -> usize {
-        self.stages * (self.rows + self.features) * 64 * 2 + 1024
-    }
-}
-
-/// The `linear_gemm_wg_*` tile for `rows` rows of an `n`-feature projection on `sms` SMs: 128 × 128
-/// from [`GEMM_R128_FROM_ROWS`] rows; else 64 × 64 while that grid is at most two blocks an SM
-/// (both fit at once), else 64 × 128. Run 30's lab (an H100): 64 × 64 was the fastest of nine
-/// shapes at 85 and 200 rows up to 4096 features, 64 × 128 at 200 × 8192, 128 × 128 at 1000 rows.
-fn gemm_wg_shape(rows: usize, n: usize, sms: i32) -> WgShape {
-    if rows >= GEMM_R128_FROM_ROWS {
-        return WG_128X128;
-    }
-    let blocks = n.div_ceil(WG_64X64.features) * rows.div_ceil(WG_64X64.rows);
-    if blocks <= 2 * usize::try_from(sms).unwrap_or(0) { WG_64X64 } else { WG_64X128 }
-}
-
-/// Rows from which the prefill GEMM takes 128-row blocks: fewer rows keep more blocks in flight
-/// with 64 (the same bits either way).
-const GEMM_R128_FROM_ROWS: usize = 512;
 /// Output tile of `linear_tiled` (`TILE_M`, `TILE_N` in the .cu).
 const TILE: usize = 64;
 const THREADS: u32 = 256;
@@ -99,14 +54,8 @@ pub struct LinearKernels {
     /// one launch, each output with the bits of its own `linear_mma_*` launch.
     mma_r8_many: Kernel,
     mma_r64_many: Kernel,
-    /// `linear_gemm_r32`, `linear_gemm_r64` and `linear_gemm_r128`: the prefill GEMM, the same
-    /// arithmetic.
-    gemm_r32: Kernel,
-    gemm_r64: Kernel,
-    gemm_r128: Kernel,
-    /// `linear_gemm_wg_64x64`, `_64x128`, `_128x128`: the prefill GEMM on compute capability 9.0
-    /// (wgmma), in place of the three above; `None` on every other GPU.
-    gemm_wg: Option<[Kernel; 3]>,
+    /// The prefill GEMM's kernels (`kernels/linear_gemm.cu`).
+    gemm: prefill_gemm::GemmKernels,
     tiled: Kernel,
     embed_gather: Kernel,
     restricted_logits: Kernel,
@@ -115,11 +64,8 @@ pub struct LinearKernels {
     staged_cap: usize,
 }
 
-// The weight pieces a `linear_mma_r8*` block holds at once, and the wgmma tiles' k stages
-// (`kernel_constants`).
-use super::kernel_constants::{
-    GEMM_WG_64X64_STAGES, GEMM_WG_64X128_STAGES, GEMM_WG_128X128_STAGES, PIECE_STAGES, PIECE_STRIDE,
-};
+// The weight pieces a `linear_mma_r8*` block holds at once (`kernel_constants`).
+use super::kernel_constants::{PIECE_STAGES, PIECE_STRIDE};
 
 /// `mma_x_stride` in the .cu: 16-byte vectors per staged input row of width `k` — whole k32
 /// steps, padded to ≡ 4 (mod 8) vectors.
@@ -136,21 +82,10 @@ fn staged_smem_bytes(rows: usize, k: usize) -> usize {
 /// Static shared memory of `linear_mma_r8*` (the slices' partials), beside the stage.
 const STAGED_STATIC_BYTES: usize = 4096;
 
-/// Dynamic shared memory of `linear_gemm_*` with `rows_per_block` rows: its stages (4 at 32 and 64
-/// rows, 3 at 128: the `STAGES` each kernel instantiates in the .cu) of the block's x and W rows,
-/// 64 bf16 each (`gemm::BK`).
-fn gemm_smem_bytes(rows_per_block: usize) -> usize {
-    let stages = if rows_per_block <= GEMM_R64_ROWS { 4 } else { 3 };
-    stages * (rows_per_block + GEMM_BLOCK_FEATURES) * 64 * 2
-}
-
 impl LinearKernels {
     /// `hopper`: the GPU is compute capability 9.0, whose kernels include sm_90a's wgmma.
     pub fn load(ctx: &Arc<CudaContext>, hopper: bool) -> Result<LinearKernels, KernelError> {
         let m = Module::load_overlapping(ctx, "linear", embedded::LINEAR)?;
-        let prefill = Module::load_overlapping(ctx, "linear_gemm", embedded::LINEAR_GEMM)?;
-        // 96 KiB: within every supported GPU's per-block limit (≥ 99 KiB from sm_80).
-        let gemm = |name, rows_per_block| prefill.kernel_with_shared(name, gemm_smem_bytes(rows_per_block));
         let optin = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
             .map_err(|source| KernelError { module: "linear", kernel: None, source })?;
@@ -162,19 +97,7 @@ impl LinearKernels {
             mma_r64: m.kernel("linear_mma_r64")?,
             mma_r8_many: staged("linear_mma_r8_many")?,
             mma_r64_many: m.kernel("linear_mma_r64_many")?,
-            gemm_r32: gemm("linear_gemm_r32", GEMM_R32_ROWS)?,
-            gemm_r64: gemm("linear_gemm_r64", GEMM_R64_ROWS)?,
-            gemm_r128: gemm("linear_gemm_r128", GEMM_R128_ROWS)?,
-            gemm_wg: if hopper {
-                let wg = |name, shape: WgShape| prefill.kernel_with_shared(name, shape.smem_bytes());
-                Some([
-                    wg("linear_gemm_wg_64x64", WG_64X64)?,
-                    wg("linear_gemm_wg_64x128", WG_64X128)?,
-                    wg("linear_gemm_wg_128x128", WG_128X128)?,
-                ])
-            } else {
-                None
-            },
+            gemm: prefill_gemm::GemmKernels::load(ctx, hopper)?,
             tiled: m.kernel("linear_tiled")?,
             embed_gather: m.kernel("embed_gather")?,
             restricted_logits: m.kernel("restricted_logits")?,
@@ -198,20 +121,6 @@ impl LinearKernels {
 fn staged_grid(cuda: &Cuda, tiles: usize) -> u32 {
     let sms = usize::try_from(cuda.info().multiprocessors).unwrap_or(1).max(1);
     u32::try_from(tiles.min(sms)).expect("grid")
-}
-
-/// Input rows per `linear_gemm_*` block for `rows` rows of an `n`-feature projection on `sms`
-/// SMs: 128 from [`GEMM_R128_FROM_ROWS`] rows, else 32 where the 32-row grid still fits one
-/// block an SM (each SM then has half the work it would have at 64), else 64. Every size gives
-/// the same bits. Run 27 (an H100, 200 rows): [2048, ·] 41.9 → 33.7 µs and [512, ·] 21.2 →
-/// 16.9 µs at 32 rows (112 and 28 blocks), but [4096, ·] 22.5 → 27.0 µs (224 blocks: two on
-/// most SMs, each as slow as one of 64 rows).
-fn gemm_rows_per_block(rows: usize, n: usize, sms: i32) -> usize {
-    if rows >= GEMM_R128_FROM_ROWS {
-        return GEMM_R128_ROWS;
-    }
-    let blocks = n.div_ceil(GEMM_BLOCK_FEATURES) * rows.div_ceil(GEMM_R32_ROWS);
-    if blocks <= usize::try_from(sms).unwrap_or(0) { GEMM_R32_ROWS } else { GEMM_R64_ROWS }
 }
 
 /// How a projection is computed.
@@ -434,28 +343,7 @@ fn project(cuda: &Cuda, x: u64, rows: usize, w: &GpuWeight, y: u64, path: Path) 
         }
         Path::Gemm | Path::GemmMmaSync => {
             assert!(mma_fits(k), "the tensor-core GEMM needs k % 8 == 0, not k = {k}");
-            let kernels = &cuda.kernels.linear;
-            let args = [x.into(), w.ptr.into(), y.into(), rows.into(), n.into(), k.into()];
-            if let (Path::Gemm, Some(wg)) = (path, &kernels.gemm_wg) {
-                let shape = gemm_wg_shape(rows, n, cuda.info().multiprocessors);
-                let kernel = match shape {
-                    WG_64X64 => &wg[0],
-                    WG_64X128 => &wg[1],
-                    _ => &wg[2],
-                };
-                let grid = (n.div_ceil(shape.features) as u32, rows.div_ceil(shape.rows) as u32, 1);
-                let dims = Dims::grid(grid, shape.threads()).with_shared(shape.smem_bytes() as u32);
-                kernel.launch(cuda.stream(), dims, &args);
-                return Ok(());
-            }
-            let (kernel, per_block) = match gemm_rows_per_block(rows, n, cuda.info().multiprocessors) {
-                GEMM_R128_ROWS => (&kernels.gemm_r128, GEMM_R128_ROWS),
-                GEMM_R64_ROWS => (&kernels.gemm_r64, GEMM_R64_ROWS),
-                _ => (&kernels.gemm_r32, GEMM_R32_ROWS),
-            };
-            let grid = (n.div_ceil(GEMM_BLOCK_FEATURES) as u32, rows.div_ceil(per_block) as u32, 1);
-            let dims = Dims::grid(grid, THREADS).with_shared(gemm_smem_bytes(per_block) as u32);
-            kernel.launch(cuda.stream(), dims, &args);
+            cuda.kernels.linear.gemm.launch(cuda, x, rows, w.ptr, y, n, k, path == Path::Gemm);
         }
         Path::Blas => {
             let blas = cuda.blas.as_ref().expect("cuBLASLt path forced but libcublasLt is not loaded");
@@ -609,42 +497,5 @@ impl RestrictedHead {
     pub fn logits_to_host(&self, cuda: &Cuda, lm_head: &GpuWeight, hidden: &GpuMatrix, row: usize) -> Vec<f32> {
         let logits = self.logits(cuda, lm_head, hidden, row);
         cuda.copy_to_host(logits.ptr(), self.count)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::gemm_wg_shape;
-    use super::{GEMM_R32_ROWS, GEMM_R64_ROWS, GEMM_R128_ROWS, WG_64X64, WG_64X128, WG_128X128, gemm_rows_per_block};
-
-    #[test]
-    fn the_wgmma_gemm_takes_the_tile_run_30_timed_fastest_for_each_shape() {
-        for n in [512, 2048, 4096] {
-            assert_eq!(gemm_wg_shape(200, n, 132), WG_64X64, "200 × {n}");
-            assert_eq!(gemm_wg_shape(85, n, 132), WG_64X64, "85 × {n}");
-        }
-        assert_eq!(gemm_wg_shape(200, 8192, 132), WG_64X128);
-        assert_eq!(gemm_wg_shape(1000, 2048, 132), WG_128X128);
-        assert_eq!(gemm_wg_shape(1000, 8192, 132), WG_128X128);
-    }
-
-    #[test]
-    fn every_wgmma_tile_fits_hoppers_shared_memory_and_its_thread_limit() {
-        for shape in [WG_64X64, WG_64X128, WG_128X128] {
-            assert!(shape.smem_bytes() <= 227 << 10, "{shape:?}");
-            assert!(shape.threads() <= 1024 && shape.rows.is_multiple_of(64), "{shape:?}");
-        }
-    }
-
-    #[test]
-    fn the_prefill_gemm_halves_its_row_blocks_only_where_each_sm_keeps_one() {
-        // A 200-row prompt on 132 SMs: [2048, ·] is 16 × 7 = 112 blocks at 32 rows, so 32;
-        // [4096, ·] would be 32 × 7 = 224 and [8192, ·] 448: 64.
-        assert_eq!(gemm_rows_per_block(200, 2048, 132), GEMM_R32_ROWS);
-        assert_eq!(gemm_rows_per_block(200, 4096, 132), GEMM_R64_ROWS);
-        assert_eq!(gemm_rows_per_block(200, 8192, 132), GEMM_R64_ROWS);
-        assert_eq!(gemm_rows_per_block(300, 4096, 132), GEMM_R64_ROWS);
-        assert_eq!(gemm_rows_per_block(512, 512, 132), GEMM_R128_ROWS);
-        assert_eq!(gemm_rows_per_block(9, 512, 132), GEMM_R32_ROWS);
     }
 }
