@@ -49,6 +49,20 @@ constexpr int BN = 128, BK = 64, THREADS = 256;
 // The bf16 offset of 16-byte chunk q (0..7) of shared row r (128-byte rows, swizzled).
 __device__ __forceinline__ int gemm_slot(int r, int q) { return r * gemm::BK + ((q ^ (r & 7)) << 3); }
 
+// Starts copying one k stage of ROWS matrix rows into `dst` (ROWS 128-byte rows, swizzled by
+// `gemm_slot`): rows row0.. of the [limit, k] row-major `src`, columns k0 .. k0 + 63, each of the
+// T threads taking every T-th 16-byte chunk; chunks past the matrix are zero-filled.
+template <int ROWS, int T>
+__device__ __forceinline__ void gemm_stage_rows(bf16* dst, const bf16* __restrict__ src, int row0, int limit, int k,
+                                                int k0) {
+#pragma unroll
+    for (int i = 0; i < ROWS * 8 / T; ++i) {
+        const int q = threadIdx.x + i * T, r = q >> 3, ch = q & 7;
+        const bool ok = row0 + r < limit && k0 + ch * 8 < k;
+        cp_async16_zfill(dst + gemm_slot(r, ch), ok ? src + (size_t)(row0 + r) * k + k0 + ch * 8 : src, ok);
+    }
+}
+
 template <int BM, int STAGES>
 __device__ __forceinline__ void linear_gemm(const bf16* __restrict__ x, const bf16* __restrict__ w,
                                             bf16* __restrict__ y, int rows, int n, int k) {
@@ -64,21 +78,8 @@ __device__ __forceinline__ void linear_gemm(const bf16* __restrict__ x, const bf
 
     // Stage s's chunks: x rows m0.., w rows n0.., k from s·BK; zero-filled past the matrices.
     auto load = [&](int slot, int s) {
-        const int k0 = s * BK;
-#pragma unroll
-        for (int i = 0; i < BM * 8 / THREADS; ++i) {
-            const int q = tid + i * THREADS, r = q >> 3, ch = q & 7;
-            const bool ok = m0 + r < rows && k0 + ch * 8 < k;
-            const bf16* src = ok ? x + (size_t)(m0 + r) * k + k0 + ch * 8 : x;
-            cp_async16_zfill(xs + slot * BM * BK + gemm_slot(r, ch), src, ok);
-        }
-#pragma unroll
-        for (int i = 0; i < BN * 8 / THREADS; ++i) {
-            const int q = tid + i * THREADS, r = q >> 3, ch = q & 7;
-            const bool ok = n0 + r < n && k0 + ch * 8 < k;
-            const bf16* src = ok ? w + (size_t)(n0 + r) * k + k0 + ch * 8 : w;
-            cp_async16_zfill(ws + slot * BN * BK + gemm_slot(r, ch), src, ok);
-        }
+        gemm_stage_rows<BM, THREADS>(xs + slot * BM * BK, x, m0, rows, k, s * BK);
+        gemm_stage_rows<BN, THREADS>(ws + slot * BN * BK, w, n0, n, k, s * BK);
     };
 
     float acc[MT][4][4];
@@ -196,20 +197,9 @@ __device__ __forceinline__ void linear_gemm_wg(const bf16* __restrict__ x, const
     const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
     const int stages = (k + BK - 1) / BK;
 
-    auto load = [&](int slot, int s) {
-        const int k0 = s * BK;
-#pragma unroll
-        for (int i = 0; i < BM * 8 / T; ++i) {
-            const int idx = tid + i * T, r = idx >> 3, ch = idx & 7, row = m0 + r, kc = k0 + ch * 8;
-            const bool ok = row < rows && kc < k;
-            cp_async16_zfill(xs + slot * BM * BK + gemm_slot(r, ch), ok ? x + (size_t)row * k + kc : x, ok);
-        }
-#pragma unroll
-        for (int i = 0; i < BN * 8 / T; ++i) {
-            const int idx = tid + i * T, r = idx >> 3, ch = idx & 7, f = n0 + r, kc = k0 + ch * 8;
-            const bool ok = f < n && kc < k;
-            cp_async16_zfill(ws + slot * BN * BK + gemm_slot(r, ch), ok ? w + (size_t)f * k + kc : w, ok);
-        }
+    auto load = [&](int slot, int s) {  // the mma.sync kernels' staging
+        gemm_stage_rows<BM, T>(xs + slot * BM * BK, x, m0, rows, k, s * BK);
+        gemm_stage_rows<BN, T>(ws + slot * BN * BK, w, n0, n, k, s * BK);
     };
 
     float acc[BN / 2];
