@@ -1,11 +1,20 @@
-// Pieces shared by the MoE kernel files (moe.cu, moe_rows.cu): the activation kinds, the expert
-// address table's layout, the dynamic e4m3 quantiser (`backbone.md` §6.2) and e4m3 decoding.
+// Pieces shared by the MoE kernel files (moe.cu, moe_rows.cu, moe_rows_wide.cu): the activation
+// kinds and operand formats, the expert address table's layout, the dynamic e4m3 quantiser
+// (`backbone.md` §6.2) and e4m3 decoding.
 #pragma once
 #include "common.cuh"
 
 #define E4M3_MAX 448.f
 
 enum { ACT_E4M3 = 0, ACT_BF16 = 1, ACT_F32 = 2 };
+
+// Operand formats of the tensor-core expert kernels' activations (moe_rows.cu's header).
+enum { FMT_E4M3 = 0, FMT_F16 = 1, FMT_F16X2 = 2 };
+
+// The gate/up tile kernels' K slices: slice s sums the groups s, s + 8, … in increasing order,
+// and the slices' totals are added in slice order (moe_rows.cu runs a slice per warp,
+// moe_rows_wide.cu the slices one after another: the same sums, so the same bits).
+#define ROWS_GATE_UP_SLICES 8
 
 // Expert pointer table: 6 addresses per expert (gate w, gate scale, up w, up scale, down w, down scale).
 enum { T_GATE_W = 0, T_GATE_S = 1, T_UP_W = 2, T_UP_S = 3, T_DOWN_W = 4, T_DOWN_S = 5, T_STRIDE = 6 };

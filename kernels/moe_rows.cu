@@ -46,11 +46,8 @@
 #include "mma.cuh"
 #include "moe.cuh"
 
-// Operand formats of the MMA kernels' activations (see the header).
-enum { FMT_E4M3 = 0, FMT_F16 = 1, FMT_F16X2 = 2 };
-
 #define ROWS_THREADS 256
-#define GU_KS 8                  // gate/up: K slices per block
+#define GU_KS ROWS_GATE_UP_SLICES  // gate/up: K slices per block
 #define GU_FS (8 / GU_KS)        // gate/up: feature warps per block
 #define DN_FS 8                  // down: feature warps per block
 

@@ -4,7 +4,9 @@
 //! tiny and real dims, the per-pair and grouped expert paths against each other, the decode
 //! batch's tensor-core path (`MoePath::Rows`) against the CPU and its row invariance (each row of
 //! a call bit for bit the row alone, also when routing skew puts more than 8 pairs, one tile, on
-//! an expert), and a decode call that allocates nothing after warm-up.
+//! an expert; and from 4 pairs per expert up, where a call takes the 32-pair wide tiles, each row
+//! bit for bit the row alone on the 8-pair tiles, skew putting 80 pairs, three wide tiles, on an
+//! expert), and a decode call that allocates nothing after warm-up.
 
 use half::bf16;
 use limelight::backend::BackendTypes;
@@ -72,11 +74,24 @@ pub fn run(ctx: &mut Ctx) {
         for rows in [1, 3, 8, 64, 130, 512] {
             rows_block(ctx, TINY, &tiny, activations, rows);
         }
-        for rows in [1, 2, 9, 64, 130] {
+        // From 16 rows (4 pairs per expert) the wide tiles; 512 rows: 4 of them per expert.
+        for rows in [1, 2, 9, 64, 130, 512] {
             rows_invariant(ctx, TINY, &tiny, activations, rows);
         }
     }
     decode_allocates_nothing(ctx, TINY, &tiny);
+
+    // The wide tiles' stages take 161 KiB of shared memory a block: every card these checks run
+    // on (compute capability 9.0) has 227.
+    let wide = ctx.cuda.kernels.moe.has_wide_tiles();
+    let cc = ctx.cuda.info().compute_capability;
+    ctx.check(
+        format!("moe wide tiles loaded (compute capability {}.{})", cc.0, cc.1),
+        "loaded",
+        "yes at 8.0 and 9.0".into(),
+        wide.to_string(),
+        wide || !matches!(cc, (8, 0) | (9, 0)),
+    );
 
     let real = layer(ctx, REAL);
     routing(ctx, REAL, &real);
@@ -91,14 +106,16 @@ pub fn run(ctx: &mut Ctx) {
     for rows in [1, 3, 8, 64, 130] {
         rows_block(ctx, REAL, &real, ExpertActivations::Fp8Dynamic, rows);
     }
-    for rows in [1, 64] {
+    for rows in [1, 64, 200] {
         rows_block(ctx, REAL, &real, ExpertActivations::Exact, rows);
     }
+    // 9 and 64 rows on the 8-pair tiles; 200 (6.25 pairs per expert) on the wide ones.
     for activations in [ExpertActivations::Exact, ExpertActivations::Fp8Dynamic] {
-        for rows in [9, 64] {
+        for rows in [9, 64, 200] {
             rows_invariant(ctx, REAL, &real, activations, rows);
         }
-        rows_skewed(ctx, REAL, &real, activations);
+        rows_skewed(ctx, REAL, &real, activations, 24);
+        rows_skewed(ctx, REAL, &real, activations, 160);
     }
 }
 
@@ -227,12 +244,11 @@ fn rows_invariant(ctx: &mut Ctx, d: Dims, w: &Layer, activations: ExpertActivati
     ctx.exact(format!("moe {activations:?} rows, each row alone [{}]", d.label(rows)), &bits(&together), &bits(&alone));
 }
 
-/// Routing skew: 24 rows, every other one the same row, so each of its top_k experts holds 12
-/// pairs (two tiles) next to the random rows' pairs. Against the CPU, and each row bit for bit
-/// the row alone.
-fn rows_skewed(ctx: &mut Ctx, d: Dims, w: &Layer, activations: ExpertActivations) {
+/// Routing skew: every other row the same row, so each of its top_k experts holds rows / 2
+/// pairs next to the random rows' pairs (24 rows: 12 pairs, two 8-pair tiles; 160 rows: 80
+/// pairs, three wide tiles). Against the CPU, and each row bit for bit the row alone.
+fn rows_skewed(ctx: &mut Ctx, d: Dims, w: &Layer, activations: ExpertActivations, rows: usize) {
     let s = d.shape(activations);
-    let rows = 24;
     let mut x = ctx.random_bf16(rows, d.hidden, 1.0);
     let same = x.row(0).to_vec();
     for r in (0..rows).step_by(2) {
@@ -240,7 +256,7 @@ fn rows_skewed(ctx: &mut Ctx, d: Dims, w: &Layer, activations: ExpertActivations
     }
     let want = ctx.cpu.moe(&s, &w.cpu, &x);
     let together = rows_path(ctx, &s, w, &x);
-    let label = format!("{}, 12 copies of one row", d.label(rows));
+    let label = format!("{}, {} copies of one row", d.label(rows), rows / 2);
     ctx.rel_l2(format!("moe {activations:?} rows skewed [{label}]"), &together, &want.data, 1e-2);
     let alone = rows_alone(ctx, &s, w, &x);
     ctx.exact(format!("moe {activations:?} rows skewed, each row alone [{label}]"), &bits(&together), &bits(&alone));

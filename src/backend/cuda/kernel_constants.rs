@@ -25,6 +25,12 @@ pub const GEMM_WG_128X128_STAGES: usize = 4;
 /// Pairs of one expert per tile of the decode batch's experts (kernels/moe_rows.cu): one n8
 /// MMA column set.
 pub const ROWS_PAIRS: usize = 8;
+// kernels/moe_rows_wide.cu (long prompts' experts): pairs per tile (four n8 column sets a
+// warp), output features per block (8 warps × 16), the K groups in shared memory at once.
+pub const ROWS_WIDE_PAIRS: usize = 32;
+pub const ROWS_WIDE_FEATURES: usize = 128;
+pub const ROWS_WIDE_GATE_UP_STAGES: usize = 4;
+pub const ROWS_WIDE_DOWN_STAGES: usize = 3;
 
 // kernels/attention.cu: threads of the decode kernel, keys per shared-memory tile, the most q
 // heads per kv head it holds. kernels/attention_prefill.cu: threads of the prefill kernel (four

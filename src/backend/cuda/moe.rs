@@ -20,7 +20,7 @@ mod rows;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::CudaContext;
+use cudarc::driver::{CudaContext, sys};
 
 use super::launch::{Arg, Dims, Kernel, KernelError, Module, embedded};
 use super::memory::PoolBuf;
@@ -41,6 +41,8 @@ pub struct MoeKernels {
     rows_operand: Kernel,
     rows_gate_up: Kernel,
     rows_down: Kernel,
+    /// Long prompts' tile kernels, where the device's shared memory holds their stages.
+    rows_wide: Option<rows::WideKernels>,
     swiglu_bf16: Kernel,
     combine: Kernel,
     /// Per layer (keyed by the router weight's address): the experts' device address table.
@@ -51,6 +53,11 @@ impl MoeKernels {
     pub fn load(ctx: &Arc<CudaContext>) -> Result<MoeKernels, KernelError> {
         let m = Module::load_overlapping(ctx, "moe", embedded::MOE)?;
         let r = Module::load_overlapping(ctx, "moe_rows", embedded::MOE_ROWS)?;
+        let optin = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .map_err(|source| KernelError { module: "moe_rows", kernel: None, source })?;
+        let optin = usize::try_from(optin).unwrap_or(0);
+        let tile_cap = rows::TILE_SHARED_CAP.min(optin);
         Ok(MoeKernels {
             router_logits: m.kernel("moe_router_logits")?,
             route: m.kernel("moe_route")?,
@@ -61,12 +68,21 @@ impl MoeKernels {
             gemv_gate_up: m.kernel("moe_gemv_gate_up")?,
             gemv_down: m.kernel("moe_gemv_down")?,
             rows_operand: r.kernel("moe_rows_operand")?,
-            rows_gate_up: r.kernel_with_shared("moe_rows_gate_up", rows::TILE_SHARED_CAP)?,
-            rows_down: r.kernel_with_shared("moe_rows_down", rows::TILE_SHARED_CAP)?,
+            rows_gate_up: r.kernel_with_shared("moe_rows_gate_up", tile_cap)?,
+            rows_down: r.kernel_with_shared("moe_rows_down", tile_cap)?,
+            rows_wide: rows::WideKernels::load(ctx, optin)?,
             swiglu_bf16: m.kernel("moe_swiglu_bf16")?,
             combine: m.kernel("moe_combine")?,
             tables: Mutex::new(HashMap::new()),
         })
+    }
+}
+
+impl MoeKernels {
+    /// Whether long prompts' experts take the wide tiles (`kernels/moe_rows_wide.cu`): their
+    /// stages fit the device's shared memory (compute capability 8.0 and 9.0).
+    pub fn has_wide_tiles(&self) -> bool {
+        self.rows_wide.is_some()
     }
 }
 
