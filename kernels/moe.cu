@@ -12,6 +12,7 @@
 // path for prefill (pairs sorted by expert on the device, 32-row tiles sharing one weight tile).
 // Both (and moe_rows.cu's) write one f32 output row per (row, slot); the combine sums the slots in
 // slot order, so the result does not depend on scheduling (no float atomics).
+#include "kernel_constants.cuh"  // ROUTER_* (src/backend/cuda/kernel_constants.rs)
 #include "moe.cuh"
 
 // ---------------------------------------------------------------------------------------------
@@ -58,6 +59,59 @@ extern "C" __global__ void moe_router_logits(const bf16* __restrict__ x, const b
     }
     acc = warp_sum(acc);
     if (lane == 0) logits[(size_t)row * (E + 1) + e] = acc;
+}
+
+// moe_router_logits for many rows: the same dots, each with the same lanes' elements in the same
+// order and the same warp_sum (so the same bits), in register tiles. A warp holds 4 rows × 4
+// logits (16 sums), so each 16-byte load of a row or weight feeds 4 dots; a block is 2 × 4 warps,
+// 8 rows × 16 logits, its rows and weights shared through L1. (One warp per dot re-read each
+// weight row per row from L2: 71× its DRAM floor at 1000 rows, run 31.) Grid
+// (ceil((E+1) / ROUTER_BLOCK_LOGITS), ceil(rows / ROUTER_BLOCK_ROWS)), 256 threads. K % 8 == 0.
+extern "C" __global__ void moe_router_logits_tiled(const bf16* __restrict__ x, const bf16* __restrict__ wg,
+                                                   const bf16* __restrict__ wsg, float* __restrict__ logits,
+                                                   int rows, int E, int K) {
+    pdl_begin();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int r0 = blockIdx.y * ROUTER_BLOCK_ROWS + (warp >> 2) * ROUTER_TILE;
+    const int e0 = blockIdx.x * ROUTER_BLOCK_LOGITS + (warp & 3) * ROUTER_TILE;
+    if (r0 >= rows || e0 > E) return;  // the warp's whole tile is past the matrix
+    const bf16* xr[ROUTER_TILE];
+    const bf16* wr[ROUTER_TILE];
+#pragma unroll
+    for (int i = 0; i < ROUTER_TILE; ++i) {
+        xr[i] = x + (size_t)min(r0 + i, rows - 1) * K;  // rows past the end: computed, not stored
+        const int e = min(e0 + i, E);
+        wr[i] = e < E ? wg + (size_t)e * K : wsg;
+    }
+    float acc[ROUTER_TILE][ROUTER_TILE] = {};
+    for (int k = lane * 8; k < K; k += 32 * 8) {
+        float xs[ROUTER_TILE][8], ws[ROUTER_TILE][8];
+#pragma unroll
+        for (int i = 0; i < ROUTER_TILE; ++i) {
+            const uint4 xv = __ldg(reinterpret_cast<const uint4*>(xr[i] + k));
+            const uint4 wv = __ldg(reinterpret_cast<const uint4*>(wr[i] + k));
+            const bf16* xb = reinterpret_cast<const bf16*>(&xv);
+            const bf16* wb = reinterpret_cast<const bf16*>(&wv);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                xs[i][j] = to_f32(xb[j]);
+                ws[i][j] = to_f32(wb[j]);
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < ROUTER_TILE; ++r)
+#pragma unroll
+            for (int l = 0; l < ROUTER_TILE; ++l)
+#pragma unroll
+                for (int j = 0; j < 8; ++j) acc[r][l] = fmaf(xs[r][j], ws[l][j], acc[r][l]);
+    }
+#pragma unroll
+    for (int r = 0; r < ROUTER_TILE; ++r)
+#pragma unroll
+        for (int l = 0; l < ROUTER_TILE; ++l) {
+            const float v = warp_sum(acc[r][l]);
+            if (lane == 0 && r0 + r < rows && e0 + l <= E) logits[(size_t)(r0 + r) * (E + 1) + e0 + l] = v;
+        }
 }
 
 // Softmax over the E logits of a row (fp32), the top_k most probable experts (ties to the lower

@@ -143,8 +143,12 @@ fn rel_l2_rows(got: &Matrix, want: &Matrix, keep: &[bool]) -> f64 {
 /// Each layer teacher-forced through the prompt and then every decode row: the CPU's input to
 /// the layer at each call, rounded to bf16, through the GPU layer carrying its own state (GDN
 /// conv and recurrent state, KV cache), against the CPU's output of that layer. Within 1e-2, or
-/// within twice what the same rounded inputs move the CPU layer (rounding alone can flip a
-/// near-tie expert choice, or e4m3 codes with FP8 activations).
+/// within twice what bf16 activations move the CPU layer: the same rounded inputs through the
+/// CPU layer with its activations rounded where the GPU keeps them in bf16
+/// (`rounded_layer_step`; rounding alone can flip a near-tie expert choice, or e4m3 codes with
+/// FP8 activations). Rounding only the layer's input, as this did up to 2026-12-06, moved the
+/// CPU about half as much as the GPU's own roundings do: the decode rows' bound failed on 3 of 6
+/// fresh seeds in H100 runs 28–32, the same on builds days apart.
 fn per_layer(
     ctx: &mut Ctx,
     c: &BackboneConfig,
@@ -190,7 +194,7 @@ fn per_layer(
             let decode = call > 0;
             let (got, _) = layer_step(ctx.cuda, c, gl, &mut gpu_state, &ctx.cuda.upload_matrix(&rounded), decode);
             let got = ctx.cuda.to_host(&got);
-            let (yard, _) = layer_step(&Cpu, c, cl, &mut yard_state, &rounded, decode);
+            let yard = rounded_layer_step(c, cl, &mut yard_state, &rounded, decode);
             // The CPU's own MoE input at this layer (unrounded) tells which rows are near-ties.
             let (_, moe_input) = layer_step(&Cpu, c, cl, &mut ref_state, &input, decode);
             let keep = decided_rows(c, &cl.moe.router, &moe_input);
@@ -237,27 +241,38 @@ struct RoundedCpu<'a> {
 
 impl RoundedCpu<'_> {
     fn forward(&mut self, embedding: Matrix, decode: bool) -> Matrix {
-        let (c, r) = (self.c, round_to_bf16);
-        let mut x = r(&embedding);
+        let mut x = round_to_bf16(&embedding);
         for (layer, st) in self.w.layers.iter().zip(self.states.iter_mut()) {
-            let h = r(&Cpu.rms_norm(&x, &layer.input_norm, c.norm_eps));
-            let mixed = match (&layer.mixer, st) {
-                (Mixer::GatedDeltaNet(w), LayerState::Gdn(s)) if decode => Cpu.gdn_decode(&c.gdn, w, &h, s),
-                (Mixer::GatedDeltaNet(w), LayerState::Gdn(s)) => Cpu.gdn_prefill(&c.gdn, w, &h, s),
-                (Mixer::Attention(w), LayerState::Attention(kv)) if decode => {
-                    Cpu.attention_decode(&c.attention, w, &h, kv)
-                }
-                (Mixer::Attention(w), LayerState::Attention(kv)) => Cpu.attention_prefill(&c.attention, w, &h, kv),
-                _ => unreachable!("the state was made for this layer"),
-            };
-            let h = r(&Cpu.add_rms_norm(&mut x, &r(&mixed), &layer.post_attention_norm, c.norm_eps));
-            x = r(&x);
-            let moe = r(&Cpu.moe(&c.moe, &layer.moe, &h));
-            Cpu.add_in_place(&mut x, &moe);
-            x = r(&x);
+            x = rounded_layer_step(self.c, layer, st, &x, decode);
         }
-        Cpu.rms_norm(&x, &self.w.final_norm, c.norm_eps)
+        Cpu.rms_norm(&x, &self.w.final_norm, self.c.norm_eps)
     }
+}
+
+/// One CPU layer with its activations rounded to bf16 where a bf16 engine keeps them (each
+/// norm's output, the mixer's and the MoE block's, the residual after each add).
+fn rounded_layer_step(
+    c: &BackboneConfig,
+    layer: &BackboneLayer<CpuWeight>,
+    st: &mut LayerState<Cpu>,
+    x: &Matrix,
+    decode: bool,
+) -> Matrix {
+    let r = round_to_bf16;
+    let mut x = x.clone();
+    let h = r(&Cpu.rms_norm(&x, &layer.input_norm, c.norm_eps));
+    let mixed = match (&layer.mixer, st) {
+        (Mixer::GatedDeltaNet(w), LayerState::Gdn(s)) if decode => Cpu.gdn_decode(&c.gdn, w, &h, s),
+        (Mixer::GatedDeltaNet(w), LayerState::Gdn(s)) => Cpu.gdn_prefill(&c.gdn, w, &h, s),
+        (Mixer::Attention(w), LayerState::Attention(kv)) if decode => Cpu.attention_decode(&c.attention, w, &h, kv),
+        (Mixer::Attention(w), LayerState::Attention(kv)) => Cpu.attention_prefill(&c.attention, w, &h, kv),
+        _ => unreachable!("the state was made for this layer"),
+    };
+    let h = r(&Cpu.add_rms_norm(&mut x, &r(&mixed), &layer.post_attention_norm, c.norm_eps));
+    x = r(&x);
+    let moe = r(&Cpu.moe(&c.moe, &layer.moe, &h));
+    Cpu.add_in_place(&mut x, &moe);
+    r(&x)
 }
 
 /// Deviations of one run from the f32 CPU over the rows it produced (means: a single row's

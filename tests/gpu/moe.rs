@@ -196,6 +196,36 @@ fn routing(ctx: &mut Ctx, d: Dims, w: &Layer) {
         ctx.rel_l2(format!("moe_route weights [{label}]"), &got_w, &want_w, 1e-4);
         ctx.rel_l2(format!("moe_route shared gate [{}]", d.label(rows)), &gates, &want_gates, 1e-4);
     }
+    routing_invariant(ctx, d, w, 1000);
+}
+
+/// Each row's routing (ids, weights, shared gate) from a `rows`-row call (the tiled router
+/// logits) is bit for bit the row's routing alone (one warp per logit).
+fn routing_invariant(ctx: &mut Ctx, d: Dims, w: &Layer, rows: usize) {
+    let s = d.shape(ExpertActivations::Fp8Dynamic);
+    let x = ctx.random_bf16(rows, d.hidden, 1.0);
+    let host = |ctx: &mut Ctx, x: &Matrix| {
+        let r = moe::route(ctx.cuda, &s, &w.gpu, &ctx.cuda.upload_matrix(x));
+        let ids: Vec<i32> = ctx.cuda.copy_to_host(r.ids.ptr(), x.rows * d.top_k);
+        let mut bits: Vec<u32> = ctx.cuda.copy_to_host(r.weights.ptr(), x.rows * d.top_k);
+        bits.extend(ctx.cuda.copy_to_host::<u32>(r.shared_gate.ptr(), x.rows));
+        (ids, bits)
+    };
+    let (ids, bits) = host(ctx, &x);
+    let (mut ids_alone, mut weights_alone, mut gates_alone) = (vec![], vec![], vec![]);
+    for r in 0..rows {
+        let (i, b) = host(ctx, &Matrix::from_vec(1, x.cols, x.row(r).to_vec()));
+        ids_alone.extend(i);
+        weights_alone.extend_from_slice(&b[..d.top_k]);
+        gates_alone.push(b[d.top_k]);
+    }
+    weights_alone.extend(gates_alone);
+    ctx.exact(format!("moe_route ids, each row alone [{}]", d.label(rows)), &ids, &ids_alone);
+    ctx.exact(
+        format!("moe_route weights and shared gate, each row alone, bits [{}]", d.label(rows)),
+        &bits,
+        &weights_alone,
+    );
 }
 
 /// The whole block (path chosen by row count) vs the CPU `moe` with the same activation mode.

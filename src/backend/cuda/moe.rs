@@ -22,6 +22,7 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaContext, sys};
 
+use super::kernel_constants::{ROUTER_BLOCK_LOGITS, ROUTER_BLOCK_ROWS};
 use super::launch::{Arg, Dims, Kernel, KernelError, Module, embedded};
 use super::memory::PoolBuf;
 use super::tensor::{DType, GpuMatrix, GpuWeight};
@@ -31,6 +32,7 @@ use crate::model::weights::{Fp8Linear, MoeWeights};
 
 pub struct MoeKernels {
     router_logits: Kernel,
+    router_logits_tiled: Kernel,
     route: Kernel,
     group_pairs: Kernel,
     route_group: Kernel,
@@ -60,6 +62,7 @@ impl MoeKernels {
         let tile_cap = rows::TILE_SHARED_CAP.min(optin);
         Ok(MoeKernels {
             router_logits: m.kernel("moe_router_logits")?,
+            router_logits_tiled: m.kernel("moe_router_logits_tiled")?,
             route: m.kernel("moe_route")?,
             group_pairs: m.kernel("moe_group_pairs")?,
             route_group: m.kernel("moe_route_group")?,
@@ -103,6 +106,9 @@ pub const DECODE_MAX_ROWS: usize = 4;
 /// Rows per pass of the grouped path: bounds the per-pair scratch (`rows·top_k·hidden` f32).
 const CHUNK_ROWS: usize = 1024;
 const GROUP_THREADS: u32 = 1024;
+/// From this many rows the router logits run in register tiles (`moe_router_logits_tiled`, the
+/// same bits as one warp per logit).
+const ROUTER_TILED_MIN_ROWS: usize = ROUTER_BLOCK_ROWS;
 const ROUTE_ROWS_PER_BLOCK: usize = 4;
 /// Up to this many rows the decode batch routes and groups in one launch (one block: the rows
 /// are routed 32 at a time, so many rows would be slower than `moe_route`'s grid).
@@ -250,8 +256,17 @@ fn router_logits(cuda: &Cuda, s: &MoeShape, w: &MoeWeights<GpuWeight>, x: &GpuMa
             e.into(),
             h.into(),
         ];
-        let dims = Dims::grid(((e + 1).div_ceil(8) as u32, rows as u32, 1), 256);
-        cuda.kernels.moe.router_logits.launch(cuda.stream(), dims, &args);
+        if rows >= ROUTER_TILED_MIN_ROWS && h.is_multiple_of(8) {
+            let args = [args[0], args[1], args[2], args[3], rows.into(), e.into(), h.into()];
+            let dims = Dims::grid(
+                ((e + 1).div_ceil(ROUTER_BLOCK_LOGITS) as u32, rows.div_ceil(ROUTER_BLOCK_ROWS) as u32, 1),
+                256,
+            );
+            cuda.kernels.moe.router_logits_tiled.launch(cuda.stream(), dims, &args);
+        } else {
+            let dims = Dims::grid(((e + 1).div_ceil(8) as u32, rows as u32, 1), 256);
+            cuda.kernels.moe.router_logits.launch(cuda.stream(), dims, &args);
+        }
     }
     (routing, logits)
 }
