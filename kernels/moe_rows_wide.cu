@@ -139,74 +139,60 @@ __device__ __forceinline__ void mma_group(const unsigned char* st, int sets, flo
                 a[m][half][q][3] = x1.y;
             }
         }
-    // The column sets' MMAs interleave step by step (independent accumulators, so the tensor
-    // pipe is not left waiting on one chain); each accumulator still takes its MMAs in
-    // moe_rows.cu's order.
-    float part[NB][WIDE_SETS][4];
-#pragma unroll
-    for (int m = 0; m < NB; ++m)
-#pragma unroll
-        for (int set = 0; set < WIDE_SETS; ++set)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) part[m][set][i] = 0.f;
-#pragma unroll
-    for (int half = 0; half < 2; ++half)
-#pragma unroll
-        for (int v = 0; v < (FMT == FMT_E4M3 ? 1 : 2); ++v) {
-            // Column g's next 16 bytes of each plane: the 16 codes of this half (e4m3: chunk
-            // half·4 + c, its k16 steps 0..3) or 8 of them (f16: chunk half·8 + 2c + v, steps
-            // 2v and 2v + 1).
-            uint4 b[WIDE_SETS][S::PLANES];
-            const int ch = FMT == FMT_E4M3 ? half * 4 + c : half * 8 + 2 * c + v;
-#pragma unroll
-            for (int set = 0; set < WIDE_SETS; ++set)
-#pragma unroll
-                for (int p = 0; p < S::PLANES; ++p) {
-                    const int r = set * 8 + g;
-                    b[set][p] = set < sets ? *reinterpret_cast<const uint4*>(st + S::OP +
-                                                                              (p * ROWS_WIDE_PAIRS + r) * S::OP_ROW +
-                                                                              swizzle(r, ch, OP_CHUNKS) * 16)
-                                           : make_uint4(0u, 0u, 0u, 0u);
-                }
-#pragma unroll
-            for (int q = FMT == FMT_E4M3 ? 0 : 2 * v; q < (FMT == FMT_E4M3 ? 4 : 2 * v + 2); ++q)
-#pragma unroll
-                for (int set = 0; set < WIDE_SETS; ++set) {
-                    if (set >= sets) continue;  // warp-uniform
-                    uint32_t b0, b1, l0 = 0u, l1 = 0u;
-                    if constexpr (FMT == FMT_E4M3) {
-                        const uint2 f = e4m3x4_to_f16x4(word_at(b[set][0], q));
-                        b0 = f.x;
-                        b1 = f.y;
-                    } else {
-                        b0 = word_at(b[set][0], 2 * (q & 1));
-                        b1 = word_at(b[set][0], 2 * (q & 1) + 1);
-                        if constexpr (FMT == FMT_F16X2) {
-                            l0 = word_at(b[set][S::PLANES - 1], 2 * (q & 1));
-                            l1 = word_at(b[set][S::PLANES - 1], 2 * (q & 1) + 1);
-                        }
-                    }
-#pragma unroll
-                    for (int m = 0; m < NB; ++m) {
-                        const uint32_t(&f)[4] = a[m][half][q];
-                        mma_f16_k16(part[m][set], f[0], f[1], f[2], f[3], b0, b1);
-                        if constexpr (FMT == FMT_F16X2) mma_f16_k16(part[m][set], f[0], f[1], f[2], f[3], l0, l1);
-                    }
-                }
-        }
     const float* sx = reinterpret_cast<const float*>(st + S::SX);
     const float* sw = reinterpret_cast<const float*>(st + S::SW);
 #pragma unroll
     for (int set = 0; set < WIDE_SETS; ++set) {
-        if (set >= sets) continue;
+        if (set >= sets) continue;  // warp-uniform
+        const int r = set * 8 + g;
+        float part[NB][4];
+#pragma unroll
+        for (int m = 0; m < NB; ++m)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) part[m][i] = 0.f;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            // Column g's 16 codes of this half: chunk half·4 + c (e4m3) or half·8 + 2c, + 1 (f16).
+            uint4 b[S::PLANES][2];
+#pragma unroll
+            for (int p = 0; p < S::PLANES; ++p)
+#pragma unroll
+                for (int v = 0; v < (FMT == FMT_E4M3 ? 1 : 2); ++v) {
+                    const int ch = FMT == FMT_E4M3 ? half * 4 + c : half * 8 + 2 * c + v;
+                    b[p][v] = *reinterpret_cast<const uint4*>(st + S::OP + (p * ROWS_WIDE_PAIRS + r) * S::OP_ROW +
+                                                              swizzle(r, ch, OP_CHUNKS) * 16);
+                }
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                uint32_t b0, b1, l0 = 0u, l1 = 0u;
+                if constexpr (FMT == FMT_E4M3) {
+                    const uint2 f = e4m3x4_to_f16x4(word_at(b[0][0], q));
+                    b0 = f.x;
+                    b1 = f.y;
+                } else {
+                    b0 = word_at(b[0][q >> 1], 2 * (q & 1));
+                    b1 = word_at(b[0][q >> 1], 2 * (q & 1) + 1);
+                    if constexpr (FMT == FMT_F16X2) {
+                        l0 = word_at(b[1][q >> 1], 2 * (q & 1));
+                        l1 = word_at(b[1][q >> 1], 2 * (q & 1) + 1);
+                    }
+                }
+#pragma unroll
+                for (int m = 0; m < NB; ++m) {
+                    const uint32_t(&f)[4] = a[m][half][q];
+                    mma_f16_k16(part[m], f[0], f[1], f[2], f[3], b0, b1);
+                    if constexpr (FMT == FMT_F16X2) mma_f16_k16(part[m], f[0], f[1], f[2], f[3], l0, l1);
+                }
+            }
+        }
         const float x0 = sx[set * 8 + 2 * c], x1 = sx[set * 8 + 2 * c + 1];
 #pragma unroll
         for (int m = 0; m < NB; ++m) {
             const float s0 = x0 * sw[m], s1 = x1 * sw[m];
-            total[m][set][0] = fmaf(part[m][set][0], s0, total[m][set][0]);
-            total[m][set][1] = fmaf(part[m][set][1], s1, total[m][set][1]);
-            total[m][set][2] = fmaf(part[m][set][2], s0, total[m][set][2]);
-            total[m][set][3] = fmaf(part[m][set][3], s1, total[m][set][3]);
+            total[m][set][0] = fmaf(part[m][0], s0, total[m][set][0]);
+            total[m][set][1] = fmaf(part[m][1], s1, total[m][set][1]);
+            total[m][set][2] = fmaf(part[m][2], s0, total[m][set][2]);
+            total[m][set][3] = fmaf(part[m][3], s1, total[m][set][3]);
         }
     }
 }
