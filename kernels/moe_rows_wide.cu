@@ -23,9 +23,10 @@
 // cp.async, STAGES − 1 in flight. A stage holds one K group: the 128 features' weight codes of
 // each matrix (128 B a row), the tile's 32 operand rows (1, 2 or 2 + 2 bytes an element), their
 // 32 scales and each matrix's weight scale. The 16-byte chunks of a row are XOR-swizzled by the
-// row's parity, so each quarter-warp's fragment loads hit 8 distinct bank groups. A warp converts
-// its weight codes to f16 once per group and reuses them for each n8 column set that holds
-// pairs (a 6-pair tile runs one).
+// row's parity, so each quarter-warp's fragment loads hit 8 distinct bank groups. Each thread's
+// copies are the same chunks of every stage, so their addresses are worked out once per block
+// (`StageCopies`). A warp converts its weight codes to f16 once per group and reuses them for
+// each n8 column set that holds pairs (a 6-pair tile runs one).
 //
 // Floor: as moe_rows.cu's, each used expert's 3.15 MB once per layer. A 200-row prompt touches
 // ~250 of 256 experts in each of 40 layers, 31 GB (7.4 ms at 4.2 TB/s, 10.5 ms at the H100's
@@ -49,7 +50,9 @@ struct WideStage {
     static constexpr int OP = NB * ROWS_WIDE_FEATURES * 128;           // the operand planes
     static constexpr int SX = OP + PLANES * ROWS_WIDE_PAIRS * OP_ROW;  // the pairs' group scales
     static constexpr int SW = SX + ROWS_WIDE_PAIRS * 4;                // the matrices' weight scales
-    static constexpr int BYTES = SW + 16;
+    // Whole 128-byte lines, so every stage's rows start on a bank line (an unpadded stage left
+    // the next one 16 bytes off: cp.async stores split across lines, run 34's ncu).
+    static constexpr int BYTES = (SW + 16 + 127) / 128 * 128;
 };
 
 // Where 16-byte chunk `ch` of row `row` sits, in rows of `chunks` chunks (8 or 16): odd rows
@@ -62,56 +65,87 @@ __device__ __forceinline__ uint32_t word_at(const uint4& v, int i) {
     return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-// Groups of K slice s (of KS), out of `groups`.
+// The walk through K in slice order (slice s: groups s, s + KS, …), one position at a time.
 template <int KS>
-__device__ __forceinline__ int slice_groups(int s, int groups) {
-    return s < groups ? (groups - s + KS - 1) / KS : 0;
-}
+struct SliceWalk {
+    int slice = 0, group = 0;
+    __device__ __forceinline__ void next(int groups) {
+        group += KS;
+        if (group >= groups) group = ++slice;
+    }
+};
 
-// The group at position t of the slice-order walk.
-template <int KS>
-__device__ __forceinline__ int group_at(int t, int groups) {
-    int s = 0;
-    while (t >= slice_groups<KS>(s, groups)) t -= slice_groups<KS>(s++, groups);
-    return s + KS * t;
-}
-
-// Starts the copies of K group gi into stage `st` (every thread of the block calls it): weight
-// rows from w[m] (the block's first feature of an [N, K] e4m3 matrix), their scales from sw[m]
-// (its scale row), the operand rows src_row[r] of act (and act_lo) with their scales; rows r past
-// the tile (src_row −1) are zero-filled.
+// This thread's share of every stage's copies, its addresses worked out once per block (the
+// address arithmetic per stage was most of what the warps issued, run 34): a stage of group gi
+// adds gi·128 codes to each source. Weights: chunk (tid % 8) of feature rows tid / 8 + 32j of
+// each matrix (rows 2 KB apart, so j strides by 32 rows on both sides). Operand: chunk tid % C of
+// lines tid / C + (256 / C)·j (C = chunks a line; a line is a pair row of a plane), the rows
+// gathered through src_row once. Scales: thread r < 32 the pair row r's, thread 32 + m
+// matrix m's.
 template <int NB, int FMT>
-__device__ __forceinline__ void load_group(unsigned char* st, const unsigned char* const (&w)[NB],
-                                           const float* const (&sw)[NB], const void* act, const void* act_lo,
-                                           const float* act_scales, const int* src_row, int K, int gi) {
+struct StageCopies {
     using S = WideStage<NB, FMT>;
-    constexpr int OP_CHUNKS = S::OP_ROW / 16;
-    const int tid = threadIdx.x;
+    static constexpr int OP_CHUNKS = S::OP_ROW / 16;
+    static constexpr int W_COPIES = ROWS_WIDE_FEATURES * 8 / WIDE_THREADS;                 // per matrix
+    static constexpr int OP_COPIES = S::PLANES * ROWS_WIDE_PAIRS * OP_CHUNKS / WIDE_THREADS;  // 1, 2 or 4
+    const unsigned char* w[NB];
+    int w_dst;
+    size_t w_stride;  // 32 rows of a weight matrix
+    const unsigned char* op[OP_COPIES];
+    int op_dst[OP_COPIES];
+    bool op_ok[OP_COPIES];
+    const float* scale = nullptr;  // this thread's scale row (pair or matrix), or none
+    bool scale_ok = false;
+    int scale_dst = 0;
+
+    __device__ __forceinline__ StageCopies(const unsigned char* const (&wm)[NB], const float* const (&sw)[NB],
+                                           const void* act, const void* act_lo, const float* act_scales,
+                                           const int* src_row, int K) {
+        static_assert(ROWS_WIDE_FEATURES * 8 % WIDE_THREADS == 0 && OP_COPIES >= 1, "whole copies per thread");
+        const int tid = threadIdx.x, f = tid >> 3, ch = tid & 7;
 #pragma unroll
-    for (int m = 0; m < NB; ++m)
+        for (int m = 0; m < NB; ++m) w[m] = wm[m] + (size_t)f * K + ch * 16;
+        w_dst = f * 128 + swizzle(f, ch, 8) * 16;  // rows f + 32j keep f's parity
+        w_stride = (size_t)32 * K;
 #pragma unroll
-        for (int i = tid; i < ROWS_WIDE_FEATURES * 8; i += WIDE_THREADS) {
-            const int f = i >> 3, ch = i & 7, row = m * ROWS_WIDE_FEATURES + f;
-            cp_async16_zfill(st + row * 128 + swizzle(row, ch, 8) * 16, w[m] + (size_t)f * K + gi * 128 + ch * 16,
-                             true);
+        for (int j = 0; j < OP_COPIES; ++j) {
+            const int i = tid + j * WIDE_THREADS, line = i / OP_CHUNKS, c = i % OP_CHUNKS;
+            const int r = line % ROWS_WIDE_PAIRS, src = src_row[r];
+            const unsigned char* plane = (const unsigned char*)(line < ROWS_WIDE_PAIRS ? act : act_lo);
+            op[j] = plane + (size_t)max(src, 0) * K * S::CODE + c * 16;
+            op_ok[j] = src >= 0;
+            op_dst[j] = S::OP + line * S::OP_ROW + swizzle(r, c, OP_CHUNKS) * 16;
         }
-    for (int i = tid; i < S::PLANES * ROWS_WIDE_PAIRS * OP_CHUNKS; i += WIDE_THREADS) {
-        const int line = i / OP_CHUNKS, ch = i % OP_CHUNKS;  // line: plane · 32 + pair row
-        const int r = line % ROWS_WIDE_PAIRS, src = src_row[r];
-        const unsigned char* plane = (const unsigned char*)(line < ROWS_WIDE_PAIRS ? act : act_lo);
-        const unsigned char* from = plane + ((size_t)max(src, 0) * K + gi * 128) * S::CODE + ch * 16;
-        cp_async16_zfill(st + S::OP + line * S::OP_ROW + swizzle(r, ch, OP_CHUNKS) * 16, from, src >= 0);
-    }
-    const int groups = K >> 7;
-    if (tid < ROWS_WIDE_PAIRS) {
-        const int src = src_row[tid];
-        cp_async4_zfill(reinterpret_cast<float*>(st + S::SX) + tid, act_scales + (size_t)max(src, 0) * groups + gi,
-                        src >= 0);
-    }
+        if (tid < ROWS_WIDE_PAIRS) {
+            const int src = src_row[tid];
+            scale = act_scales + (size_t)max(src, 0) * (K >> 7);
+            scale_ok = src >= 0;
+            scale_dst = S::SX + tid * 4;
+        }
 #pragma unroll
-    for (int m = 0; m < NB; ++m)
-        if (tid == ROWS_WIDE_PAIRS + m) cp_async4_zfill(reinterpret_cast<float*>(st + S::SW) + m, sw[m] + gi, true);
-}
+        for (int m = 0; m < NB; ++m)
+            if (tid == ROWS_WIDE_PAIRS + m) {
+                scale = sw[m];
+                scale_ok = true;
+                scale_dst = S::SW + m * 4;
+            }
+    }
+
+    // Starts the copies of K group gi into stage `st` (every thread of the block calls it); rows
+    // past the tile are zero-filled.
+    __device__ __forceinline__ void issue(unsigned char* st, int gi) const {
+#pragma unroll
+        for (int m = 0; m < NB; ++m)
+#pragma unroll
+            for (int j = 0; j < W_COPIES; ++j)
+                cp_async16_zfill(st + m * ROWS_WIDE_FEATURES * 128 + w_dst + j * 32 * 128,
+                                 w[m] + j * w_stride + gi * 128, true);
+#pragma unroll
+        for (int j = 0; j < OP_COPIES; ++j)
+            cp_async16_zfill(st + op_dst[j], op[j] + gi * 128 * S::CODE, op_ok[j]);
+        if (scale) cp_async4_zfill(reinterpret_cast<float*>(st + scale_dst), scale + gi, scale_ok);
+    }
+};
 
 // One K group in stage `st` against the tile's first `sets` column sets: this warp's 16 features
 // of each matrix (rows warp·16 + g and + 8) fold into total[m][set] (moe_rows.cu's warp_tile:
@@ -231,29 +265,34 @@ __device__ __forceinline__ void wide_tile(unsigned char* smem, const unsigned ch
         for (int set = 0; set < WIDE_SETS; ++set)
 #pragma unroll
             for (int i = 0; i < 4; ++i) total[m][set][i] = 0.f;
+    const StageCopies<NB, FMT> copies(w, sw, act, act_lo, act_scales, src_row, K);
+    SliceWalk<KS> loads;  // the next group to copy
 #pragma unroll
     for (int t = 0; t < STAGES - 1; ++t) {
-        if (t < groups)
-            load_group<NB, FMT>(smem + t * S::BYTES, w, sw, act, act_lo, act_scales, src_row, K, group_at<KS>(t, groups));
+        if (t < groups) {
+            copies.issue(smem + t * S::BYTES, loads.group);
+            loads.next(groups);
+        }
         cp_async_commit();
     }
-    int slice = 0, left = slice_groups<KS>(0, groups);
+    SliceWalk<KS> mmas;  // the group in stage t
     for (int t = 0; t < groups; ++t) {
         cp_async_wait<STAGES - 2>();
         __syncthreads();  // stage t landed for every thread; stage t − 1 is free again
         const int next = t + STAGES - 1;
-        if (next < groups)
-            load_group<NB, FMT>(smem + (next % STAGES) * S::BYTES, w, sw, act, act_lo, act_scales, src_row, K,
-                                group_at<KS>(next, groups));
+        if (next < groups) {
+            copies.issue(smem + (next % STAGES) * S::BYTES, loads.group);
+            loads.next(groups);
+        }
         cp_async_commit();
         mma_group<NB, FMT>(smem + (t % STAGES) * S::BYTES, sets, total);
-        if (--left == 0) {
-            fold_slice(slice++, total, acc);
-            left = slice_groups<KS>(slice, groups);
-        }
+        const int slice = mmas.slice;
+        mmas.next(groups);
+        if (mmas.slice != slice) fold_slice(slice, total, acc);  // the slice's last group
     }
-    // Slices with no group (K under KS groups): moe_rows.cu adds their zero totals too.
-    for (; slice < KS; ++slice) fold_slice(slice, total, acc);
+    // Slices with no group (K under KS groups; the walk ends at slice min(groups, KS)):
+    // moe_rows.cu adds their zero totals too.
+    for (int slice = mmas.slice; slice < KS; ++slice) fold_slice(slice, total, acc);
 }
 
 // The block's tile (expert e, sorted positions [start, end)) and its operand rows: src_row[r] is

@@ -149,9 +149,10 @@ impl WideKernels {
 
 /// Bytes of one K group's stage of a wide tile (`WideStage::BYTES` in the kernel file): the
 /// block's feature rows of `matrices` weight matrices (128 e4m3 codes each), the tile's operand
-/// rows, their scales and the matrices' weight scales (padded to 16).
+/// rows, their scales and the matrices' weight scales (16 bytes), in whole 128-byte lines.
 fn wide_stage_bytes(matrices: usize, fmt: Format) -> usize {
-    matrices * ROWS_WIDE_FEATURES * GROUP + ROWS_WIDE_PAIRS * GROUP * fmt.bytes() + ROWS_WIDE_PAIRS * 4 + 16
+    (matrices * ROWS_WIDE_FEATURES * GROUP + ROWS_WIDE_PAIRS * GROUP * fmt.bytes() + ROWS_WIDE_PAIRS * 4 + 16)
+        .next_multiple_of(128)
 }
 
 fn wide_gate_up_bytes(fmt: Format) -> usize {
