@@ -1,6 +1,6 @@
-// Pieces shared by the MoE kernel files (moe.cu, moe_rows.cu, moe_rows_wide.cu): the activation
-// kinds and operand formats, the expert address table's layout, the dynamic e4m3 quantiser
-// (`backbone.md` §6.2) and e4m3 decoding.
+// Pieces shared by the MoE kernel files (moe.cu, moe_route.cu, moe_rows.cu, moe_rows_wide.cu):
+// the activation kinds and operand formats, the expert address table's layout, the dynamic e4m3
+// quantiser (`backbone.md` §6.2) and e4m3 decoding.
 #pragma once
 #include "common.cuh"
 

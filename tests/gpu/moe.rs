@@ -1,12 +1,13 @@
-//! `kernels/moe.cu` against the CPU backend: the activation quantiser (bytes and scales exact), the
-//! router (top-k ids exact where the k-th and (k+1)-th probabilities are clear of a near-tie,
-//! weights and shared gate to fp32 precision), the whole MoE block in both activation modes at
-//! tiny and real dims, the per-pair and grouped expert paths against each other, the decode
-//! batch's tensor-core path (`MoePath::Rows`) against the CPU and its row invariance (each row of
-//! a call bit for bit the row alone, also when routing skew puts more than 8 pairs, one tile, on
-//! an expert; and from 4 pairs per expert up, where a call takes the 32-pair wide tiles, each row
-//! bit for bit the row alone on the 8-pair tiles, skew putting 80 pairs, three wide tiles, on an
-//! expert), and a decode call that allocates nothing after warm-up.
+//! `kernels/moe.cu`, `moe_route.cu`, `moe_rows.cu` and `moe_rows_wide.cu` against the CPU
+//! backend: the activation quantiser (bytes and scales exact); the router (top-k ids exact where
+//! the k-th and (k+1)-th probabilities are clear of a near-tie, weights and shared gate to fp32
+//! precision; each row's routing in a 1000-row call, tiled logits, bit for bit the row's alone);
+//! the whole MoE block in both activation modes at tiny and real dims; the per-pair and grouped
+//! expert paths against each other; the tensor-core path (`MoePath::Rows`) against the CPU and
+//! its row invariance: each row of a call bit for bit the row alone, also when routing skew puts
+//! more than 8 pairs (one tile) on an expert, and from 4 pairs per expert up, where a call takes
+//! the 32-pair wide tiles and the row alone the 8-pair ones (skew putting 80 pairs, three wide
+//! tiles, on an expert); and a decode call that allocates nothing after warm-up.
 
 use half::bf16;
 use limelight::backend::BackendTypes;

@@ -25,7 +25,7 @@ pub const GEMM_WG_128X128_STAGES: usize = 4;
 /// Pairs of one expert per tile of the decode batch's experts (kernels/moe_rows.cu): one n8
 /// MMA column set.
 pub const ROWS_PAIRS: usize = 8;
-// kernels/moe.cu `moe_router_logits_tiled`: the rows and logits of a warp's register tile, and a
+// kernels/moe_route.cu `moe_router_logits_tiled`: the rows and logits of a warp's register tile, and a
 // block's 2 × 4 warps' rows and logits.
 pub const ROUTER_TILE: usize = 4;
 pub const ROUTER_BLOCK_ROWS: usize = 2 * ROUTER_TILE;

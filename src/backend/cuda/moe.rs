@@ -1,4 +1,5 @@
-//! `kernels/moe.cu`: the block-FP8 MoE block (`backbone.md` §5–6) on the GPU, matching the CPU
+//! `kernels/moe.cu` (+ `kernels/moe_route.cu`: the router and the grouping of pairs by expert):
+//! the block-FP8 MoE block (`backbone.md` §5–6) on the GPU, matching the CPU
 //! oracle `cpu/backbone/moe.rs`: fp32 router logits → softmax → top-k → renormalise; routed
 //! SwiGLU experts with e4m3 weights and `[128, 128]` f32 block scales (activations quantised to
 //! e4m3 per 1×128 group in `Fp8Dynamic`, used as they are in `Exact`); the bf16 shared expert
@@ -7,13 +8,13 @@
 //!
 //! Three expert paths with the same math: per-(row, slot) GEMVs for the single-stream decode (few
 //! rows); for prefill a device-side grouping of the (row, slot) pairs by expert followed by
-//! grouped GEMMs over each expert's rows; and for the decode batch the same grouping followed by
-//! swap-AB tensor-core tiles of up to 8 pairs (`rows`, `kernels/moe_rows.cu`); a decode step's
-//! few rows are routed inside the grouping launch (`moe_route_group`, the same code as the
-//! separate `moe_route`), one launch a layer fewer. Routing never leaves the device: no host
-//! sync in any path. The experts' weight and scale addresses live in
-//! a device table built once per layer (first call, the warm-up) and cached under the router
-//! weight's address.
+//! grouped GEMMs over each expert's rows; and for the decode batch and prompts the same grouping
+//! followed by swap-AB tensor-core tiles of up to 8 pairs (`rows`, `kernels/moe_rows.cu`), or of
+//! up to 32 from 4 pairs per expert up (`kernels/moe_rows_wide.cu`, the same bits); a decode
+//! step's few rows are routed inside the grouping launch (`moe_route_group`, the same code as the
+//! separate `moe_route`), one launch a layer fewer. Routing never leaves the device: no host sync
+//! in any path. The experts' weight and scale addresses live in a device table built once per
+//! layer (first call, the warm-up) and cached under the router weight's address.
 
 mod rows;
 
@@ -54,6 +55,7 @@ pub struct MoeKernels {
 impl MoeKernels {
     pub fn load(ctx: &Arc<CudaContext>) -> Result<MoeKernels, KernelError> {
         let m = Module::load_overlapping(ctx, "moe", embedded::MOE)?;
+        let route = Module::load_overlapping(ctx, "moe_route", embedded::MOE_ROUTE)?;
         let r = Module::load_overlapping(ctx, "moe_rows", embedded::MOE_ROWS)?;
         let optin = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
@@ -61,11 +63,11 @@ impl MoeKernels {
         let optin = usize::try_from(optin).unwrap_or(0);
         let tile_cap = rows::TILE_SHARED_CAP.min(optin);
         Ok(MoeKernels {
-            router_logits: m.kernel("moe_router_logits")?,
-            router_logits_tiled: m.kernel("moe_router_logits_tiled")?,
-            route: m.kernel("moe_route")?,
-            group_pairs: m.kernel("moe_group_pairs")?,
-            route_group: m.kernel("moe_route_group")?,
+            router_logits: route.kernel("moe_router_logits")?,
+            router_logits_tiled: route.kernel("moe_router_logits_tiled")?,
+            route: route.kernel("moe_route")?,
+            group_pairs: route.kernel("moe_group_pairs")?,
+            route_group: route.kernel("moe_route_group")?,
             grouped_gate_up: m.kernel("moe_grouped_gate_up")?,
             grouped_down: m.kernel("moe_grouped_down")?,
             gemv_gate_up: m.kernel("moe_gemv_gate_up")?,
@@ -139,8 +141,9 @@ pub enum MoePath {
     PerPair,
     /// Pairs grouped by expert, tiled GEMMs.
     Grouped,
-    /// The decode batch's (`BackboneOps::moe_rows`): pairs grouped by expert, swap-AB tensor-core
-    /// tiles of up to 8 pairs (the expert's output features are the MMA's rows), and GEMV
+    /// The decode batch's and prompts' (`BackboneOps::moe_rows`): pairs grouped by expert, swap-AB
+    /// tensor-core tiles of up to 8 pairs, or 32 for calls with 4+ pairs per expert (the
+    /// expert's output features are the MMA's rows; a pair's bits the same on either), and GEMV
     /// projections for the shared expert, at any row count. Each output's sum over K runs in an
     /// order fixed by K alone, whichever pairs share its tile (the atomics only order the pairs,
     /// never a sum), and the combine sums a row's slots in slot order: each row's result is its

@@ -1,0 +1,281 @@
+// The MoE block's routing (`backbone.md` §5): the router's fp32 logits, softmax, top-k and
+// renormalisation, the shared expert's sigmoid gate, and the grouping of (row, slot) pairs by
+// expert that every grouped expert path (moe.cu's prefill GEMMs, moe_rows.cu's and
+// moe_rows_wide.cu's tiles) reads. Nothing here leaves the device: the tile lists the expert
+// kernels' grids walk are bounded on the host and filled here.
+#include "kernel_constants.cuh"  // ROUTER_* (src/backend/cuda/kernel_constants.rs)
+#include "moe.cuh"
+
+// ---------------------------------------------------------------------------------------------
+// Router
+
+// logits[row, e] = x[row] · W_g[e] in fp32 (not rounded), for e < E; column E holds the shared
+// expert's gate logit x[row] · w_sg. One warp per logit, 8 per block: grid (ceil((E+1)/8), rows),
+// 256 threads. x: [rows, K] bf16; wg: [E, K] bf16; wsg: [1, K] bf16; logits: [rows, E+1] f32.
+extern "C" __global__ void moe_router_logits(const bf16* __restrict__ x, const bf16* __restrict__ wg,
+                                             const bf16* __restrict__ wsg, float* __restrict__ logits, int E,
+                                             int K) {
+    pdl_begin();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int e = blockIdx.x * (blockDim.x >> 5) + warp;
+    const int row = blockIdx.y;
+    if (e > E) return;
+    const bf16* xr = x + (size_t)row * K;
+    const bf16* wr = e < E ? wg + (size_t)e * K : wsg;
+    float acc = 0.f;
+    if ((K & 7) == 0) {
+        for (int i = lane * 8; i < K; i += 32 * 8) {
+            const uint4 xv = *reinterpret_cast<const uint4*>(xr + i);
+            const uint4 wv = *reinterpret_cast<const uint4*>(wr + i);
+            const bf16* xs = reinterpret_cast<const bf16*>(&xv);
+            const bf16* ws = reinterpret_cast<const bf16*>(&wv);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) acc = fmaf(to_f32(xs[j]), to_f32(ws[j]), acc);
+        }
+    } else {
+        for (int i = lane; i < K; i += 32) acc = fmaf(to_f32(xr[i]), to_f32(wr[i]), acc);
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) logits[(size_t)row * (E + 1) + e] = acc;
+}
+
+// moe_router_logits for many rows: the same dots, each with the same lanes' elements in the same
+// order and the same warp_sum (so the same bits), in register tiles. A warp holds 4 rows × 4
+// logits (16 sums), so each 16-byte load of a row or weight feeds 4 dots; a block is 2 × 4 warps,
+// 8 rows × 16 logits, its rows and weights shared through L1. (One warp per dot re-read each
+// weight row per row from L2: 71× its DRAM floor at 1000 rows, run 31.) Grid
+// (ceil((E+1) / ROUTER_BLOCK_LOGITS), ceil(rows / ROUTER_BLOCK_ROWS)), 256 threads. K % 8 == 0.
+extern "C" __global__ void moe_router_logits_tiled(const bf16* __restrict__ x, const bf16* __restrict__ wg,
+                                                   const bf16* __restrict__ wsg, float* __restrict__ logits,
+                                                   int rows, int E, int K) {
+    pdl_begin();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int r0 = blockIdx.y * ROUTER_BLOCK_ROWS + (warp >> 2) * ROUTER_TILE;
+    const int e0 = blockIdx.x * ROUTER_BLOCK_LOGITS + (warp & 3) * ROUTER_TILE;
+    if (r0 >= rows || e0 > E) return;  // the warp's whole tile is past the matrix
+    const bf16* xr[ROUTER_TILE];
+    const bf16* wr[ROUTER_TILE];
+#pragma unroll
+    for (int i = 0; i < ROUTER_TILE; ++i) {
+        xr[i] = x + (size_t)min(r0 + i, rows - 1) * K;  // rows past the end: computed, not stored
+        const int e = min(e0 + i, E);
+        wr[i] = e < E ? wg + (size_t)e * K : wsg;
+    }
+    float acc[ROUTER_TILE][ROUTER_TILE] = {};
+    for (int k = lane * 8; k < K; k += 32 * 8) {
+        float xs[ROUTER_TILE][8], ws[ROUTER_TILE][8];
+#pragma unroll
+        for (int i = 0; i < ROUTER_TILE; ++i) {
+            const uint4 xv = __ldg(reinterpret_cast<const uint4*>(xr[i] + k));
+            const uint4 wv = __ldg(reinterpret_cast<const uint4*>(wr[i] + k));
+            const bf16* xb = reinterpret_cast<const bf16*>(&xv);
+            const bf16* wb = reinterpret_cast<const bf16*>(&wv);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                xs[i][j] = to_f32(xb[j]);
+                ws[i][j] = to_f32(wb[j]);
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < ROUTER_TILE; ++r)
+#pragma unroll
+            for (int l = 0; l < ROUTER_TILE; ++l)
+#pragma unroll
+                for (int j = 0; j < 8; ++j) acc[r][l] = fmaf(xs[r][j], ws[l][j], acc[r][l]);
+    }
+#pragma unroll
+    for (int r = 0; r < ROUTER_TILE; ++r)
+#pragma unroll
+        for (int l = 0; l < ROUTER_TILE; ++l) {
+            const float v = warp_sum(acc[r][l]);
+            if (lane == 0 && r0 + r < rows && e0 + l <= E) logits[(size_t)(r0 + r) * (E + 1) + e0 + l] = v;
+        }
+}
+
+// Softmax over the E logits of a row (fp32), the top_k most probable experts (ties to the lower
+// index, as the CPU `route`), their probabilities renormalised to sum to one; and the shared
+// expert's gate sigmoid(logit[E]). One warp per row, 4 rows per block: grid ceil(rows/4), 128
+// threads, dynamic shared 4·E floats. ids/weights: [rows, top_k] (most probable first);
+// shared_gate: [rows]. top_k ≤ 32 and ≤ E (checked by the wrapper).
+// One row's routing, by one warp (ex: E floats of shared memory, the warp's own).
+__device__ __forceinline__ void route_row(const float* __restrict__ logits, int row, int E, int top_k, float* ex,
+                                          int* __restrict__ ids, float* __restrict__ weights,
+                                          float* __restrict__ shared_gate) {
+    const int lane = threadIdx.x & 31;
+    const float* l = logits + (size_t)row * (E + 1);
+
+    float m = -INFINITY;
+    for (int e = lane; e < E; e += 32) m = fmaxf(m, l[e]);
+    m = warp_max(m);
+    float total = 0.f;
+    for (int e = lane; e < E; e += 32) {
+        const float v = expf(l[e] - m);
+        ex[e] = v;
+        total += v;
+    }
+    total = warp_sum(total);
+    __syncwarp();
+
+    // Selected entries are marked -1 (every exp is ≥ 0, so they are never picked again).
+    float my_p = 0.f, kept = 0.f;
+    int my_id = 0;
+    for (int j = 0; j < top_k; ++j) {
+        float bv = -1.f;
+        int bi = 0x7FFFFFFF;
+        for (int e = lane; e < E; e += 32) {
+            const float v = ex[e];
+            if (v > bv) {  // ascending e: an equal value keeps the lower index
+                bv = v;
+                bi = e;
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > bv || (ov == bv && oi < bi)) {
+                bv = ov;
+                bi = oi;
+            }
+        }
+        const float p = bv / total;
+        kept += p;
+        if (lane == j) {
+            my_p = p;
+            my_id = bi;
+        }
+        __syncwarp();
+        if (lane == 0) ex[bi] = -1.f;
+        __syncwarp();
+    }
+    if (lane < top_k) {
+        ids[(size_t)row * top_k + lane] = my_id;
+        weights[(size_t)row * top_k + lane] = my_p / kept;
+    }
+    if (lane == 0) shared_gate[row] = sigmoidf_(l[E]);
+    __syncwarp();  // ex is reused for the warp's next row
+}
+
+extern "C" __global__ void moe_route(const float* __restrict__ logits, int rows, int E, int top_k,
+                                     int* __restrict__ ids, float* __restrict__ weights,
+                                     float* __restrict__ shared_gate) {
+    pdl_begin();
+    extern __shared__ float route_smem[];
+    const int warp = threadIdx.x >> 5;
+    const int row = blockIdx.x * (blockDim.x >> 5) + warp;
+    if (row >= rows) return;  // warp-uniform; the kernel has no block barrier
+    route_row(logits, row, E, top_k, route_smem + warp * E, ids, weights, shared_gate);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Grouping (row, slot) pairs by expert (prefill and the decode batch)
+
+// Exclusive prefix sum over the block (blockDim a multiple of 32, ≤ 1024); *total gets the sum.
+// Contains barriers: every thread of the block must call it.
+__device__ __forceinline__ int block_exclusive_scan(int v, int* warp_totals, int* total) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    int inc = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int n = __shfl_up_sync(0xffffffffu, inc, o);
+        if (lane >= o) inc += n;
+    }
+    __syncthreads();  // warp_totals may still be read by a previous call
+    if (lane == 31) warp_totals[warp] = inc;
+    __syncthreads();
+    if (warp == 0) {
+        const int t = lane < warps ? warp_totals[lane] : 0;
+        int ti = t;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int n = __shfl_up_sync(0xffffffffu, ti, o);
+            if (lane >= o) ti += n;
+        }
+        warp_totals[lane] = ti - t;
+        if (lane == 31) *total = ti;
+    }
+    __syncthreads();
+    return warp_totals[warp] + inc - v;
+}
+
+// Sorts the pairs p = row·top_k + slot by expert: counts, exclusive scan → offsets [E+1],
+// scatter of p into sorted [pairs] (order within an expert is arbitrary: every pair's result is
+// computed independently of its neighbours), and the tile list for the grouped GEMMs:
+// tiles = [n_tiles, (expert, first sorted position) × n_tiles], one tile per tile_rows pairs of
+// an expert, at most max_tiles. One block of 1024 threads; dynamic shared 2·E ints.
+// (ids without __restrict__: moe_route_group writes them earlier in the same kernel, so they must
+// not be read through the read-only cache.)
+__device__ __forceinline__ void group_pairs_block(const int* ids, int pairs, int E, int tile_rows,
+                                                  int* __restrict__ offsets, int* __restrict__ sorted,
+                                                  int* __restrict__ tiles, int max_tiles, int* group_smem) {
+    __shared__ int warp_totals[32];
+    __shared__ int totals[2];
+    int* count = group_smem;
+    int* cursor = group_smem + E;
+    const int tid = threadIdx.x;
+    for (int e = tid; e < E; e += blockDim.x) count[e] = 0;
+    __syncthreads();
+    for (int p = tid; p < pairs; p += blockDim.x) {
+        const int e = ids[p];
+        if (e >= 0 && e < E) atomicAdd(&count[e], 1);
+    }
+    __syncthreads();
+
+    // Each thread owns a run of consecutive experts; one block scan of the run sums.
+    const int per = (E + blockDim.x - 1) / blockDim.x;
+    const int e0 = min(tid * per, E), e1 = min(e0 + per, E);
+    int c = 0, t = 0;
+    for (int e = e0; e < e1; ++e) {
+        c += count[e];
+        t += (count[e] + tile_rows - 1) / tile_rows;
+    }
+    int cbase = block_exclusive_scan(c, warp_totals, &totals[0]);
+    int tbase = block_exclusive_scan(t, warp_totals, &totals[1]);
+    for (int e = e0; e < e1; ++e) {
+        offsets[e] = cbase;
+        cursor[e] = cbase;
+        const int n = (count[e] + tile_rows - 1) / tile_rows;
+        for (int j = 0; j < n && tbase + j < max_tiles; ++j) {
+            tiles[1 + 2 * (tbase + j)] = e;
+            tiles[2 + 2 * (tbase + j)] = cbase + j * tile_rows;
+        }
+        cbase += count[e];
+        tbase += n;
+    }
+    if (tid == 0) {
+        offsets[E] = totals[0];
+        tiles[0] = min(totals[1], max_tiles);
+    }
+    __syncthreads();
+    for (int p = tid; p < pairs; p += blockDim.x) {
+        const int e = ids[p];
+        if (e >= 0 && e < E) sorted[atomicAdd(&cursor[e], 1)] = p;
+    }
+}
+
+extern "C" __global__ void moe_group_pairs(const int* __restrict__ ids, int pairs, int E, int tile_rows,
+                                           int* __restrict__ offsets, int* __restrict__ sorted,
+                                           int* __restrict__ tiles, int max_tiles) {
+    pdl_begin();
+    extern __shared__ int group_smem[];
+    group_pairs_block(ids, pairs, E, tile_rows, offsets, sorted, tiles, max_tiles, group_smem);
+}
+
+// moe_route then moe_group_pairs in one block, for a decode step's few rows: one launch a layer
+// fewer. Each warp routes rows warp, warp + 32, … with moe_route's code, the block waits, then
+// groups the pairs with moe_group_pairs' code: the same results. 1024 threads; dynamic shared
+// max(32·E floats, 2·E ints).
+extern "C" __global__ void moe_route_group(const float* __restrict__ logits, int rows, int E, int top_k,
+                                           int* __restrict__ ids, float* __restrict__ weights,
+                                           float* __restrict__ shared_gate, int tile_rows,
+                                           int* __restrict__ offsets, int* __restrict__ sorted,
+                                           int* __restrict__ tiles, int max_tiles) {
+    pdl_begin();
+    extern __shared__ float route_group_smem[];
+    const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    for (int row = warp; row < rows; row += warps)
+        route_row(logits, row, E, top_k, route_group_smem + warp * E, ids, weights, shared_gate);
+    __syncthreads();  // the ids are written; the shared memory is free for the grouping
+    group_pairs_block(ids, rows * top_k, E, tile_rows, offsets, sorted, tiles, max_tiles,
+                      reinterpret_cast<int*>(route_group_smem));
+}
