@@ -3,6 +3,7 @@
 // quantiser (`backbone.md` §6.2) and e4m3 decoding.
 #pragma once
 #include "common.cuh"
+#include "mma.cuh"
 
 #define E4M3_MAX 448.f
 
@@ -54,4 +55,34 @@ __device__ __forceinline__ float4 load_act4(const void* act, int kind, size_t at
         return make_float4(to_f32(b[0]), to_f32(b[1]), to_f32(b[2]), to_f32(b[3]));
     }
     return *reinterpret_cast<const float4*>((const float*)act + at);
+}
+
+// The tile kernels' operand fragments (moe_rows.cu, moe_rows_wide.cu): a lane holds 16 codes of
+// its pair's operand row per 64-wide K block, as 16-byte vectors (e4m3: 1, f16: 2, f16 hi then
+// lo: 4).
+__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+template <int FMT>
+struct OperandVecs {
+    static constexpr int n = FMT == FMT_E4M3 ? 1 : FMT == FMT_F16 ? 2 : 4;
+};
+
+// B fragment of k16 step q (codes 4q..4q+3 of the lane's 16) as f16 pairs; l0/l1 the lo part.
+template <int FMT>
+__device__ __forceinline__ void operand_frag(const uint4 (&b)[OperandVecs<FMT>::n], int q, uint32_t& b0,
+                                             uint32_t& b1, uint32_t& l0, uint32_t& l1) {
+    if constexpr (FMT == FMT_E4M3) {
+        const uint2 f = e4m3x4_to_f16x4(word_of(b[0], q));
+        b0 = f.x;
+        b1 = f.y;
+    } else {
+        b0 = word_of(b[q >> 1], 2 * (q & 1));
+        b1 = word_of(b[q >> 1], 2 * (q & 1) + 1);
+        if constexpr (FMT == FMT_F16X2) {
+            l0 = word_of(b[OperandVecs<FMT>::n - 2 + (q >> 1)], 2 * (q & 1));
+            l1 = word_of(b[OperandVecs<FMT>::n - 2 + (q >> 1)], 2 * (q & 1) + 1);
+        }
+    }
 }

@@ -135,17 +135,6 @@ __host__ __device__ constexpr size_t tile_operand_bytes(int fmt, int K) {
 // ---------------------------------------------------------------------------------------------
 // Swap-AB block-FP8 MMA over one tile
 
-__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
-    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
-
-// 16-byte vectors a lane loads per 64-wide K block of its pair's operand row: 16 codes (e4m3: 1,
-// f16: 2, f16 hi and lo: 4).
-template <int FMT>
-struct OperandVecs {
-    static constexpr int n = FMT == FMT_E4M3 ? 1 : FMT == FMT_F16 ? 2 : 4;
-};
-
 // A 16-byte operand load: through the read-only cache from global memory, or from shared memory
 // (a tile's operand that the block converted itself).
 template <bool SMEM>
@@ -177,24 +166,6 @@ __device__ __forceinline__ void load_operand(const void* act, const void* act_lo
             const uint4* lo = reinterpret_cast<const uint4*>((const __half*)act_lo + at);
             b[OperandVecs<FMT>::n - 2] = load_vec<SMEM>(lo);
             b[OperandVecs<FMT>::n - 1] = load_vec<SMEM>(lo + 1);
-        }
-    }
-}
-
-// B fragment of k16 step q (codes 4q..4q+3 of the lane's 16) as f16 pairs; l0/l1 the lo part.
-template <int FMT>
-__device__ __forceinline__ void operand_frag(const uint4 (&b)[OperandVecs<FMT>::n], int q, uint32_t& b0,
-                                             uint32_t& b1, uint32_t& l0, uint32_t& l1) {
-    if constexpr (FMT == FMT_E4M3) {
-        const uint2 f = e4m3x4_to_f16x4(word_of(b[0], q));
-        b0 = f.x;
-        b1 = f.y;
-    } else {
-        b0 = word_of(b[q >> 1], 2 * (q & 1));
-        b1 = word_of(b[q >> 1], 2 * (q & 1) + 1);
-        if constexpr (FMT == FMT_F16X2) {
-            l0 = word_of(b[OperandVecs<FMT>::n - 2 + (q >> 1)], 2 * (q & 1));
-            l1 = word_of(b[OperandVecs<FMT>::n - 2 + (q >> 1)], 2 * (q & 1) + 1);
         }
     }
 }

@@ -61,10 +61,6 @@ __device__ __forceinline__ int swizzle(int row, int ch, int chunks) {
     return ch ^ (chunks == 8 ? (row & 1) << 2 : row & 1);
 }
 
-__device__ __forceinline__ uint32_t word_at(const uint4& v, int i) {
-    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
-
 // The walk through K in slice order (slice s: groups s, s + KS, …), one position at a time.
 template <int KS>
 struct SliceWalk {
@@ -166,7 +162,7 @@ __device__ __forceinline__ void mma_group(const unsigned char* st, int sets, flo
             const uint4 v1 = *reinterpret_cast<const uint4*>(st + r1 * 128 + swizzle(r1, ch, 8) * 16);
 #pragma unroll
             for (int q = 0; q < 4; ++q) {
-                const uint2 x0 = e4m3x4_to_f16x4(word_at(v0, q)), x1 = e4m3x4_to_f16x4(word_at(v1, q));
+                const uint2 x0 = e4m3x4_to_f16x4(word_of(v0, q)), x1 = e4m3x4_to_f16x4(word_of(v1, q));
                 a[m][half][q][0] = x0.x;
                 a[m][half][q][1] = x1.x;
                 a[m][half][q][2] = x0.y;
@@ -186,31 +182,21 @@ __device__ __forceinline__ void mma_group(const unsigned char* st, int sets, flo
             for (int i = 0; i < 4; ++i) part[m][i] = 0.f;
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-            // Column g's 16 codes of this half: chunk half·4 + c (e4m3) or half·8 + 2c, + 1 (f16).
-            uint4 b[S::PLANES][2];
+            // Column g's 16 codes of this half (OperandVecs' order): chunk half·4 + c (e4m3) or
+            // half·8 + 2c, + 1 of each plane (f16).
+            uint4 b[OperandVecs<FMT>::n];
 #pragma unroll
             for (int p = 0; p < S::PLANES; ++p)
 #pragma unroll
                 for (int v = 0; v < (FMT == FMT_E4M3 ? 1 : 2); ++v) {
                     const int ch = FMT == FMT_E4M3 ? half * 4 + c : half * 8 + 2 * c + v;
-                    b[p][v] = *reinterpret_cast<const uint4*>(st + S::OP + (p * ROWS_WIDE_PAIRS + r) * S::OP_ROW +
-                                                              swizzle(r, ch, OP_CHUNKS) * 16);
+                    b[2 * p + v] = *reinterpret_cast<const uint4*>(st + S::OP + (p * ROWS_WIDE_PAIRS + r) * S::OP_ROW +
+                                                                   swizzle(r, ch, OP_CHUNKS) * 16);
                 }
 #pragma unroll
             for (int q = 0; q < 4; ++q) {
                 uint32_t b0, b1, l0 = 0u, l1 = 0u;
-                if constexpr (FMT == FMT_E4M3) {
-                    const uint2 f = e4m3x4_to_f16x4(word_at(b[0][0], q));
-                    b0 = f.x;
-                    b1 = f.y;
-                } else {
-                    b0 = word_at(b[0][q >> 1], 2 * (q & 1));
-                    b1 = word_at(b[0][q >> 1], 2 * (q & 1) + 1);
-                    if constexpr (FMT == FMT_F16X2) {
-                        l0 = word_at(b[1][q >> 1], 2 * (q & 1));
-                        l1 = word_at(b[1][q >> 1], 2 * (q & 1) + 1);
-                    }
-                }
+                operand_frag<FMT>(b, q, b0, b1, l0, l1);
 #pragma unroll
                 for (int m = 0; m < NB; ++m) {
                     const uint32_t(&f)[4] = a[m][half][q];

@@ -103,17 +103,29 @@ fn layer_step<B: BackboneOps>(
 ) -> (B::Act, B::Act) {
     let mut x = x.clone();
     let h = b.rms_norm(&x, &layer.input_norm, c.norm_eps);
-    let mixed = match (&layer.mixer, st) {
-        (Mixer::GatedDeltaNet(w), LayerState::Gdn(s)) if decode => b.gdn_decode(&c.gdn, w, &h, s),
-        (Mixer::GatedDeltaNet(w), LayerState::Gdn(s)) => b.gdn_prefill(&c.gdn, w, &h, s),
-        (Mixer::Attention(w), LayerState::Attention(kv)) if decode => b.attention_decode(&c.attention, w, &h, kv),
-        (Mixer::Attention(w), LayerState::Attention(kv)) => b.attention_prefill(&c.attention, w, &h, kv),
-        _ => unreachable!("the state was made for this layer"),
-    };
+    let mixed = mix(b, c, layer, st, &h, decode);
     let h = b.add_rms_norm(&mut x, &mixed, &layer.post_attention_norm, c.norm_eps);
     let moe = b.moe(&c.moe, &layer.moe, &h);
     b.add_in_place(&mut x, &moe);
     (x, h)
+}
+
+/// The layer's mixer (GDN or attention) on `h`, prefill or one decode call, carrying its state.
+fn mix<B: BackboneOps>(
+    b: &B,
+    c: &BackboneConfig,
+    layer: &BackboneLayer<B::Weight>,
+    st: &mut LayerState<B>,
+    h: &B::Act,
+    decode: bool,
+) -> B::Act {
+    match (&layer.mixer, st) {
+        (Mixer::GatedDeltaNet(w), LayerState::Gdn(s)) if decode => b.gdn_decode(&c.gdn, w, h, s),
+        (Mixer::GatedDeltaNet(w), LayerState::Gdn(s)) => b.gdn_prefill(&c.gdn, w, h, s),
+        (Mixer::Attention(w), LayerState::Attention(kv)) if decode => b.attention_decode(&c.attention, w, h, kv),
+        (Mixer::Attention(w), LayerState::Attention(kv)) => b.attention_prefill(&c.attention, w, h, kv),
+        _ => unreachable!("the state was made for this layer"),
+    }
 }
 
 /// Rows whose expert choice is decided: the router-logit gap between the k-th and (k+1)-th
@@ -261,13 +273,7 @@ fn rounded_layer_step(
     let r = round_to_bf16;
     let mut x = x.clone();
     let h = r(&Cpu.rms_norm(&x, &layer.input_norm, c.norm_eps));
-    let mixed = match (&layer.mixer, st) {
-        (Mixer::GatedDeltaNet(w), LayerState::Gdn(s)) if decode => Cpu.gdn_decode(&c.gdn, w, &h, s),
-        (Mixer::GatedDeltaNet(w), LayerState::Gdn(s)) => Cpu.gdn_prefill(&c.gdn, w, &h, s),
-        (Mixer::Attention(w), LayerState::Attention(kv)) if decode => Cpu.attention_decode(&c.attention, w, &h, kv),
-        (Mixer::Attention(w), LayerState::Attention(kv)) => Cpu.attention_prefill(&c.attention, w, &h, kv),
-        _ => unreachable!("the state was made for this layer"),
-    };
+    let mixed = mix(&Cpu, c, layer, st, &h, decode);
     let h = r(&Cpu.add_rms_norm(&mut x, &r(&mixed), &layer.post_attention_norm, c.norm_eps));
     x = r(&x);
     let moe = r(&Cpu.moe(&c.moe, &layer.moe, &h));
