@@ -1,58 +1,39 @@
 // The Gated DeltaNet's chunked prefill (`backbone.md` §3.7): `gdn_chunk_intra`, then
 // `gdn_chunk_scan`, the chunked form of flash-linear-attention (github.com/fla-org/flash-linear-
-// attention, MIT licence, `chunk_gated_delta_rule`) kept in fp32 and ordered as the transformers
-// torch reference orders it. Layouts and numerics: gdn.cu's header (its decode core, conv and
-// gated norm are there); the CPU oracle is `src/backend/cpu/backbone/gdn_chunk.rs`.
-#include "common.cuh"
-// GDN_THREADS, GDN_CHUNK, GDN_SCAN_BV, GDN_MAX_DK, GDN_ROW_PAD, GDN_SQ_STRIDE:
-// src/backend/cuda/kernel_constants.rs.
-#include "kernel_constants.cuh"
-#include "mma.cuh"  // cp.async
-
-// Copies chunk rows [0, n) × columns [0, cols) of a row-major global matrix (row stride `stride`)
-// into shared memory at dst(i, d), loads flattened over (row, column) and issued GDN_LOAD_BATCH
-// at a time before any store (one global round trip per batch, not per row). Copies only.
-#define GDN_LOAD_BATCH 16
-template <typename Dst>
-__device__ __forceinline__ void gdn_load_tile(const float* __restrict__ src, size_t stride, int n, int cols, Dst dst) {
-    const int total = n * cols;
-    for (int e0 = threadIdx.x; e0 < total; e0 += GDN_LOAD_BATCH * GDN_THREADS) {
-        float v[GDN_LOAD_BATCH];
-#pragma unroll
-        for (int u = 0; u < GDN_LOAD_BATCH; ++u) {
-            const int e = e0 + u * GDN_THREADS;
-            v[u] = e < total ? __ldg(src + (size_t)(e / cols) * stride + e % cols) : 0.f;
-        }
-#pragma unroll
-        for (int u = 0; u < GDN_LOAD_BATCH; ++u) {
-            const int e = e0 + u * GDN_THREADS;
-            if (e < total) dst(e / cols, e % cols, v[u]);
-        }
-    }
-}
-
-// The chunked prefill (`backbone.md` §3.7) in two launches, split as flash-linear-attention
-// splits it (its kkt / solve_tril / wy_fast kernels, then chunk_h with the output folded in):
-// with γ the cumulative log-decay from the chunk start,
-//   A = strict lower β_i (k_i·k_m) e^{γ_i−γ_m};  U = (I+A)⁻¹ diag(β) V;  W = (I+A)⁻¹ diag(β) (K ⊙ e^γ)
-//   C = lower (q_i·k_m) e^{γ_i−γ_m} (diagonal included)
-// depend on no state, so `gdn_chunk_intra` computes them for every chunk of every prompt at once;
-// `gdn_chunk_scan` then walks each prompt's chunks in order:
-//   V_new = U − W S;  O = e^γ ⊙ (Q S) + C V_new;  S ← e^{γ_n} S + Kᵀ (e^{γ_n−γ} ⊙ V_new).
-// Why (issue 14): the single kernel this replaces ran one CTA of 8 warps per (head, 32 value
-// columns), each walking its prompt's chunks and redoing the state-free work (both grams, W's
-// substitution) for each of the head's value tiles: 128 CTAs for a 200-row prompt, one per SM,
-// issue-bound at 306 µs a layer on an H100 against ~20 µs of FMAs (run 19).
+// attention, MIT licence, `chunk_gated_delta_rule`) as the transformers torch reference computes
+// it: T = (I + A)⁻¹ by forward substitution, then products. Layouts of `prep` and `gates`: gdn.cu's
+// header (its decode core, conv and gated norm are there); the CPU oracle (f64) is
+// `src/backend/cpu/backbone/gdn_chunk.rs`.
+//
+// Precision. The products run on the bf16 tensor cores (mma.sync m16n8k16) with every f32
+// operand split as hi = bf16(x), lo = bf16(x − hi) (16 significant bits) and summed as
+// lo·hi + hi·lo + hi·hi into f32 accumulators (`mma_split_k16`): a product's error is ~2⁻¹⁶ of
+// its terms' magnitudes, where the reference's f32 is ~2⁻²⁴; the core's output is rounded to
+// bf16 (2⁻⁹) two kernels later. The substitution, the decays, the state and every sum outside
+// the MMAs stay f32. A sequence's bits depend only on its own rows: no reduction crosses a
+// sequence, and every order is fixed by the shapes alone.
+// Why (issue 14, run 37 on an H100): the f32 CUDA-core kernels these replace took 61 and 63 µs
+// a launch at a 200-row prompt, latency-bound (substitution chains, shared-memory round trips)
+// at 1 and 2.2 IPC against a few µs of work.
 //
 // Scratch written by the first and read by the second, row t of the call (t = the chunk's first
-// row + i), value head j:
-//   w      f32 [rows, Hv, Dk]    W
-//   u      f32 [rows, Hv, Dv]    U
-//   c      f32 [rows, Hv, 64]    row i of the chunk's C (entries past i are zeros)
-//   decay  f32 [rows, Hv, 2]     e^{γ_i}, e^{γ_{n−1}−γ_i}
-// Shared-memory rows of Dk floats are padded to Dk + GDN_ROW_PAD (4): a float4 read of 16
-// different rows at one column then spans all eight 16-byte bank groups.
-// A chunk's shared [64][64] matrices (A, C) have rows of GDN_SQ_STRIDE floats, padded likewise.
+// row + i), value head j, key head h; Dkp = Dk rounded up to 16 (columns past Dk are zeros):
+//   qk     bf16 [rows, Hk, 4, GDN_MAX_DK]    q hi, q lo, k hi, k lo (columns [0, Dkp) written)
+//   w      bf16 [rows, Hv, 2, GDN_MAX_DK]    W hi, lo (columns [0, Dkp))
+//   u      f32  [rows, Hv, Dv]               U
+//   c      bf16 [rows, Hv, 2, 64]            row i of the chunk's C, hi and lo (zeros past i)
+//   decay  f32  [rows, Hv, 2]                e^{γ_i}, e^{γ_{n−1}−γ_i}
+// with γ the cumulative log-decay from the chunk start and
+//   A = strict lower β_i (k_i·k_m) e^{γ_i−γ_m};  T = (I + A)⁻¹;
+//   U = T diag(β) V;  W = T diag(β e^γ) K;  C = lower (q_i·k_m) e^{γ_i−γ_m} (diagonal included).
+// These depend on no state, so `gdn_chunk_intra` computes them for every chunk of every prompt
+// at once; `gdn_chunk_scan` then walks each prompt's chunks in order:
+//   V_new = U − W S;  O = e^γ ⊙ (Q S) + C V_new;  S ← e^{γ_n} S + Kᵀ (e^{γ_n−γ} ⊙ V_new).
+#include "common.cuh"
+// GDN_THREADS, GDN_CHUNK, GDN_SCAN_BV, GDN_MAX_DK, GDN_SQ_STRIDE, GDN_TILE_STRIDE,
+// GDN_SQUARE_STRIDE, GDN_SQUARE_FLOATS: src/backend/cuda/kernel_constants.rs.
+#include "kernel_constants.cuh"
+#include "mma.cuh"
 
 // The rows [t_begin, t_end) of sequence z: the whole call without `seq_starts`.
 __device__ __forceinline__ void gdn_sequence_rows(const int* seq_starts, int rows, int z, int& t_begin, int& t_end) {
@@ -60,19 +41,107 @@ __device__ __forceinline__ void gdn_sequence_rows(const int* seq_starts, int row
     t_end = seq_starts ? seq_starts[z + 1] : rows;
 }
 
+// ---------------------------------------------------------------------------------------------
+// gdn_chunk_intra
+
+// Copies rows [0, n) × columns [0, cols) of a row-major f32 matrix (row stride `stride`) into
+// shared rows of GDN_TILE_STRIDE bf16 as hi + lo, zeros in rows [n, 64) and columns
+// [cols, padded); with `g_hi`, rows [0, n) × columns [0, padded) also to global rows of stride
+// `g_stride` (lo at g_hi + GDN_MAX_DK). Warps [first, first + warps) share the work with
+// lane-contiguous columns (coalesced), a thread's loads all issued before its first store.
+// Requires padded ≤ 128.
+__device__ __forceinline__ void gdn_split_rows(const float* __restrict__ src, size_t stride, int n, int cols,
+                                               int padded, bf16* hi, bf16* lo, int first, int warps,
+                                               bf16* __restrict__ g_hi, size_t g_stride) {
+    const int warp = threadIdx.x / 32 - first, lane = threadIdx.x % 32;
+    for (int r0 = warp; r0 < GDN_CHUNK; r0 += 4 * warps) {
+        float v[4][4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                const int r = r0 + u * warps, d = lane + 32 * q;
+                v[u][q] = r < n && d < cols ? __ldg(src + (size_t)r * stride + d) : 0.f;
+            }
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                const int r = r0 + u * warps, d = lane + 32 * q;
+                if (r >= GDN_CHUNK || d >= padded) continue;
+                bf16 h, l;
+                split_bf16(v[u][q], h, l);
+                hi[r * GDN_TILE_STRIDE + d] = h;
+                lo[r * GDN_TILE_STRIDE + d] = l;
+                if (g_hi && r < n) {
+                    g_hi[r * g_stride + d] = h;
+                    g_hi[r * g_stride + GDN_MAX_DK + d] = l;
+                }
+            }
+    }
+}
+
+// L B for the rows [0, 64) of a chunk, with L a lower-triangular 64 × 64 (hi, lo; rows of
+// GDN_SQUARE_STRIDE) and B [64][padded] (hi, lo; rows of GDN_TILE_STRIDE). Warp (rb, nh) =
+// (warp % 4, warp / 4) owns rows 16rb + [0, 16) and columns 64nh + [0, 64); its k16 steps stop
+// at the diagonal block (L is zero past it). Hands each result to store(i, d, value), d < padded.
+template <typename Store>
+__device__ __forceinline__ void gdn_times_tile(const bf16* LH, const bf16* LL, const bf16* BH, const bf16* BL,
+                                               int padded, Store store) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+    const int rb = warp % 4, nh = warp / 4;
+    float acc[8][4] = {};
+    for (int k0 = 0; k0 <= 16 * rb; k0 += 16) {
+        uint32_t ah[4], al[4];
+        const int a_at = (16 * rb + lane % 16) * GDN_SQUARE_STRIDE + k0 + 8 * (lane / 16);
+        ldmatrix_x4(ah, LH + a_at);
+        ldmatrix_x4(al, LL + a_at);
+#pragma unroll
+        for (int p = 0; p < 4; ++p) {
+            const int n0 = 64 * nh + 16 * p;
+            if (n0 >= padded) break;
+            uint32_t bh[4], bl[4];
+            const int b_at = (k0 + lane % 8 + 8 * ((lane / 8) % 2)) * GDN_TILE_STRIDE + n0 + 8 * (lane / 16);
+            ldmatrix_x4_trans(bh, BH + b_at);
+            ldmatrix_x4_trans(bl, BL + b_at);
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                mma_split_k16(acc[2 * p + h], ah, al, bh[2 * h], bh[2 * h + 1], bl[2 * h], bl[2 * h + 1]);
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < 8; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int d = 64 * nh + 8 * t + 2 * c + e % 2;
+            if (d < padded) store(16 * rb + g + 8 * (e / 2), d, acc[t][e]);
+        }
+}
+
 // Grid (Hv, chunks of the longest sequence, sequences), 256 threads: one CTA per value head and
 // chunk (CTAs past their sequence's end leave at once). Rows of a short last chunk are padded with
-// k = 0, β = 0, g = 0, which the reference's padded chunk equals; only rows < n are written.
-// Dynamic shared memory (floats), kst = Dk + 4:  K [64][kst] | Q [64][kst] | A [64][68] | γ, β, e^γ [64 each].
-// Requires Dk ≤ 128 and Dk % 4 == 0.
-extern "C" __global__ void __launch_bounds__(GDN_THREADS, 1)
-    gdn_chunk_intra(const float* __restrict__ prep, const float* __restrict__ gates, float* __restrict__ w_out,
-                    float* __restrict__ u_out, float* __restrict__ c_out, float* __restrict__ decay_out, int rows,
-                    int key_heads, int value_heads, int key_dim, int value_dim, const int* __restrict__ seq_starts) {
+// q = k = v = 0, β = 0, g = 0, which the reference's padded chunk equals; only rows < n are
+// written. The first value head of each key head also writes the chunk's q and k (hi, lo).
+// Steps: K, Q as hi + lo → the grams (A to shared, C out) → T by substitution in the first two
+// warps while the other six load V → U = (T diag β) V → W = (T diag(β e^γ)) K.
+// Dynamic shared memory (bytes), TS = GDN_TILE_STRIDE bf16:
+//   K hi, K lo [64][TS] | Q hi, Q lo [64][TS], then V hi, V lo | A f32 [64][GDN_SQ_STRIDE], then
+//   T hi, T lo bf16 [64][GDN_SQUARE_STRIDE] | γ, β, e^γ f32 [64 each]
+// A row of TS (or GDN_SQUARE_STRIDE) bf16 is an odd number of 16-byte units: the eight row
+// addresses of an ldmatrix fall in distinct bank groups.
+// Requires Dk ≤ 128, Dv ≤ 128, Dk % 4 == 0.
+extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
+    gdn_chunk_intra(const float* __restrict__ prep, const float* __restrict__ gates, bf16* __restrict__ qk_out,
+                    bf16* __restrict__ w_out, float* __restrict__ u_out, bf16* __restrict__ c_out,
+                    float* __restrict__ decay_out, int rows, int key_heads, int value_heads, int key_dim,
+                    int value_dim, const int* __restrict__ seq_starts) {
+    static_assert(GDN_THREADS == 256 && GDN_CHUNK == 64, "8 warps: 4 row blocks of 16 × 2 column halves");
     pdl_begin();
-    extern __shared__ __align__(16) float smem[];
-    const int dk = key_dim, dv = value_dim, kst = key_dim + GDN_ROW_PAD, hv = value_heads;
-    const int j = blockIdx.x, kh = j / (value_heads / key_heads);
+    extern __shared__ __align__(16) unsigned char smem_bytes[];
+    const int dk = key_dim, dv = value_dim, hv = value_heads;
+    const int dkp = (dk + 15) & ~15, dvp = (dv + 15) & ~15;
+    const int group = value_heads / key_heads, j = blockIdx.x, kh = j / group;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
     int t_begin, t_end;
     gdn_sequence_rows(seq_starts, rows, blockIdx.z, t_begin, t_end);
     const int t0 = t_begin + GDN_CHUNK * blockIdx.y;
@@ -80,20 +149,23 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS, 1)
     const int n = min(GDN_CHUNK, t_end - t0);
     const int channels = 2 * key_heads * dk + value_heads * dv;
 
-    float* K = smem;
-    float* Q = K + GDN_CHUNK * kst;
-    float* A = Q + GDN_CHUNK * kst;
-    float* gam = A + GDN_CHUNK * GDN_SQ_STRIDE;
+    bf16* KH = reinterpret_cast<bf16*>(smem_bytes);
+    bf16* KL = KH + GDN_CHUNK * GDN_TILE_STRIDE;
+    bf16* QH = KL + GDN_CHUNK * GDN_TILE_STRIDE;  // V hi once the grams are done
+    bf16* QL = QH + GDN_CHUNK * GDN_TILE_STRIDE;  // V lo
+    float* A = reinterpret_cast<float*>(QL + GDN_CHUNK * GDN_TILE_STRIDE);
+    bf16* TH = reinterpret_cast<bf16*>(A);  // once the substitution has read A
+    bf16* TL = TH + GDN_CHUNK * GDN_SQUARE_STRIDE;
+    float* gam = A + GDN_SQUARE_FLOATS;
     float* beta = gam + GDN_CHUNK;
     float* egam = beta + GDN_CHUNK;
 
     const size_t row0 = (size_t)t0 * channels;
-    gdn_load_tile(prep + row0 + (size_t)(key_heads + kh) * dk, channels, n, dk, [&](int i, int d, float x) { K[i * kst + d] = x; });
-    gdn_load_tile(prep + row0 + (size_t)kh * dk, channels, n, dk, [&](int i, int d, float x) { Q[i * kst + d] = x; });
-    for (int e = n * dk + threadIdx.x; e < GDN_CHUNK * dk; e += GDN_THREADS) {
-        K[(e / dk) * kst + e % dk] = 0.f;
-        Q[(e / dk) * kst + e % dk] = 0.f;
-    }
+    const size_t qk_stride = (size_t)key_heads * 4 * GDN_MAX_DK;
+    bf16* qk_rows = j % group == 0 ? qk_out + (size_t)t0 * qk_stride + (size_t)kh * 4 * GDN_MAX_DK : nullptr;
+    gdn_split_rows(prep + row0 + (size_t)(key_heads + kh) * dk, channels, n, dk, dkp, KH, KL, 0, 8,
+                   qk_rows ? qk_rows + 2 * GDN_MAX_DK : nullptr, qk_stride);
+    gdn_split_rows(prep + row0 + (size_t)kh * dk, channels, n, dk, dkp, QH, QL, 0, 8, qk_rows, qk_stride);
     if (threadIdx.x < GDN_CHUNK) {
         const int i = threadIdx.x;
         const size_t idx = (size_t)(t0 + i) * hv + j;
@@ -116,203 +188,203 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS, 1)
         }
     }
 
-    // Both grams over the whole 64 × 64 square: thread (bi, bm) owns rows i = bi + 16r and
-    // columns m = bm + 16c (r, c < 4), each sum over d in order, four d per float4 read.
+    // The grams: warp (rb, ch) = (warp % 4, warp / 4) owns rows 16rb + [0, 16) and columns
+    // 32ch + [0, 32) (four n8 tiles) of both. Blocks wholly above the diagonal keep nothing:
+    // their A entries are never read and their C entries are zeros.
     {
-        const int bi = threadIdx.x / 16, bm = threadIdx.x % 16;
-        float ak[4][4] = {}, aq[4][4] = {};
-        for (int d = 0; d < dk; d += 4) {
-            float4 km[4], ki[4], qi[4];
+        const int rb = warp % 4, ch = warp / 4;
+        float kk[4][4] = {}, qk[4][4] = {};
+        if (32 * ch <= 16 * rb + 15) {
+            for (int k0 = 0; k0 < dkp; k0 += 16) {
+                uint32_t akh[4], akl[4], aqh[4], aql[4];
+                const int a_at = (16 * rb + lane % 16) * GDN_TILE_STRIDE + k0 + 8 * (lane / 16);
+                ldmatrix_x4(akh, KH + a_at);
+                ldmatrix_x4(akl, KL + a_at);
+                ldmatrix_x4(aqh, QH + a_at);
+                ldmatrix_x4(aql, QL + a_at);
 #pragma unroll
-            for (int c = 0; c < 4; ++c) km[c] = *reinterpret_cast<const float4*>(K + (bm + 16 * c) * kst + d);
+                for (int p = 0; p < 2; ++p) {
+                    uint32_t bh[4], bl[4];
+                    const int b_at =
+                        (32 * ch + 16 * p + lane % 8 + 8 * (lane / 16)) * GDN_TILE_STRIDE + k0 + 8 * ((lane / 8) % 2);
+                    ldmatrix_x4(bh, KH + b_at);
+                    ldmatrix_x4(bl, KL + b_at);
 #pragma unroll
-            for (int r = 0; r < 4; ++r) {
-                ki[r] = *reinterpret_cast<const float4*>(K + (bi + 16 * r) * kst + d);
-                qi[r] = *reinterpret_cast<const float4*>(Q + (bi + 16 * r) * kst + d);
-            }
-#pragma unroll
-            for (int r = 0; r < 4; ++r)
-#pragma unroll
-                for (int c = 0; c < 4; ++c) {
-                    ak[r][c] = fmaf(ki[r].x, km[c].x, ak[r][c]);
-                    ak[r][c] = fmaf(ki[r].y, km[c].y, ak[r][c]);
-                    ak[r][c] = fmaf(ki[r].z, km[c].z, ak[r][c]);
-                    ak[r][c] = fmaf(ki[r].w, km[c].w, ak[r][c]);
-                    aq[r][c] = fmaf(qi[r].x, km[c].x, aq[r][c]);
-                    aq[r][c] = fmaf(qi[r].y, km[c].y, aq[r][c]);
-                    aq[r][c] = fmaf(qi[r].z, km[c].z, aq[r][c]);
-                    aq[r][c] = fmaf(qi[r].w, km[c].w, aq[r][c]);
+                    for (int h = 0; h < 2; ++h) {
+                        mma_split_k16(kk[2 * p + h], akh, akl, bh[2 * h], bh[2 * h + 1], bl[2 * h], bl[2 * h + 1]);
+                        mma_split_k16(qk[2 * p + h], aqh, aql, bh[2 * h], bh[2 * h + 1], bl[2 * h], bl[2 * h + 1]);
+                    }
                 }
+            }
         }
         // The decays only where they are kept: e^{γ_i−γ_m} overflows above the diagonal.
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
-            const int i = bi + 16 * r;
+        for (int t = 0; t < 4; ++t)
 #pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                const int m = bm + 16 * c;
-                A[i * GDN_SQ_STRIDE + m] = m < i ? beta[i] * (ak[r][c] * expf(gam[i] - gam[m])) : 0.f;
-                if (i < n) c_out[((size_t)(t0 + i) * hv + j) * GDN_CHUNK + m] = m <= i ? aq[r][c] * expf(gam[i] - gam[m]) : 0.f;
+            for (int e = 0; e < 4; ++e) {
+                const int i = 16 * rb + g + 8 * (e / 2), m = 32 * ch + 8 * t + 2 * c + e % 2;
+                const float decay = m <= i ? expf(gam[i] - gam[m]) : 0.f;
+                A[i * GDN_SQ_STRIDE + m] = m < i ? beta[i] * (kk[t][e] * decay) : 0.f;
+                if (i < n) {
+                    bf16* c_row = c_out + ((size_t)(t0 + i) * hv + j) * 2 * GDN_CHUNK;
+                    split_bf16(qk[t][e] * decay, c_row[m], c_row[GDN_CHUNK + m]);
+                }
             }
-        }
     }
     __syncthreads();
 
-    // Forward substitution, one column per thread: W's Dk columns, then U's Dv. Column x solves
-    // x_i = init_i − Σ_{m<i} A[i, m] x_m, the terms added in increasing m; the column lives in
-    // registers (the loops unroll fully), A's rows are broadcast float4 reads.
-    for (int col = threadIdx.x; col < dk + dv; col += GDN_THREADS) {
-        const bool is_w = col < dk;
-        const float* v_src = prep + row0 + (size_t)2 * key_heads * dk + (size_t)j * dv + (col - dk);
-        float x[GDN_CHUNK];
+    // T = (I + A)⁻¹, column x = threadIdx.x by forward substitution, x_i = δ_ix − Σ_{m<i} A[i, m]
+    // x_m (four partial sums, m ≡ 0..3 mod 4, then (s0 + s1) + (s2 + s3)), A's rows broadcast
+    // float4 reads; meanwhile warps 2–7 load V into Q's place.
+    float x[GDN_CHUNK];
+    if (threadIdx.x < GDN_CHUNK) {
 #pragma unroll
         for (int i = 0; i < GDN_CHUNK; ++i) {
-            float acc;
-            if (is_w) {
-                acc = beta[i] * egam[i] * K[i * kst + col];
-            } else {
-                acc = i < n ? beta[i] * __ldg(v_src + (size_t)i * channels) : 0.f;
-            }
+            float s[4] = {0.f, 0.f, 0.f, 0.f};
             const float* a_row = A + i * GDN_SQ_STRIDE;
 #pragma unroll
             for (int m = 0; m + 4 <= i; m += 4) {
                 const float4 a = *reinterpret_cast<const float4*>(a_row + m);
-                acc = fmaf(-a.x, x[m], acc);
-                acc = fmaf(-a.y, x[m + 1], acc);
-                acc = fmaf(-a.z, x[m + 2], acc);
-                acc = fmaf(-a.w, x[m + 3], acc);
+                s[0] = fmaf(a.x, x[m], s[0]);
+                s[1] = fmaf(a.y, x[m + 1], s[1]);
+                s[2] = fmaf(a.z, x[m + 2], s[2]);
+                s[3] = fmaf(a.w, x[m + 3], s[3]);
             }
 #pragma unroll
-            for (int m = i & ~3; m < i; ++m) acc = fmaf(-a_row[m], x[m], acc);
-            x[i] = acc;
-        }
-        float* dst = is_w ? w_out + (size_t)j * dk + col : u_out + (size_t)j * dv + (col - dk);
-        const size_t row_stride = (size_t)hv * (is_w ? dk : dv);
-#pragma unroll
-        for (int i = 0; i < GDN_CHUNK; ++i)
-            if (i < n) dst[(size_t)(t0 + i) * row_stride] = x[i];
-    }
-}
-
-// acc[r] = Σ_d X[g + 16r, d] · Sᵀ[c, d] (r < 4), each sum over d in order, four d per float4
-// read; rows past a short chunk's end read stale values, and their sums are never used.
-__device__ __forceinline__ void gdn_rows_times_state(const float* X, const float* st_col, int dk, int x_stride, int g,
-                                                     float (&acc)[4]) {
-#pragma unroll
-    for (int r = 0; r < 4; ++r) acc[r] = 0.f;
-#pragma unroll 2
-    for (int d = 0; d < dk; d += 4) {
-        const float4 st = *reinterpret_cast<const float4*>(st_col + d);
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-            const float4 x = *reinterpret_cast<const float4*>(X + (g + 16 * r) * x_stride + d);
-            acc[r] = fmaf(x.x, st.x, acc[r]);
-            acc[r] = fmaf(x.y, st.y, acc[r]);
-            acc[r] = fmaf(x.z, st.z, acc[r]);
-            acc[r] = fmaf(x.w, st.w, acc[r]);
-        }
-    }
-}
-
-// s[e] += k[e] · x for the eight state rows a thread of the scan holds (k: a key row at them).
-__device__ __forceinline__ void gdn_state_rows_add(const float* k, float x, float (&s)[8]) {
-    const float4 ka = *reinterpret_cast<const float4*>(k);
-    const float4 kb = *reinterpret_cast<const float4*>(k + 4);
-    s[0] = fmaf(ka.x, x, s[0]);
-    s[1] = fmaf(ka.y, x, s[1]);
-    s[2] = fmaf(ka.z, x, s[2]);
-    s[3] = fmaf(ka.w, x, s[3]);
-    s[4] = fmaf(kb.x, x, s[4]);
-    s[5] = fmaf(kb.y, x, s[5]);
-    s[6] = fmaf(kb.z, x, s[6]);
-    s[7] = fmaf(kb.w, x, s[7]);
-}
-
-// Starts copying rows [0, n) × columns [0, cols) of a row-major global matrix (row stride
-// `stride` floats) into shared rows of `dst_stride` floats; 16 bytes a copy where `vec` (every
-// row start and cols a multiple of 4 floats), else 4. The caller commits and waits.
-__device__ __forceinline__ void gdn_tile_async(float* dst, int dst_stride, const float* src, size_t stride, int n,
-                                               int cols, bool vec) {
-    if (vec) {
-        const int quads = cols / 4;
-        for (int e = threadIdx.x; e < n * quads; e += GDN_THREADS) {
-            const int i = e / quads, q = e % quads;
-            cp_async16_zfill(dst + i * dst_stride + 4 * q, src + i * stride + 4 * q, true);
+            for (int m = i & ~3; m < i; ++m) s[m % 4] = fmaf(a_row[m], x[m], s[m % 4]);
+            x[i] = (i == (int)threadIdx.x ? 1.f : 0.f) - ((s[0] + s[1]) + (s[2] + s[3]));
         }
     } else {
-        for (int e = threadIdx.x; e < n * cols; e += GDN_THREADS) {
-            const int i = e / cols, d = e % cols;
-            cp_async4_zfill(dst + i * dst_stride + d, src + i * stride + d, true);
+        gdn_split_rows(prep + row0 + (size_t)2 * key_heads * dk + (size_t)j * dv, channels, n, dv, dvp, QH, QL, 2, 6,
+                       nullptr, 0);
+    }
+    __syncthreads();
+    // U's left operand T diag(β), over A (read by now), column by column.
+    if (threadIdx.x < GDN_CHUNK) {
+        const int m = threadIdx.x;
+#pragma unroll
+        for (int i = 0; i < GDN_CHUNK; ++i)
+            split_bf16(x[i] * beta[m], TH[i * GDN_SQUARE_STRIDE + m], TL[i * GDN_SQUARE_STRIDE + m]);
+    }
+    __syncthreads();
+
+    float* u_head = u_out + (size_t)j * dv;
+    gdn_times_tile(TH, TL, QH, QL, dvp, [&](int i, int d, float v) {
+        if (i < n && d < dv) u_head[((size_t)(t0 + i) * hv) * dv + d] = v;
+    });
+    __syncthreads();
+    // W's left operand T diag(β e^γ): U's with its columns scaled by e^γ.
+    for (int e = threadIdx.x; e < GDN_CHUNK * GDN_CHUNK; e += GDN_THREADS) {
+        const int at = (e / GDN_CHUNK) * GDN_SQUARE_STRIDE + e % GDN_CHUNK;
+        split_bf16((to_f32(TH[at]) + to_f32(TL[at])) * egam[e % GDN_CHUNK], TH[at], TL[at]);
+    }
+    __syncthreads();
+    bf16* w_head = w_out + (size_t)j * 2 * GDN_MAX_DK;
+    gdn_times_tile(TH, TL, KH, KL, dkp, [&](int i, int d, float v) {
+        if (i < n) {
+            bf16* w_row = w_head + (size_t)(t0 + i) * hv * 2 * GDN_MAX_DK;
+            split_bf16(v, w_row[d], w_row[GDN_MAX_DK + d]);
         }
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// gdn_chunk_scan
+
+// Element (r, col) of a shared bf16 tile with rows of `row` elements (a multiple of 64), its
+// 16-byte units XOR-swizzled by r % 8: the eight rows an ldmatrix reads at one column fall in
+// distinct bank groups, with no padding.
+__device__ __forceinline__ int gdn_swz(int r, int col, int row) { return r * row + (((col >> 3) ^ (r & 7)) << 3) + (col & 7); }
+
+// Starts copying rows [0, n) of a chunk's bf16 hi and lo rows (global row i at src + i·stride,
+// lo `lo_at` elements after hi; `units` ≤ 16 units of 16 bytes each) into swizzled shared tiles
+// hi, lo with rows of `row` elements; rows [n, 64) are zero-filled. The caller commits.
+__device__ __forceinline__ void gdn_tile_async(bf16* hi, bf16* lo, int row, const bf16* src, size_t stride, int lo_at,
+                                               int n, int units) {
+    const int q = threadIdx.x % 16;
+    if (q >= units) return;
+    for (int i = threadIdx.x / 16; i < GDN_CHUNK; i += GDN_THREADS / 16) {
+        const bool ok = i < n;
+        const bf16* from = ok ? src + (size_t)i * stride + 8 * q : src;
+        cp_async16_zfill(hi + gdn_swz(i, 8 * q, row), from, ok);
+        cp_async16_zfill(lo + gdn_swz(i, 8 * q, row), ok ? from + lo_at : src, ok);
     }
 }
 
 // Grid (Hv, ceil(Dv / GDN_SCAN_BV), sequences), 256 threads: one CTA per value head and
-// GDN_SCAN_BV value columns of one sequence (the delta rule never mixes value columns), walking
-// the sequence's chunks in order with the state tile in registers and, transposed, in shared
-// memory. Thread (c = t % 16, g = t / 16) owns value column c: output rows i = g + 16r (r < 4)
-// and state rows d = 8g .. 8g + 7. Rows of a short last chunk past n are never read.
-// Each chunk is three phases, each reading one 64-row tile: W (V_new), Q (the output), K (the
-// state update). A phase's tile and the state-free inputs of the next chunk (C, U, the decays)
-// are fetched by cp.async while the phase before computes: two tile buffers, taken in turn, and
-// two decay buffers. (Run 24, an H100: loading each tile between barriers, nothing overlapped,
-// the scan took ~30 µs a chunk for ~1.7 k FMAs a thread.) Only where data lands changes: every
-// sum is the one it was, in the same order.
-// Dynamic shared memory (floats), kst = Dk + 4:
-//   Sᵀ [16][kst] | X [2][64][Dk] (W, Q, K, W, … in turn) | C [64][68] | V_newᵀ [16][68]
-//   | (e^{γ_n−γ} ⊙ V_new)ᵀ [16][68] | e^γ [2][64] | e^{γ_n−γ} [2][64]
-// 98.75 KiB at Dk = 128: within the 99 KiB sm_89 and sm_120 grant a block. X's rows need no
-// padding: a warp reads two rows of a tile at once (lanes 0–15 one, 16–31 the other).
+// GDN_SCAN_BV = 16 value columns of one sequence (the delta rule never mixes value columns),
+// walking the sequence's chunks in order. The state tile S [Dk][16] lives in the MMA
+// accumulators of the state update (warp w: rows 16w + [0, 16), both n8 tiles) and, as hi + lo,
+// transposed in shared memory for the products that read it.
+// Each chunk is three phases, each reading one 64-row tile: W (V_new = U − W S), Q (O = e^γ ⊙
+// (Q S) + C V_new), K (S ← e^{γ_n} S + Kᵀ (e^{γ_n−γ} ⊙ V_new)). A phase's tile and the next
+// chunk's C are fetched by cp.async while the phase before computes: two tile buffers, taken in
+// turn; U and the decays come straight to registers one phase ahead. In the first two phases
+// warp (rb, nt) = (warp % 4, warp / 4) owns rows 16rb + [0, 16) and value columns 8nt + [0, 8).
+// Dynamic shared memory (bf16, every tile swizzled by `gdn_swz`):
+//   X [2][hi, lo][64][GDN_MAX_DK] (W, Q, K, W, … in turn) | C [hi, lo][64][64]
+//   | Sᵀ [hi, lo][16][GDN_MAX_DK] | V_newᵀ [hi, lo][16][64] | (e^{γ_n−γ} ⊙ V_new)ᵀ [hi, lo][16][64]
+// 96 KiB: within the 99 KiB sm_89 and sm_120 grant a block, two blocks an SM on sm_90.
 // Requires Dk ≤ 128 and Dk % 4 == 0.
 extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
-    gdn_chunk_scan(const float* __restrict__ prep, const float* __restrict__ w_in, const float* __restrict__ u_in,
-                   const float* __restrict__ c_in, const float* __restrict__ decay_in, float* __restrict__ state,
+    gdn_chunk_scan(const bf16* __restrict__ qk_in, const bf16* __restrict__ w_in, const float* __restrict__ u_in,
+                   const bf16* __restrict__ c_in, const float* __restrict__ decay_in, float* __restrict__ state,
                    float* __restrict__ out, int rows, int key_heads, int value_heads, int key_dim, int value_dim,
                    const unsigned long long* __restrict__ states, const int* __restrict__ seq_starts) {
-    static_assert(GDN_SCAN_BV == 16 && GDN_THREADS == 256 && GDN_MAX_DK <= 128, "thread (c, g) covers 16 columns × 64 rows");
+    static_assert(GDN_SCAN_BV == 16 && GDN_THREADS == 256 && GDN_MAX_DK == 128, "8 warps × 16 state rows");
     pdl_begin();
-    extern __shared__ __align__(16) float smem[];
-    const int dk = key_dim, dv = value_dim, kst = key_dim + GDN_ROW_PAD, hv = value_heads;
+    extern __shared__ __align__(16) unsigned char smem_bytes[];
+    const int dk = key_dim, dv = value_dim, hv = value_heads, dkp = (dk + 15) & ~15;
     const int j = blockIdx.x, kh = j / (value_heads / key_heads);
-    const int c = threadIdx.x % GDN_SCAN_BV, g = threadIdx.x / GDN_SCAN_BV;
-    const int v0 = blockIdx.y * GDN_SCAN_BV, v = v0 + c, v_cols = min(GDN_SCAN_BV, dv - v0);
-    const bool v_ok = c < v_cols;
-    const int channels = 2 * key_heads * dk + value_heads * dv;
-    const bool prep_vec = channels % 4 == 0;  // 16-byte copies of q and k rows
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+    const int rb = warp % 4, nt = warp / 4;
+    const int v0 = blockIdx.y * GDN_SCAN_BV, v_cols = min(GDN_SCAN_BV, dv - v0);
+    constexpr int TILE = GDN_CHUNK * GDN_MAX_DK, SQ = GDN_CHUNK * GDN_CHUNK, ST_N = GDN_SCAN_BV * GDN_MAX_DK,
+                  VT_N = GDN_SCAN_BV * GDN_CHUNK;
 
-    float* ST = smem;
-    float* X = ST + GDN_SCAN_BV * kst;  // two tile buffers, rows of dk floats
-    float* C = X + 2 * GDN_CHUNK * dk;
-    float* VN = C + GDN_CHUNK * GDN_SQ_STRIDE;
-    float* VD = VN + GDN_SCAN_BV * GDN_SQ_STRIDE;
-    float* egam = VD + GDN_SCAN_BV * GDN_SQ_STRIDE;  // [2][64]
-    float* fdec = egam + 2 * GDN_CHUNK;               // [2][64]
-    auto tile = [&](int phase) { return X + (phase & 1) * GDN_CHUNK * dk; };
+    bf16* X = reinterpret_cast<bf16*>(smem_bytes);  // [2][2][TILE]
+    bf16* C = X + 4 * TILE;                          // [2][SQ]
+    bf16* ST = C + 2 * SQ;                           // [2][ST_N]
+    bf16* VN = ST + 2 * ST_N;                        // [2][VT_N]
+    bf16* VD = VN + 2 * VT_N;                        // [2][VT_N]
+    auto tile = [&](int phase) { return X + (phase & 1) * 2 * TILE; };
 
     int t_begin, t_end;
     gdn_sequence_rows(seq_starts, rows, blockIdx.z, t_begin, t_end);
     if (states) state = reinterpret_cast<float*>(states[blockIdx.z]);
     float* s_global = state + (size_t)j * dk * dv;
-    const float* q_in = prep + (size_t)kh * dk;
-    const float* k_in = prep + (size_t)(key_heads + kh) * dk;
+    const size_t qk_stride = (size_t)key_heads * 4 * GDN_MAX_DK, w_stride = (size_t)hv * 2 * GDN_MAX_DK;
+    const bf16* q_in = qk_in + (size_t)kh * 4 * GDN_MAX_DK;
+    const bf16* k_in = q_in + 2 * GDN_MAX_DK;
+    const int units = dkp / 8;
 
-    // The state-free inputs of the chunk at t0 (chunk number `chunk`): W into tile(3·chunk), C,
-    // U (transposed, columns past Dv zero), the decays into their buffer chunk % 2.
-    auto fetch_chunk = [&](int t0, int chunk) {
+    // What a lane of phases 1 and 2 reads of the chunk at t0: U at its accumulator positions
+    // (rows i = 16rb + g + 8h, columns 8nt + 2c + e), e^γ and e^{γ_n−γ} at its rows, and e^{γ_n}.
+    struct Ahead {
+        float u[2][2], eg[2], fd[2], e_last;
+    };
+    auto read_ahead = [&](int t0) {
+        Ahead a;
         const int n = min(GDN_CHUNK, t_end - t0);
-        const size_t head_row0 = (size_t)t0 * hv + j;  // (row t0, head j) of the scratch
-        gdn_tile_async(tile(3 * chunk), dk, w_in + head_row0 * dk, (size_t)hv * dk, n, dk, true);
-        gdn_tile_async(C, GDN_SQ_STRIDE, c_in + head_row0 * GDN_CHUNK, (size_t)hv * GDN_CHUNK, n, GDN_CHUNK, true);
-        for (int e = threadIdx.x; e < n * GDN_SCAN_BV; e += GDN_THREADS) {
-            const int i = e / GDN_SCAN_BV, cc = e % GDN_SCAN_BV;
-            const bool ok = cc < v_cols;
-            cp_async4_zfill(VN + cc * GDN_SQ_STRIDE + i, ok ? u_in + (head_row0 + (size_t)i * hv) * dv + v0 + cc : u_in, ok);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int i = 16 * rb + g + 8 * h;
+            const size_t at = (size_t)(t0 + i) * hv + j;
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int v = 8 * nt + 2 * c + e;
+                a.u[h][e] = i < n && v < v_cols ? __ldg(u_in + at * dv + v0 + v) : 0.f;
+            }
+            a.eg[h] = i < n ? __ldg(decay_in + at * 2) : 0.f;
+            a.fd[h] = i < n ? __ldg(decay_in + at * 2 + 1) : 0.f;
         }
-        if (threadIdx.x < n) {
-            const float* dec = decay_in + (head_row0 + (size_t)threadIdx.x * hv) * 2;
-            cp_async4_zfill(egam + (chunk & 1) * GDN_CHUNK + threadIdx.x, dec, true);
-            cp_async4_zfill(fdec + (chunk & 1) * GDN_CHUNK + threadIdx.x, dec + 1, true);
-        }
+        a.e_last = __ldg(decay_in + ((size_t)(t0 + n - 1) * hv + j) * 2);
+        return a;
+    };
+    auto fetch_c = [&](int t0) {
+        const int n = min(GDN_CHUNK, t_end - t0);
+        gdn_tile_async(C, C + SQ, GDN_CHUNK, c_in + ((size_t)t0 * hv + j) * 2 * GDN_CHUNK, (size_t)hv * 2 * GDN_CHUNK,
+                       GDN_CHUNK, n, GDN_CHUNK / 8);
     };
     // Each phase: start the next phase's copies, wait for this phase's (all but the newest
     // group), make them visible to every thread.
@@ -321,91 +393,134 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
         cp_async_wait<1>();
         __syncthreads();
     };
-
-    const int d0 = 8 * g;  // this thread's state rows d0 .. d0 + 7 (those < dk)
-    float s[8];
+    // S hi + lo into Sᵀ from the accumulators (rows d = 16·warp + g + 8(e / 2), columns 8t + 2c + e % 2).
+    auto store_state = [&](const float (&s)[2][4]) {
 #pragma unroll
-    for (int e = 0; e < 8; ++e) {
-        s[e] = d0 + e < dk && v_ok ? s_global[(size_t)(d0 + e) * dv + v] : 0.f;
-        if (d0 + e < dk) ST[c * kst + d0 + e] = s[e];
+        for (int t = 0; t < 2; ++t)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int d = 16 * warp + g + 8 * (e / 2), v = 8 * t + 2 * c + e % 2;
+                if (d < dkp) split_bf16(s[t][e], ST[gdn_swz(v, d, GDN_MAX_DK)], ST[ST_N + gdn_swz(v, d, GDN_MAX_DK)]);
+            }
+    };
+
+    float s[2][4];
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int d = 16 * warp + g + 8 * (e / 2), v = 8 * t + 2 * c + e % 2;
+            s[t][e] = d < dk && v < v_cols ? s_global[(size_t)d * dv + v0 + v] : 0.f;
+        }
+    store_state(s);
+    Ahead ahead;
+    if (t_begin < t_end) {
+        gdn_tile_async(tile(0), tile(0) + TILE, GDN_MAX_DK, w_in + ((size_t)t_begin * hv + j) * 2 * GDN_MAX_DK, w_stride,
+                       GDN_MAX_DK, min(GDN_CHUNK, t_end - t_begin), units);
+        fetch_c(t_begin);
+        ahead = read_ahead(t_begin);
     }
-    if (t_begin < t_end) fetch_chunk(t_begin, 0);
     cp_async_commit();
 
     for (int t0 = t_begin, chunk = 0; t0 < t_end; t0 += GDN_CHUNK, ++chunk) {
         const int n = min(GDN_CHUNK, t_end - t0);
-        const float* eg = egam + (chunk & 1) * GDN_CHUNK;
-        const float* fd = fdec + (chunk & 1) * GDN_CHUNK;
+        const Ahead now = ahead;
 
-        // V_new = U − W S (each sum over d in order), and its rows scaled by e^{γ_n−γ_i}.
-        gdn_tile_async(tile(3 * chunk + 1), dk, q_in + (size_t)t0 * channels, channels, n, dk, prep_vec);
+        // Phase 1: V_new = U − W S, and e^{γ_n−γ_i} V_new; both hi + lo, transposed.
+        {
+            bf16* q_tile = tile(3 * chunk + 1);
+            gdn_tile_async(q_tile, q_tile + TILE, GDN_MAX_DK, q_in + (size_t)t0 * qk_stride, qk_stride, GDN_MAX_DK, n, units);
+        }
         land();
         {
-            float acc[4];
-            gdn_rows_times_state(tile(3 * chunk), ST + c * kst, dk, dk, g, acc);
+            const bf16* W = tile(3 * chunk);
+            float acc[4] = {};
+            for (int k0 = 0; k0 < dkp; k0 += 16) {
+                uint32_t ah[4], al[4], b[4];
+                const int ar = 16 * rb + lane % 16, ac = k0 + 8 * (lane / 16);
+                ldmatrix_x4(ah, W + gdn_swz(ar, ac, GDN_MAX_DK));
+                ldmatrix_x4(al, W + TILE + gdn_swz(ar, ac, GDN_MAX_DK));
+                // Lanes 0–15 address Sᵀ hi, 16–31 Sᵀ lo: b = {hi k0, hi k0 + 8, lo k0, lo k0 + 8}.
+                const int bv = 8 * nt + lane % 8, bd = k0 + 8 * ((lane / 8) % 2);
+                ldmatrix_x4(b, ST + (lane / 16) * ST_N + gdn_swz(bv, bd, GDN_MAX_DK));
+                mma_split_k16(acc, ah, al, b[0], b[1], b[2], b[3]);
+            }
 #pragma unroll
-            for (int r = 0; r < 4; ++r) {
-                const int i = g + 16 * r;
-                if (i < n) {
-                    const float vn = VN[c * GDN_SQ_STRIDE + i] - acc[r];
-                    VN[c * GDN_SQ_STRIDE + i] = vn;
-                    VD[c * GDN_SQ_STRIDE + i] = fd[i] * vn;
-                }
+            for (int e = 0; e < 4; ++e) {
+                const int h = e / 2, i = 16 * rb + g + 8 * h, v = 8 * nt + 2 * c + e % 2;
+                const float vn = now.u[h][e % 2] - acc[e];
+                split_bf16(vn, VN[gdn_swz(v, i, GDN_CHUNK)], VN[VT_N + gdn_swz(v, i, GDN_CHUNK)]);
+                split_bf16(now.fd[h] * vn, VD[gdn_swz(v, i, GDN_CHUNK)], VD[VT_N + gdn_swz(v, i, GDN_CHUNK)]);
             }
         }
         __syncthreads();
 
-        // O_i = e^{γ_i} q_iᵀ S + Σ_{m≤i} C[i, m] V_new[m], with S the chunk-start state.
-        gdn_tile_async(tile(3 * chunk + 2), dk, k_in + (size_t)t0 * channels, channels, n, dk, prep_vec);
+        // Phase 2: O_i = e^{γ_i} q_iᵀ S + Σ_{m≤i} C[i, m] V_new[m], with S the chunk-start state.
+        {
+            bf16* k_tile = tile(3 * chunk + 2);
+            gdn_tile_async(k_tile, k_tile + TILE, GDN_MAX_DK, k_in + (size_t)t0 * qk_stride, qk_stride, GDN_MAX_DK, n, units);
+        }
         land();
         {
-            float acc[4];
-            gdn_rows_times_state(tile(3 * chunk + 1), ST + c * kst, dk, dk, g, acc);
-            const float* vn_col = VN + c * GDN_SQ_STRIDE;
+            const bf16* Q = tile(3 * chunk + 1);
+            float qs[4] = {}, cv[4] = {};
+            for (int k0 = 0; k0 < dkp; k0 += 16) {
+                uint32_t ah[4], al[4], b[4];
+                const int ar = 16 * rb + lane % 16, ac = k0 + 8 * (lane / 16);
+                ldmatrix_x4(ah, Q + gdn_swz(ar, ac, GDN_MAX_DK));
+                ldmatrix_x4(al, Q + TILE + gdn_swz(ar, ac, GDN_MAX_DK));
+                const int bv = 8 * nt + lane % 8, bd = k0 + 8 * ((lane / 8) % 2);
+                ldmatrix_x4(b, ST + (lane / 16) * ST_N + gdn_swz(bv, bd, GDN_MAX_DK));
+                mma_split_k16(qs, ah, al, b[0], b[1], b[2], b[3]);
+            }
+            for (int k0 = 0; k0 <= 16 * rb; k0 += 16) {
+                uint32_t ah[4], al[4], b[4];
+                const int ar = 16 * rb + lane % 16, ac = k0 + 8 * (lane / 16);
+                ldmatrix_x4(ah, C + gdn_swz(ar, ac, GDN_CHUNK));
+                ldmatrix_x4(al, C + SQ + gdn_swz(ar, ac, GDN_CHUNK));
+                const int bv = 8 * nt + lane % 8, bm = k0 + 8 * ((lane / 8) % 2);
+                ldmatrix_x4(b, VN + (lane / 16) * VT_N + gdn_swz(bv, bm, GDN_CHUNK));
+                mma_split_k16(cv, ah, al, b[0], b[1], b[2], b[3]);
+            }
 #pragma unroll
-            for (int r = 0; r < 4; ++r) {
-                const int i = g + 16 * r;
-                if (i >= n) continue;
-                float o = acc[r] * eg[i];
-                const float* c_row = C + i * GDN_SQ_STRIDE;
-                int m = 0;
-                for (; m + 4 <= i + 1; m += 4) {
-                    const float4 cm = *reinterpret_cast<const float4*>(c_row + m);
-                    const float4 vm = *reinterpret_cast<const float4*>(vn_col + m);
-                    o = fmaf(cm.x, vm.x, o);
-                    o = fmaf(cm.y, vm.y, o);
-                    o = fmaf(cm.z, vm.z, o);
-                    o = fmaf(cm.w, vm.w, o);
-                }
-                for (; m <= i; ++m) o = fmaf(c_row[m], vn_col[m], o);
-                if (v_ok) out[((size_t)(t0 + i) * hv + j) * dv + v] = o;
+            for (int e = 0; e < 4; ++e) {
+                const int h = e / 2, i = 16 * rb + g + 8 * h, v = 8 * nt + 2 * c + e % 2;
+                if (i < n && v < v_cols) out[((size_t)(t0 + i) * hv + j) * dv + v0 + v] = fmaf(qs[e], now.eg[h], cv[e]);
             }
         }
         __syncthreads();
 
-        // S ← e^{γ_n} S + Σ_{i<n} k_i (e^{γ_n−γ_i} V_new[i])ᵀ, the terms added in increasing i.
-        // C and V_new were last read above, so the next chunk's may land now.
-        if (t0 + GDN_CHUNK < t_end) fetch_chunk(t0 + GDN_CHUNK, chunk + 1);
+        // Phase 3: S ← e^{γ_n} S + Kᵀ Vd, Vd = e^{γ_n−γ} ⊙ V_new; warp w: state rows 16w + [0, 16).
+        // C and V_new were last read above, so the next chunk's W and C may land now.
+        const bool more = t0 + GDN_CHUNK < t_end;
+        if (more) {
+            bf16* w_tile = tile(3 * chunk + 3);
+            gdn_tile_async(w_tile, w_tile + TILE, GDN_MAX_DK, w_in + ((size_t)(t0 + GDN_CHUNK) * hv + j) * 2 * GDN_MAX_DK,
+                           w_stride, GDN_MAX_DK, min(GDN_CHUNK, t_end - t0 - GDN_CHUNK), units);
+            fetch_c(t0 + GDN_CHUNK);
+            ahead = read_ahead(t0 + GDN_CHUNK);
+        }
         land();
         {
-            const float* K = tile(3 * chunk + 2);
-            const float e_last = eg[n - 1];
-            const float* vd_col = VD + c * GDN_SQ_STRIDE;
+            const bf16* K = tile(3 * chunk + 2);
 #pragma unroll
-            for (int e = 0; e < 8; ++e) s[e] *= e_last;
-            if (d0 < dk) {
-                int i = 0;
-                for (; i + 4 <= n; i += 4) {
-                    const float4 vd = *reinterpret_cast<const float4*>(vd_col + i);
-                    gdn_state_rows_add(K + i * dk + d0, vd.x, s);
-                    gdn_state_rows_add(K + (i + 1) * dk + d0, vd.y, s);
-                    gdn_state_rows_add(K + (i + 2) * dk + d0, vd.z, s);
-                    gdn_state_rows_add(K + (i + 3) * dk + d0, vd.w, s);
+            for (int t = 0; t < 2; ++t)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[t][e] *= now.e_last;
+            if (16 * warp < dkp) {
+                for (int k0 = 0; k0 < n; k0 += 16) {
+                    // Kᵀ's fragments from K's rows: ldmatrix .trans of K[k0 + i][16·warp + d].
+                    uint32_t ah[4], al[4], bh[4], bl[4];
+                    const int kr = k0 + lane % 8 + 8 * (lane / 16), kc = 16 * warp + 8 * ((lane / 8) % 2);
+                    ldmatrix_x4_trans(ah, K + gdn_swz(kr, kc, GDN_MAX_DK));
+                    ldmatrix_x4_trans(al, K + TILE + gdn_swz(kr, kc, GDN_MAX_DK));
+                    const int bv = lane % 8 + 8 * (lane / 16), bi = k0 + 8 * ((lane / 8) % 2);
+                    ldmatrix_x4(bh, VD + gdn_swz(bv, bi, GDN_CHUNK));
+                    ldmatrix_x4(bl, VD + VT_N + gdn_swz(bv, bi, GDN_CHUNK));
+#pragma unroll
+                    for (int t = 0; t < 2; ++t) mma_split_k16(s[t], ah, al, bh[2 * t], bh[2 * t + 1], bl[2 * t], bl[2 * t + 1]);
                 }
-                for (; i < n; ++i) gdn_state_rows_add(K + i * dk + d0, vd_col[i], s);
-#pragma unroll
-                for (int e = 0; e < 8; ++e)
-                    if (d0 + e < dk) ST[c * kst + d0 + e] = s[e];
+                store_state(s);
             }
         }
         __syncthreads();
@@ -413,6 +528,10 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
     cp_async_wait<0>();
 
 #pragma unroll
-    for (int e = 0; e < 8; ++e)
-        if (d0 + e < dk && v_ok) s_global[(size_t)(d0 + e) * dv + v] = s[e];
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int d = 16 * warp + g + 8 * (e / 2), v = 8 * t + 2 * c + e % 2;
+            if (d < dk && v < v_cols) s_global[(size_t)d * dv + v0 + v] = s[t][e];
+        }
 }

@@ -112,3 +112,18 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
     const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<const uint32_t*>(&v);
 }
+
+// x as hi + lo: hi = bf16(x), lo = bf16(x − hi), 16 significant bits of x between them.
+__device__ __forceinline__ void split_bf16(float x, bf16& hi, bf16& lo) {
+    hi = to_bf16(x);
+    lo = to_bf16(x - to_f32(hi));
+}
+
+// d += A·B over one k16 step for f32 A and B each given as hi + lo fragments (`split_bf16`):
+// lo·hi, then hi·lo, then hi·hi; the lo·lo term (2⁻¹⁶ of the product) is left out.
+__device__ __forceinline__ void mma_split_k16(float d[4], const uint32_t (&ah)[4], const uint32_t (&al)[4], uint32_t bh0,
+                                              uint32_t bh1, uint32_t bl0, uint32_t bl1) {
+    mma_bf16_k16(d, al[0], al[1], al[2], al[3], bh0, bh1);
+    mma_bf16_k16(d, ah[0], ah[1], ah[2], ah[3], bl0, bl1);
+    mma_bf16_k16(d, ah[0], ah[1], ah[2], ah[3], bh0, bh1);
+}

@@ -13,7 +13,9 @@ use std::sync::Arc;
 use cudarc::driver::CudaContext;
 
 use super::Cuda;
-use super::kernel_constants::{GDN_BV, GDN_CHUNK, GDN_MAX_DK, GDN_ROW_PAD, GDN_SCAN_BV, GDN_SQ_STRIDE, GDN_THREADS};
+use super::kernel_constants::{
+    GDN_BV, GDN_CHUNK, GDN_MAX_DK, GDN_SCAN_BV, GDN_SQUARE_FLOATS, GDN_THREADS, GDN_TILE_STRIDE,
+};
 use super::launch::{Dims, Kernel, KernelError, Module, embedded};
 use super::linear::{linear, linear_many, linear_rows, linear_rows_many, linear_segments};
 use super::memory::PoolBuf;
@@ -50,8 +52,8 @@ impl GdnKernels {
         let chunked = Module::load_overlapping(ctx, "gdn_chunk", embedded::GDN_CHUNK)?;
         // 84.8 and 98.75 KiB at Dk = 128: within the opt-in limit of every target (99 KiB on
         // sm_89/sm_120), two CTAs an SM on sm_90.
-        let chunk_intra = chunked.kernel_with_shared("gdn_chunk_intra", intra_shared_bytes(MAX_KEY_DIM) as usize)?;
-        let chunk_scan = chunked.kernel_with_shared("gdn_chunk_scan", scan_shared_bytes(MAX_KEY_DIM) as usize)?;
+        let chunk_intra = chunked.kernel_with_shared("gdn_chunk_intra", intra_shared_bytes() as usize)?;
+        let chunk_scan = chunked.kernel_with_shared("gdn_chunk_scan", scan_shared_bytes() as usize)?;
         Ok(GdnKernels {
             zero_f32: m.kernel("gdn_zero_f32")?,
             conv_prepare: m.kernel("gdn_conv_prepare")?,
@@ -64,23 +66,19 @@ impl GdnKernels {
     }
 }
 
-/// Dynamic shared memory of `gdn_chunk_intra` for key dim `dk` (the layout above the kernel):
-/// K and Q, A, then γ, β and e^γ.
-fn intra_shared_bytes(dk: usize) -> u32 {
-    let floats = 2 * CHUNK * (dk + GDN_ROW_PAD) + CHUNK * GDN_SQ_STRIDE + 3 * CHUNK;
-    u32::try_from(floats * 4).expect("shared memory size")
+/// Dynamic shared memory of `gdn_chunk_intra` (the layout above the kernel): K and Q (then V) as
+/// bf16 hi + lo, A (then T hi + lo), then γ, β and e^γ.
+fn intra_shared_bytes() -> u32 {
+    let bytes = 4 * CHUNK * GDN_TILE_STRIDE * 2 + GDN_SQUARE_FLOATS * 4 + 3 * CHUNK * 4;
+    u32::try_from(bytes).expect("shared memory size")
 }
 
-/// Dynamic shared memory of `gdn_chunk_scan` for key dim `dk` (the layout above the kernel):
-/// Sᵀ, two tiles (W / Q / K in turn, unpadded rows), C, V_newᵀ and its decayed copy, then two
-/// buffers each of e^γ and e^{γ_n−γ}.
-fn scan_shared_bytes(dk: usize) -> u32 {
-    let floats = SCAN_VALUE_TILE * (dk + GDN_ROW_PAD)
-        + 2 * CHUNK * dk
-        + CHUNK * GDN_SQ_STRIDE
-        + 2 * SCAN_VALUE_TILE * GDN_SQ_STRIDE
-        + 4 * CHUNK;
-    u32::try_from(floats * 4).expect("shared memory size")
+/// Dynamic shared memory of `gdn_chunk_scan` (the layout above the kernel), every tile bf16 hi +
+/// lo: two 64 × Dk tile buffers, C, Sᵀ, V_newᵀ and its decayed copy.
+fn scan_shared_bytes() -> u32 {
+    let halves =
+        2 * (2 * CHUNK * MAX_KEY_DIM + CHUNK * CHUNK + SCAN_VALUE_TILE * MAX_KEY_DIM + 2 * SCAN_VALUE_TILE * CHUNK);
+    u32::try_from(halves * 2).expect("shared memory size")
 }
 
 /// Per-request state of one GDN layer on the GPU (layouts of the CPU `GdnState`).
@@ -424,10 +422,12 @@ fn chunked_core(
     recurrent_table: u64,
     seq_starts: u64,
 ) {
-    let (hv, dk, dv) = (shape.value_heads, shape.key_dim, shape.value_dim);
-    let w = cuda.scratch(rows * hv * dk * 4);
+    let (hk, hv, dk, dv) = (shape.key_heads, shape.value_heads, shape.key_dim, shape.value_dim);
+    // The layouts in gdn_chunk.cu's header: q, k, W and C as bf16 hi + lo.
+    let qk = cuda.scratch(rows * hk * 4 * MAX_KEY_DIM * 2);
+    let w = cuda.scratch(rows * hv * 2 * MAX_KEY_DIM * 2);
     let u = cuda.scratch(rows * hv * dv * 4);
-    let c = cuda.scratch(rows * hv * CHUNK * 4);
+    let c = cuda.scratch(rows * hv * 2 * CHUNK * 2);
     let decay = cuda.scratch(rows * hv * 2 * 4);
     let heads = u32::try_from(hv).expect("value heads");
     let seqs = u32::try_from(sequences).expect("sequences");
@@ -435,6 +435,7 @@ fn chunked_core(
     let args = [
         prep.ptr().into(),
         gates.ptr().into(),
+        qk.ptr().into(),
         w.ptr().into(),
         u.ptr().into(),
         c.ptr().into(),
@@ -447,9 +448,9 @@ fn chunked_core(
         seq_starts.into(),
     ];
     let grid = (heads, u32::try_from(longest.div_ceil(CHUNK)).expect("chunks"), seqs);
-    cuda.kernels.gdn.chunk_intra.launch(cuda.stream(), dims(&grid, intra_shared_bytes(dk)), &args);
+    cuda.kernels.gdn.chunk_intra.launch(cuda.stream(), dims(&grid, intra_shared_bytes()), &args);
     let args = [
-        prep.ptr().into(),
+        qk.ptr().into(),
         w.ptr().into(),
         u.ptr().into(),
         c.ptr().into(),
@@ -465,7 +466,7 @@ fn chunked_core(
         seq_starts.into(),
     ];
     let grid = (heads, u32::try_from(dv.div_ceil(SCAN_VALUE_TILE)).expect("value tiles"), seqs);
-    cuda.kernels.gdn.chunk_scan.launch(cuda.stream(), dims(&grid, scan_shared_bytes(dk)), &args);
+    cuda.kernels.gdn.chunk_scan.launch(cuda.stream(), dims(&grid, scan_shared_bytes()), &args);
 }
 
 /// What the kernels read of several sequences of `lens` rows: each row's sequence (`[Σ lens]`),
@@ -533,6 +534,11 @@ fn check_shape(shape: &GdnShape) {
     assert!(shape.key_dim.is_multiple_of(4), "GDN key dim {} (the GPU cores need a multiple of 4)", shape.key_dim);
     assert!(shape.value_dim > 0 && shape.conv_kernel > 0, "GDN shape {shape:?}");
     assert!(
+        shape.value_dim <= MAX_KEY_DIM,
+        "GDN value dim {} (the chunked prefill holds at most {MAX_KEY_DIM})",
+        shape.value_dim
+    );
+    assert!(
         shape.key_heads > 0 && shape.value_heads.is_multiple_of(shape.key_heads),
         "GDN value heads {} not a multiple of key heads {}",
         shape.value_heads,
@@ -556,7 +562,7 @@ fn check_weights(shape: &GdnShape, w: &GdnWeights<GpuWeight>) {
 
 #[cfg(test)]
 mod tests {
-    use super::{MAX_KEY_DIM, intra_shared_bytes, scan_shared_bytes, sequence_words};
+    use super::{intra_shared_bytes, scan_shared_bytes, sequence_words};
 
     /// The most dynamic shared memory a block may opt into on sm_89 and sm_120, the smallest of
     /// the built targets (build.rs).
@@ -564,10 +570,11 @@ mod tests {
 
     #[test]
     fn the_chunk_kernels_fit_every_targets_shared_memory() {
-        assert!(intra_shared_bytes(MAX_KEY_DIM) <= LEAST_OPT_IN, "{}", intra_shared_bytes(MAX_KEY_DIM));
-        assert!(scan_shared_bytes(MAX_KEY_DIM) <= LEAST_OPT_IN, "{}", scan_shared_bytes(MAX_KEY_DIM));
-        // Two scans an SM on sm_90 (228 KiB, 1 KiB of it reserved per block).
-        assert!(2 * (scan_shared_bytes(MAX_KEY_DIM) + 1024) <= 228 << 10);
+        for bytes in [intra_shared_bytes(), scan_shared_bytes()] {
+            assert!(bytes <= LEAST_OPT_IN, "{bytes}");
+            // Two blocks an SM on sm_90 (228 KiB, 1 KiB of it reserved per block).
+            assert!(2 * (bytes + 1024) <= 228 << 10, "{bytes}");
+        }
     }
 
     #[test]

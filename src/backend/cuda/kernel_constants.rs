@@ -49,15 +49,20 @@ pub const ATTN_PREFILL_KEYS: usize = 64;
 
 // kernels/gdn.cu and gdn_chunk.cu: threads of every kernel, tokens per chunk of the prefill (the
 // reference's), value columns per CTA of the recurrent core and of the chunk scan, the largest
-// key dim the cores hold, the floats each shared row of a chunk's keys is padded by.
+// key (and, in the chunked prefill, value) dim the cores hold.
 pub const GDN_THREADS: usize = 256;
 pub const GDN_CHUNK: usize = 64;
 pub const GDN_BV: usize = 32;
 pub const GDN_SCAN_BV: usize = 16;
 pub const GDN_MAX_DK: usize = 128;
-pub const GDN_ROW_PAD: usize = 4;
-/// Row stride of a chunk's shared 64 × 64 matrices (float4 rows, padded likewise).
-pub const GDN_SQ_STRIDE: usize = GDN_CHUNK + GDN_ROW_PAD;
+/// Row stride (floats) of `gdn_chunk_intra`'s f32 64 × 64 matrix A: float4 rows, padded by 4.
+pub const GDN_SQ_STRIDE: usize = GDN_CHUNK + 4;
+/// Row strides (bf16) of `gdn_chunk_intra`'s hi/lo tiles of 64 × Dk (or Dv) and of 64 × 64: an
+/// odd number of 16-byte units, so an ldmatrix's eight rows fall in distinct bank groups.
+pub const GDN_TILE_STRIDE: usize = GDN_MAX_DK + 8;
+pub const GDN_SQUARE_STRIDE: usize = GDN_CHUNK + 8;
+/// Floats of `gdn_chunk_intra`'s shared region that holds A (f32), then T hi and lo (bf16).
+pub const GDN_SQUARE_FLOATS: usize = GDN_CHUNK * GDN_SQUARE_STRIDE;
 
 // kernels/sampling.cu: threads of one draw's block, ranks per thread at the largest sort, the
 // most logits one draw sorts, and the words of a frame row (`[main, c0, c1..]`: at most 14 heads).
