@@ -44,89 +44,152 @@ __device__ __forceinline__ void gdn_sequence_rows(const int* seq_starts, int row
 // ---------------------------------------------------------------------------------------------
 // gdn_chunk_intra
 
-// Copies rows [0, n) × columns [0, cols) of a row-major f32 matrix (row stride `stride`) into
-// shared rows of GDN_TILE_STRIDE bf16 as hi + lo, zeros in rows [n, 64) and columns
-// [cols, padded); with `g_hi`, rows [0, n) × columns [0, padded) also to global rows of stride
-// `g_stride` (lo at g_hi + GDN_MAX_DK). Warps [first, first + warps) share the work with
-// lane-contiguous columns (coalesced), a thread's loads all issued before its first store.
-// Requires padded ≤ 128.
-__device__ __forceinline__ void gdn_split_rows(const float* __restrict__ src, size_t stride, int n, int cols,
-                                               int padded, bf16* hi, bf16* lo, int first, int warps,
-                                               bf16* __restrict__ g_hi, size_t g_stride) {
-    const int warp = threadIdx.x / 32 - first, lane = threadIdx.x % 32;
-    for (int r0 = warp; r0 < GDN_CHUNK; r0 += 4 * warps) {
-        float v[4][4];
+// Rows [0, n) × columns [0, cols) of a chunk's row-major f32 matrix (row stride `stride`) into
+// registers: thread (warp, lane) holds rows warp + 8u, columns lane + 32q (zeros outside), all
+// 32 loads in flight at once, lane-contiguous (coalesced). Requires cols ≤ 128.
+struct GdnRows {
+    float v[GDN_CHUNK / 8][4];
+};
+__device__ __forceinline__ GdnRows gdn_rows_load(const float* __restrict__ src, size_t stride, int n, int cols) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    GdnRows x;
 #pragma unroll
-        for (int u = 0; u < 4; ++u)
+    for (int u = 0; u < GDN_CHUNK / 8; ++u)
 #pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                const int r = r0 + u * warps, d = lane + 32 * q;
-                v[u][q] = r < n && d < cols ? __ldg(src + (size_t)r * stride + d) : 0.f;
+        for (int q = 0; q < 4; ++q) {
+            const int r = warp + 8 * u, d = lane + 32 * q;
+            x.v[u][q] = r < n && d < cols ? __ldg(src + (size_t)r * stride + d) : 0.f;
+        }
+    return x;
+}
+
+// The rows of `gdn_rows_load` into shared rows of GDN_TILE_STRIDE bf16 as hi + lo, columns
+// [0, padded) (zeros past the loaded ones); with `g_hi`, rows [0, n) also to global rows of
+// stride `g_stride` (lo at g_hi + GDN_MAX_DK).
+__device__ __forceinline__ void gdn_rows_store(const GdnRows& x, int padded, bf16* hi, bf16* lo, bf16* __restrict__ g_hi,
+                                               size_t g_stride, int n) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+    for (int u = 0; u < GDN_CHUNK / 8; ++u)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int r = warp + 8 * u, d = lane + 32 * q;
+            if (d >= padded) continue;
+            bf16 h, l;
+            split_bf16(x.v[u][q], h, l);
+            hi[r * GDN_TILE_STRIDE + d] = h;
+            lo[r * GDN_TILE_STRIDE + d] = l;
+            if (g_hi && r < n) {
+                g_hi[r * g_stride + d] = h;
+                g_hi[r * g_stride + GDN_MAX_DK + d] = l;
             }
-#pragma unroll
-        for (int u = 0; u < 4; ++u)
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                const int r = r0 + u * warps, d = lane + 32 * q;
-                if (r >= GDN_CHUNK || d >= padded) continue;
-                bf16 h, l;
-                split_bf16(v[u][q], h, l);
-                hi[r * GDN_TILE_STRIDE + d] = h;
-                lo[r * GDN_TILE_STRIDE + d] = l;
-                if (g_hi && r < n) {
-                    g_hi[r * g_stride + d] = h;
-                    g_hi[r * g_stride + GDN_MAX_DK + d] = l;
-                }
-            }
-    }
+        }
 }
 
 // L B for the rows [0, 64) of a chunk, with L a lower-triangular 64 × 64 (hi, lo; rows of
-// GDN_SQUARE_STRIDE) and B [64][padded] (hi, lo; rows of GDN_TILE_STRIDE). Warp (rb, nh) =
-// (warp % 4, warp / 4) owns rows 16rb + [0, 16) and columns 64nh + [0, 64); its k16 steps stop
-// at the diagonal block (L is zero past it). Hands each result to store(i, d, value), d < padded.
+// GDN_SQUARE_STRIDE) and B [64][padded] (hi, lo; rows of GDN_TILE_STRIDE). Row block rb's k16
+// steps stop at the diagonal block (L is zero past it), so warp (p, q) = (warp % 2, warp / 2)
+// takes row blocks p and 3 − p (five k16 steps between them, every warp alike) and columns
+// 32q + [0, 32). Hands each pair of results to store(i, d, v_d, v_{d+1}), d even, d < padded.
 template <typename Store>
 __device__ __forceinline__ void gdn_times_tile(const bf16* LH, const bf16* LL, const bf16* BH, const bf16* BL,
                                                int padded, Store store) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
-    const int rb = warp % 4, nh = warp / 4;
-    float acc[8][4] = {};
-    for (int k0 = 0; k0 <= 16 * rb; k0 += 16) {
-        uint32_t ah[4], al[4];
-        const int a_at = (16 * rb + lane % 16) * GDN_SQUARE_STRIDE + k0 + 8 * (lane / 16);
-        ldmatrix_x4(ah, LH + a_at);
-        ldmatrix_x4(al, LL + a_at);
+    const int p = warp % 2, n0 = 32 * (warp / 2);
+    if (n0 >= padded) return;
+    const bool pair2 = n0 + 16 < padded;  // the second n16 pair of columns
 #pragma unroll
-        for (int p = 0; p < 4; ++p) {
-            const int n0 = 64 * nh + 16 * p;
-            if (n0 >= padded) break;
-            uint32_t bh[4], bl[4];
-            const int b_at = (k0 + lane % 8 + 8 * ((lane / 8) % 2)) * GDN_TILE_STRIDE + n0 + 8 * (lane / 16);
-            ldmatrix_x4_trans(bh, BH + b_at);
-            ldmatrix_x4_trans(bl, BL + b_at);
+    for (int half = 0; half < 2; ++half) {
+        const int rb = half ? 3 - p : p;
+        float acc[4][4] = {};
+        for (int k0 = 0; k0 <= 16 * rb; k0 += 16) {
+            uint32_t ah[4], al[4];
+            const int a_at = (16 * rb + lane % 16) * GDN_SQUARE_STRIDE + k0 + 8 * (lane / 16);
+            ldmatrix_x4(ah, LH + a_at);
+            ldmatrix_x4(al, LL + a_at);
 #pragma unroll
-            for (int h = 0; h < 2; ++h)
-                mma_split_k16(acc[2 * p + h], ah, al, bh[2 * h], bh[2 * h + 1], bl[2 * h], bl[2 * h + 1]);
+            for (int s = 0; s < 2; ++s) {
+                if (s == 1 && !pair2) break;
+                uint32_t bh[4], bl[4];
+                const int b_at = (k0 + lane % 8 + 8 * ((lane / 8) % 2)) * GDN_TILE_STRIDE + n0 + 16 * s + 8 * (lane / 16);
+                ldmatrix_x4_trans(bh, BH + b_at);
+                ldmatrix_x4_trans(bl, BL + b_at);
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+                    mma_split_k16(acc[2 * s + h], ah, al, bh[2 * h], bh[2 * h + 1], bl[2 * h], bl[2 * h + 1]);
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+            const int d = n0 + 8 * t + 2 * c;
+            if (d >= padded) break;
+            store(16 * rb + g, d, acc[t][0], acc[t][1]);
+            store(16 * rb + g + 8, d, acc[t][2], acc[t][3]);
         }
     }
+}
+
+// T = (I + A)⁻¹ for the strictly lower 64 × 64 A (f32, rows of GDN_SQ_STRIDE) in 16 × 16 blocks,
+// into T's lower blocks (f32, block (b, c) at tb + (b(b+1)/2 + c)·256, rows of 16) with the
+// help of 3 × 256 floats of scratch:
+//   T_bb = (I + A_bb)⁻¹ by forward substitution (a column per thread of the first two warps);
+//   T_bc = −T_bb Σ_{c≤m<b} A_bm T_mc, the blocks at distance b − c = 1, 2, 3 in turn.
+// Every sum in increasing index. All threads call it; it starts and ends with a barrier.
+__device__ __forceinline__ int gdn_tblock(int b, int c) { return (b * (b + 1) / 2 + c) * 256; }
+__device__ __forceinline__ void gdn_invert_unit_lower(const float* A, float* tb, float* scratch) {
+    __syncthreads();
+    if (threadIdx.x < GDN_CHUNK) {
+        const int b = threadIdx.x / 16, col = threadIdx.x % 16;
+        const float* a = A + 16 * b * GDN_SQ_STRIDE + 16 * b;
+        float x[16];
 #pragma unroll
-    for (int t = 0; t < 8; ++t)
+        for (int r = 0; r < 16; ++r) {
+            float s = 0.f;
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int d = 64 * nh + 8 * t + 2 * c + e % 2;
-            if (d < padded) store(16 * rb + g + 8 * (e / 2), d, acc[t][e]);
+            for (int k = 0; k < r; ++k) s = fmaf(a[r * GDN_SQ_STRIDE + k], x[k], s);
+            x[r] = (r == col ? 1.f : 0.f) - s;
         }
+        float* t = tb + gdn_tblock(b, b);
+#pragma unroll
+        for (int r = 0; r < 16; ++r) t[r * 16 + col] = x[r];
+    }
+    const int r = threadIdx.x / 16, col = threadIdx.x % 16;
+    for (int dist = 1; dist < 4; ++dist) {
+        __syncthreads();
+        // P_b = Σ_{c≤m<b} A_bm T_mc, c = b − dist, entry (r, col) of each block b ≥ dist.
+        for (int b = dist; b < 4; ++b) {
+            const int c = b - dist;
+            const float* a = A + (16 * b + r) * GDN_SQ_STRIDE;
+            float s = 0.f;
+            for (int m = c; m < b; ++m) {
+                const float* t = tb + gdn_tblock(m, c);
+#pragma unroll
+                for (int k = 0; k < 16; ++k) s = fmaf(a[16 * m + k], t[k * 16 + col], s);
+            }
+            scratch[(b - dist) * 256 + r * 16 + col] = s;
+        }
+        __syncthreads();
+        // T_bc = −T_bb P_b (T_bb unit lower: k ≤ r).
+        for (int b = dist; b < 4; ++b) {
+            const float* tbb = tb + gdn_tblock(b, b) + r * 16;
+            const float* pb = scratch + (b - dist) * 256;
+            float s = 0.f;
+            for (int k = 0; k <= r; ++k) s = fmaf(tbb[k], pb[k * 16 + col], s);
+            tb[gdn_tblock(b, b - dist) + r * 16 + col] = -s;
+        }
+    }
+    __syncthreads();
 }
 
 // Grid (Hv, chunks of the longest sequence, sequences), 256 threads: one CTA per value head and
 // chunk (CTAs past their sequence's end leave at once). Rows of a short last chunk are padded with
 // q = k = v = 0, β = 0, g = 0, which the reference's padded chunk equals; only rows < n are
 // written. The first value head of each key head also writes the chunk's q and k (hi, lo).
-// Steps: K, Q as hi + lo → the grams (A to shared, C out) → T by substitution in the first two
-// warps while the other six load V → U = (T diag β) V → W = (T diag(β e^γ)) K.
+// Steps: K, Q as hi + lo → the grams (A to shared, C out) → T = (I + A)⁻¹ in blocks (into Q's
+// place) while V's loads are in flight → U = (T diag β) V → W = (T diag(β e^γ)) K.
 // Dynamic shared memory (bytes), TS = GDN_TILE_STRIDE bf16:
-//   K hi, K lo [64][TS] | Q hi, Q lo [64][TS], then V hi, V lo | A f32 [64][GDN_SQ_STRIDE], then
-//   T hi, T lo bf16 [64][GDN_SQUARE_STRIDE] | γ, β, e^γ f32 [64 each]
+//   K hi, K lo [64][TS] | Q hi, Q lo [64][TS], then T's blocks (f32), then V hi, V lo
+//   | A f32 [64][GDN_SQ_STRIDE], then T hi, T lo bf16 [64][GDN_SQUARE_STRIDE] | γ, β, e^γ f32 [64 each]
 // A row of TS (or GDN_SQUARE_STRIDE) bf16 is an odd number of 16-byte units: the eight row
 // addresses of an ldmatrix fall in distinct bank groups.
 // Requires Dk ≤ 128, Dv ≤ 128, Dk % 4 == 0.
@@ -135,7 +198,7 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
                     bf16* __restrict__ w_out, float* __restrict__ u_out, bf16* __restrict__ c_out,
                     float* __restrict__ decay_out, int rows, int key_heads, int value_heads, int key_dim,
                     int value_dim, const int* __restrict__ seq_starts) {
-    static_assert(GDN_THREADS == 256 && GDN_CHUNK == 64, "8 warps: 4 row blocks of 16 × 2 column halves");
+    static_assert(GDN_THREADS == 256 && GDN_CHUNK == 64, "8 warps; 16 × 16 blocks of T, one entry a thread");
     pdl_begin();
     extern __shared__ __align__(16) unsigned char smem_bytes[];
     const int dk = key_dim, dv = value_dim, hv = value_heads;
@@ -151,21 +214,25 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
 
     bf16* KH = reinterpret_cast<bf16*>(smem_bytes);
     bf16* KL = KH + GDN_CHUNK * GDN_TILE_STRIDE;
-    bf16* QH = KL + GDN_CHUNK * GDN_TILE_STRIDE;  // V hi once the grams are done
+    bf16* QH = KL + GDN_CHUNK * GDN_TILE_STRIDE;  // then T's blocks, then V hi
     bf16* QL = QH + GDN_CHUNK * GDN_TILE_STRIDE;  // V lo
     float* A = reinterpret_cast<float*>(QL + GDN_CHUNK * GDN_TILE_STRIDE);
-    bf16* TH = reinterpret_cast<bf16*>(A);  // once the substitution has read A
+    bf16* TH = reinterpret_cast<bf16*>(A);  // once T is solved
     bf16* TL = TH + GDN_CHUNK * GDN_SQUARE_STRIDE;
     float* gam = A + GDN_SQUARE_FLOATS;
     float* beta = gam + GDN_CHUNK;
     float* egam = beta + GDN_CHUNK;
+    float* tb = reinterpret_cast<float*>(QH);  // 10 blocks of 256, then 3 × 256 of scratch
 
     const size_t row0 = (size_t)t0 * channels;
     const size_t qk_stride = (size_t)key_heads * 4 * GDN_MAX_DK;
     bf16* qk_rows = j % group == 0 ? qk_out + (size_t)t0 * qk_stride + (size_t)kh * 4 * GDN_MAX_DK : nullptr;
-    gdn_split_rows(prep + row0 + (size_t)(key_heads + kh) * dk, channels, n, dk, dkp, KH, KL, 0, 8,
-                   qk_rows ? qk_rows + 2 * GDN_MAX_DK : nullptr, qk_stride);
-    gdn_split_rows(prep + row0 + (size_t)kh * dk, channels, n, dk, dkp, QH, QL, 0, 8, qk_rows, qk_stride);
+    {
+        const GdnRows k_rows = gdn_rows_load(prep + row0 + (size_t)(key_heads + kh) * dk, channels, n, dk);
+        const GdnRows q_rows = gdn_rows_load(prep + row0 + (size_t)kh * dk, channels, n, dk);
+        gdn_rows_store(k_rows, dkp, KH, KL, qk_rows ? qk_rows + 2 * GDN_MAX_DK : nullptr, qk_stride, n);
+        gdn_rows_store(q_rows, dkp, QH, QL, qk_rows, qk_stride, n);
+    }
     if (threadIdx.x < GDN_CHUNK) {
         const int i = threadIdx.x;
         const size_t idx = (size_t)(t0 + i) * hv + j;
@@ -175,6 +242,7 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
     __syncthreads();
     if (threadIdx.x == 0) {
         float acc = 0.f;  // the running sum in row order
+#pragma unroll
         for (int i = 0; i < GDN_CHUNK; ++i) gam[i] = acc += gam[i];
     }
     __syncthreads();
@@ -221,56 +289,45 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
 #pragma unroll
         for (int t = 0; t < 4; ++t)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int i = 16 * rb + g + 8 * (e / 2), m = 32 * ch + 8 * t + 2 * c + e % 2;
-                const float decay = m <= i ? expf(gam[i] - gam[m]) : 0.f;
-                A[i * GDN_SQ_STRIDE + m] = m < i ? beta[i] * (kk[t][e] * decay) : 0.f;
+            for (int h = 0; h < 2; ++h) {
+                const int i = 16 * rb + g + 8 * h, m = 32 * ch + 8 * t + 2 * c;
+                const float d0 = m <= i ? expf(gam[i] - gam[m]) : 0.f;
+                const float d1 = m + 1 <= i ? expf(gam[i] - gam[m + 1]) : 0.f;
+                A[i * GDN_SQ_STRIDE + m] = m < i ? beta[i] * (kk[t][2 * h] * d0) : 0.f;
+                A[i * GDN_SQ_STRIDE + m + 1] = m + 1 < i ? beta[i] * (kk[t][2 * h + 1] * d1) : 0.f;
                 if (i < n) {
-                    bf16* c_row = c_out + ((size_t)(t0 + i) * hv + j) * 2 * GDN_CHUNK;
-                    split_bf16(qk[t][e] * decay, c_row[m], c_row[GDN_CHUNK + m]);
+                    bf16 h0, l0, h1, l1;
+                    split_bf16(qk[t][2 * h] * d0, h0, l0);
+                    split_bf16(qk[t][2 * h + 1] * d1, h1, l1);
+                    bf16* c_row = c_out + ((size_t)(t0 + i) * hv + j) * 2 * GDN_CHUNK + m;
+                    *reinterpret_cast<__nv_bfloat162*>(c_row) = __halves2bfloat162(h0, h1);
+                    *reinterpret_cast<__nv_bfloat162*>(c_row + GDN_CHUNK) = __halves2bfloat162(l0, l1);
                 }
             }
     }
-    __syncthreads();
 
-    // T = (I + A)⁻¹, column x = threadIdx.x by forward substitution, x_i = δ_ix − Σ_{m<i} A[i, m]
-    // x_m (four partial sums, m ≡ 0..3 mod 4, then (s0 + s1) + (s2 + s3)), A's rows broadcast
-    // float4 reads; meanwhile warps 2–7 load V into Q's place.
-    float x[GDN_CHUNK];
-    if (threadIdx.x < GDN_CHUNK) {
-#pragma unroll
-        for (int i = 0; i < GDN_CHUNK; ++i) {
-            float s[4] = {0.f, 0.f, 0.f, 0.f};
-            const float* a_row = A + i * GDN_SQ_STRIDE;
-#pragma unroll
-            for (int m = 0; m + 4 <= i; m += 4) {
-                const float4 a = *reinterpret_cast<const float4*>(a_row + m);
-                s[0] = fmaf(a.x, x[m], s[0]);
-                s[1] = fmaf(a.y, x[m + 1], s[1]);
-                s[2] = fmaf(a.z, x[m + 2], s[2]);
-                s[3] = fmaf(a.w, x[m + 3], s[3]);
-            }
-#pragma unroll
-            for (int m = i & ~3; m < i; ++m) s[m % 4] = fmaf(a_row[m], x[m], s[m % 4]);
-            x[i] = (i == (int)threadIdx.x ? 1.f : 0.f) - ((s[0] + s[1]) + (s[2] + s[3]));
-        }
-    } else {
-        gdn_split_rows(prep + row0 + (size_t)2 * key_heads * dk + (size_t)j * dv, channels, n, dv, dvp, QH, QL, 2, 6,
-                       nullptr, 0);
+    // V's loads in flight while T is solved in Q's place; then U's left operand T diag(β) over A.
+    const GdnRows v_rows = gdn_rows_load(prep + row0 + (size_t)2 * key_heads * dk + (size_t)j * dv, channels, n, dv);
+    gdn_invert_unit_lower(A, tb, tb + 10 * 256);
+    for (int e = threadIdx.x; e < GDN_CHUNK * GDN_CHUNK; e += GDN_THREADS) {
+        const int i = e / GDN_CHUNK, m = e % GDN_CHUNK;
+        const float t = i / 16 >= m / 16 ? tb[gdn_tblock(i / 16, m / 16) + (i % 16) * 16 + m % 16] : 0.f;
+        split_bf16(t * beta[m], TH[i * GDN_SQUARE_STRIDE + m], TL[i * GDN_SQUARE_STRIDE + m]);
     }
     __syncthreads();
-    // U's left operand T diag(β), over A (read by now), column by column.
-    if (threadIdx.x < GDN_CHUNK) {
-        const int m = threadIdx.x;
-#pragma unroll
-        for (int i = 0; i < GDN_CHUNK; ++i)
-            split_bf16(x[i] * beta[m], TH[i * GDN_SQUARE_STRIDE + m], TL[i * GDN_SQUARE_STRIDE + m]);
-    }
+    gdn_rows_store(v_rows, dvp, QH, QL, nullptr, 0, n);
     __syncthreads();
 
     float* u_head = u_out + (size_t)j * dv;
-    gdn_times_tile(TH, TL, QH, QL, dvp, [&](int i, int d, float v) {
-        if (i < n && d < dv) u_head[((size_t)(t0 + i) * hv) * dv + d] = v;
+    gdn_times_tile(TH, TL, QH, QL, dvp, [&](int i, int d, float v0, float v1) {
+        if (i >= n) return;
+        float* at = u_head + (size_t)(t0 + i) * hv * dv + d;
+        if (d + 1 < dv && dv % 2 == 0) {
+            *reinterpret_cast<float2*>(at) = make_float2(v0, v1);
+        } else if (d < dv) {
+            at[0] = v0;
+            if (d + 1 < dv) at[1] = v1;
+        }
     });
     __syncthreads();
     // W's left operand T diag(β e^γ): U's with its columns scaled by e^γ.
@@ -280,11 +337,14 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
     }
     __syncthreads();
     bf16* w_head = w_out + (size_t)j * 2 * GDN_MAX_DK;
-    gdn_times_tile(TH, TL, KH, KL, dkp, [&](int i, int d, float v) {
-        if (i < n) {
-            bf16* w_row = w_head + (size_t)(t0 + i) * hv * 2 * GDN_MAX_DK;
-            split_bf16(v, w_row[d], w_row[GDN_MAX_DK + d]);
-        }
+    gdn_times_tile(TH, TL, KH, KL, dkp, [&](int i, int d, float v0, float v1) {
+        if (i >= n) return;
+        bf16 h0, l0, h1, l1;
+        split_bf16(v0, h0, l0);
+        split_bf16(v1, h1, l1);
+        bf16* w_row = w_head + (size_t)(t0 + i) * hv * 2 * GDN_MAX_DK + d;
+        *reinterpret_cast<__nv_bfloat162*>(w_row) = __halves2bfloat162(h0, h1);
+        *reinterpret_cast<__nv_bfloat162*>(w_row + GDN_MAX_DK) = __halves2bfloat162(l0, l1);
     });
 }
 
@@ -434,8 +494,10 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
         land();
         {
             const bf16* W = tile(3 * chunk);
-            float acc[4] = {};
-            for (int k0 = 0; k0 < dkp; k0 += 16) {
+            float acc[3][4] = {};
+#pragma unroll
+            for (int k0 = 0; k0 < GDN_MAX_DK; k0 += 16) {
+                if (k0 >= dkp) break;
                 uint32_t ah[4], al[4], b[4];
                 const int ar = 16 * rb + lane % 16, ac = k0 + 8 * (lane / 16);
                 ldmatrix_x4(ah, W + gdn_swz(ar, ac, GDN_MAX_DK));
@@ -443,12 +505,12 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
                 // Lanes 0–15 address Sᵀ hi, 16–31 Sᵀ lo: b = {hi k0, hi k0 + 8, lo k0, lo k0 + 8}.
                 const int bv = 8 * nt + lane % 8, bd = k0 + 8 * ((lane / 8) % 2);
                 ldmatrix_x4(b, ST + (lane / 16) * ST_N + gdn_swz(bv, bd, GDN_MAX_DK));
-                mma_split_k16(acc, ah, al, b[0], b[1], b[2], b[3]);
+                mma_split3_k16(acc, ah, al, b[0], b[1], b[2], b[3]);
             }
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int h = e / 2, i = 16 * rb + g + 8 * h, v = 8 * nt + 2 * c + e % 2;
-                const float vn = now.u[h][e % 2] - acc[e];
+                const float vn = now.u[h][e % 2] - split_sum(acc, e);
                 split_bf16(vn, VN[gdn_swz(v, i, GDN_CHUNK)], VN[VT_N + gdn_swz(v, i, GDN_CHUNK)]);
                 split_bf16(now.fd[h] * vn, VD[gdn_swz(v, i, GDN_CHUNK)], VD[VT_N + gdn_swz(v, i, GDN_CHUNK)]);
             }
@@ -463,15 +525,17 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
         land();
         {
             const bf16* Q = tile(3 * chunk + 1);
-            float qs[4] = {}, cv[4] = {};
-            for (int k0 = 0; k0 < dkp; k0 += 16) {
+            float qs[3][4] = {}, cv[3][4] = {};
+#pragma unroll
+            for (int k0 = 0; k0 < GDN_MAX_DK; k0 += 16) {
+                if (k0 >= dkp) break;
                 uint32_t ah[4], al[4], b[4];
                 const int ar = 16 * rb + lane % 16, ac = k0 + 8 * (lane / 16);
                 ldmatrix_x4(ah, Q + gdn_swz(ar, ac, GDN_MAX_DK));
                 ldmatrix_x4(al, Q + TILE + gdn_swz(ar, ac, GDN_MAX_DK));
                 const int bv = 8 * nt + lane % 8, bd = k0 + 8 * ((lane / 8) % 2);
                 ldmatrix_x4(b, ST + (lane / 16) * ST_N + gdn_swz(bv, bd, GDN_MAX_DK));
-                mma_split_k16(qs, ah, al, b[0], b[1], b[2], b[3]);
+                mma_split3_k16(qs, ah, al, b[0], b[1], b[2], b[3]);
             }
             for (int k0 = 0; k0 <= 16 * rb; k0 += 16) {
                 uint32_t ah[4], al[4], b[4];
@@ -480,12 +544,13 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
                 ldmatrix_x4(al, C + SQ + gdn_swz(ar, ac, GDN_CHUNK));
                 const int bv = 8 * nt + lane % 8, bm = k0 + 8 * ((lane / 8) % 2);
                 ldmatrix_x4(b, VN + (lane / 16) * VT_N + gdn_swz(bv, bm, GDN_CHUNK));
-                mma_split_k16(cv, ah, al, b[0], b[1], b[2], b[3]);
+                mma_split3_k16(cv, ah, al, b[0], b[1], b[2], b[3]);
             }
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int h = e / 2, i = 16 * rb + g + 8 * h, v = 8 * nt + 2 * c + e % 2;
-                if (i < n && v < v_cols) out[((size_t)(t0 + i) * hv + j) * dv + v0 + v] = fmaf(qs[e], now.eg[h], cv[e]);
+                if (i < n && v < v_cols)
+                    out[((size_t)(t0 + i) * hv + j) * dv + v0 + v] = fmaf(split_sum(qs, e), now.eg[h], split_sum(cv, e));
             }
         }
         __syncthreads();
@@ -503,11 +568,8 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
         land();
         {
             const bf16* K = tile(3 * chunk + 2);
-#pragma unroll
-            for (int t = 0; t < 2; ++t)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) s[t][e] *= now.e_last;
             if (16 * warp < dkp) {
+                float add[2][3][4] = {};
                 for (int k0 = 0; k0 < n; k0 += 16) {
                     // Kᵀ's fragments from K's rows: ldmatrix .trans of K[k0 + i][16·warp + d].
                     uint32_t ah[4], al[4], bh[4], bl[4];
@@ -518,8 +580,12 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
                     ldmatrix_x4(bh, VD + gdn_swz(bv, bi, GDN_CHUNK));
                     ldmatrix_x4(bl, VD + VT_N + gdn_swz(bv, bi, GDN_CHUNK));
 #pragma unroll
-                    for (int t = 0; t < 2; ++t) mma_split_k16(s[t], ah, al, bh[2 * t], bh[2 * t + 1], bl[2 * t], bl[2 * t + 1]);
+                    for (int t = 0; t < 2; ++t) mma_split3_k16(add[t], ah, al, bh[2 * t], bh[2 * t + 1], bl[2 * t], bl[2 * t + 1]);
                 }
+#pragma unroll
+                for (int t = 0; t < 2; ++t)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) s[t][e] = fmaf(s[t][e], now.e_last, split_sum(add[t], e));
                 store_state(s);
             }
         }

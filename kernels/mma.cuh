@@ -127,3 +127,14 @@ __device__ __forceinline__ void mma_split_k16(float d[4], const uint32_t (&ah)[4
     mma_bf16_k16(d, ah[0], ah[1], ah[2], ah[3], bl0, bl1);
     mma_bf16_k16(d, ah[0], ah[1], ah[2], ah[3], bh0, bh1);
 }
+
+// As mma_split_k16 with each term in its own accumulator (d[0] += lo·hi, d[1] += hi·lo,
+// d[2] += hi·hi): three independent MMA chains where one would wait on another; the product is
+// `split_sum(d)`.
+__device__ __forceinline__ void mma_split3_k16(float (&d)[3][4], const uint32_t (&ah)[4], const uint32_t (&al)[4],
+                                               uint32_t bh0, uint32_t bh1, uint32_t bl0, uint32_t bl1) {
+    mma_bf16_k16(d[0], al[0], al[1], al[2], al[3], bh0, bh1);
+    mma_bf16_k16(d[1], ah[0], ah[1], ah[2], ah[3], bl0, bl1);
+    mma_bf16_k16(d[2], ah[0], ah[1], ah[2], ah[3], bh0, bh1);
+}
+__device__ __forceinline__ float split_sum(const float (&d)[3][4], int e) { return d[2][e] + (d[0][e] + d[1][e]); }
