@@ -24,6 +24,11 @@ const LENGTHS: [usize; 6] = [1, 63, 64, 65, 130, 200];
 /// Rows of the prefill that continues each script.
 const MORE_ROWS: usize = 37;
 const BOUND: f64 = 1e-2;
+/// The recurrent state after a GPU prefill of n + m rows against a GPU prefill of n then m
+/// decodes: both f32, no bf16 rounding between them, so this sees the chunked core's own
+/// precision (its products split into bf16 hi + lo, ~2⁻¹⁷: measured 6.6e-6 to 3.75e-5 over
+/// runs 27–40; a product that lost its lo terms would give ~1e-3).
+const CORE_STATE_BOUND: f64 = 1e-4;
 
 struct Case {
     name: &'static str,
@@ -159,7 +164,12 @@ fn split_equals_whole(ctx: &mut Ctx, case: &Case, w: &GdnWeights<GpuWeight>) {
     let tail = &y_whole.data[n * y_whole.cols..];
     ctx.rel_l2(format!("gdn prefill n + decode m vs prefill n+m [{label}] output"), &y_split, tail, BOUND);
     let (got, want) = (split.recurrent_to_host(cuda), whole.recurrent_to_host(cuda));
-    ctx.rel_l2(format!("gdn prefill n + decode m vs prefill n+m [{label}] recurrent state"), &got, &want, BOUND);
+    ctx.rel_l2(
+        format!("gdn prefill n + decode m vs prefill n+m [{label}] recurrent state"),
+        &got,
+        &want,
+        CORE_STATE_BOUND,
+    );
     let (got, want) = (split.conv_to_host(cuda), whole.conv_to_host(cuda));
     ctx.rel_l2(format!("gdn prefill n + decode m vs prefill n+m [{label}] conv state"), &got, &want, BOUND);
 }
