@@ -5,7 +5,7 @@
 
 use std::fmt;
 
-use super::kernel_constants::GDN_CHUNK;
+use super::kernel_constants::{GDN_CHUNK, GDN_MAX_DK};
 use super::memory::{ALIGN, WeightArena};
 use super::resident_dtype;
 use crate::model::codec::encode::MAX_REFERENCE_SECONDS;
@@ -197,13 +197,16 @@ pub fn tower_kv_cache_bytes(d: &Dims, context: usize) -> u64 {
 /// Activations live at once during a prefill of `rows` rows, doubled for the pool's
 /// power-of-two size classes: the residual and normed rows, the widest mixer intermediates
 /// (q|gate projection, qkv + z + conv output, the f32 core output and, for GDN, the chunked
-/// core's W, U, C and decays), and the MoE's per-slot rows and expert intermediates in f32.
+/// core's scratch: q and k, W and C as bf16 hi + lo in rows of `GDN_MAX_DK` (gdn_chunk.cu's
+/// header), U and the decays), and the MoE's per-slot rows and expert intermediates in f32.
 pub fn activation_bytes(d: &Dims, rows: usize) -> u64 {
     let h = d.hidden;
     let attention = d.heads * d.head_dim * 2 + 2 * d.kv_heads * d.head_dim + d.heads * d.head_dim;
     let gdn = 2 * d.gdn_qkv_dim() + 2 * d.gdn_value_total() + 2 * d.gdn_value_heads;
     let mixer_bf16 = attention.max(gdn);
-    let gdn_chunks = d.gdn_value_heads * (d.gdn_key_dim + GDN_CHUNK + 2) + d.gdn_value_total();
+    // In f32 units: hi + lo is two bf16, one f32's bytes.
+    let gdn_chunks =
+        2 * d.gdn_key_heads * GDN_MAX_DK + d.gdn_value_heads * (GDN_MAX_DK + GDN_CHUNK + 2) + d.gdn_value_total();
     let mixer_f32 = (d.gdn_value_total() + gdn_chunks).max(d.heads * d.head_dim);
     let k = d.experts_per_token;
     let moe_f32 = k * (h + 2 * d.expert_intermediate) + d.experts + 2 * d.shared_expert_intermediate;
