@@ -104,11 +104,7 @@ __device__ __forceinline__ void attn_prefill_mma(const float* __restrict__ q, co
         }
         const float f[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const bf16 hi = to_bf16(f[e]);
-            Qh[r * S + d + e] = hi;
-            Ql[r * S + d + e] = to_bf16(f[e] - to_f32(hi));
-        }
+        for (int e = 0; e < 4; ++e) split_bf16(f[e], Qh[r * S + d + e], Ql[r * S + d + e]);
     }
 
     // This thread's rows of the warp's 16: g and g + 8; their causal limits (−1: past the prompt).

@@ -371,6 +371,23 @@ __device__ __forceinline__ void gdn_tile_async(bf16* hi, bf16* lo, int row, cons
     }
 }
 
+// One k16 step (k0) of acc += A B for the scan's warp (rb, nt): rows 16rb + [0, 16) of A (hi at
+// a, lo at a + lo_at; swizzled rows of ROW elements) times the n8 column tile nt of B, given as
+// Bᵀ (hi at bt, lo at bt + bt_lo_at; swizzled rows of ROW).
+template <int ROW>
+__device__ __forceinline__ void gdn_scan_step(float (&acc)[3][4], const bf16* a, int lo_at, const bf16* bt, int bt_lo_at,
+                                              int rb, int nt, int k0) {
+    const int lane = threadIdx.x % 32;
+    uint32_t ah[4], al[4], b[4];
+    const int ar = 16 * rb + lane % 16, ac = k0 + 8 * (lane / 16);
+    ldmatrix_x4(ah, a + gdn_swz(ar, ac, ROW));
+    ldmatrix_x4(al, a + lo_at + gdn_swz(ar, ac, ROW));
+    // Lanes 0–15 address Bᵀ hi, 16–31 Bᵀ lo: b = {hi k0, hi k0 + 8, lo k0, lo k0 + 8}.
+    const int bn = 8 * nt + lane % 8, bk = k0 + 8 * ((lane / 8) % 2);
+    ldmatrix_x4(b, bt + (lane / 16) * bt_lo_at + gdn_swz(bn, bk, ROW));
+    mma_split3_k16(acc, ah, al, b[0], b[1], b[2], b[3]);
+}
+
 // Grid (Hv, ceil(Dv / GDN_SCAN_BV), sequences), 256 threads: one CTA per value head and
 // GDN_SCAN_BV = 16 value columns of one sequence (the delta rule never mixes value columns),
 // walking the sequence's chunks in order. The state tile S [Dk][16] lives in the MMA
@@ -493,19 +510,11 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
         }
         land();
         {
-            const bf16* W = tile(3 * chunk);
             float acc[3][4] = {};
 #pragma unroll
             for (int k0 = 0; k0 < GDN_MAX_DK; k0 += 16) {
                 if (k0 >= dkp) break;
-                uint32_t ah[4], al[4], b[4];
-                const int ar = 16 * rb + lane % 16, ac = k0 + 8 * (lane / 16);
-                ldmatrix_x4(ah, W + gdn_swz(ar, ac, GDN_MAX_DK));
-                ldmatrix_x4(al, W + TILE + gdn_swz(ar, ac, GDN_MAX_DK));
-                // Lanes 0–15 address Sᵀ hi, 16–31 Sᵀ lo: b = {hi k0, hi k0 + 8, lo k0, lo k0 + 8}.
-                const int bv = 8 * nt + lane % 8, bd = k0 + 8 * ((lane / 8) % 2);
-                ldmatrix_x4(b, ST + (lane / 16) * ST_N + gdn_swz(bv, bd, GDN_MAX_DK));
-                mma_split3_k16(acc, ah, al, b[0], b[1], b[2], b[3]);
+                gdn_scan_step<GDN_MAX_DK>(acc, tile(3 * chunk), TILE, ST, ST_N, rb, nt, k0);
             }
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
@@ -524,28 +533,13 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
         }
         land();
         {
-            const bf16* Q = tile(3 * chunk + 1);
             float qs[3][4] = {}, cv[3][4] = {};
 #pragma unroll
             for (int k0 = 0; k0 < GDN_MAX_DK; k0 += 16) {
                 if (k0 >= dkp) break;
-                uint32_t ah[4], al[4], b[4];
-                const int ar = 16 * rb + lane % 16, ac = k0 + 8 * (lane / 16);
-                ldmatrix_x4(ah, Q + gdn_swz(ar, ac, GDN_MAX_DK));
-                ldmatrix_x4(al, Q + TILE + gdn_swz(ar, ac, GDN_MAX_DK));
-                const int bv = 8 * nt + lane % 8, bd = k0 + 8 * ((lane / 8) % 2);
-                ldmatrix_x4(b, ST + (lane / 16) * ST_N + gdn_swz(bv, bd, GDN_MAX_DK));
-                mma_split3_k16(qs, ah, al, b[0], b[1], b[2], b[3]);
+                gdn_scan_step<GDN_MAX_DK>(qs, tile(3 * chunk + 1), TILE, ST, ST_N, rb, nt, k0);
             }
-            for (int k0 = 0; k0 <= 16 * rb; k0 += 16) {
-                uint32_t ah[4], al[4], b[4];
-                const int ar = 16 * rb + lane % 16, ac = k0 + 8 * (lane / 16);
-                ldmatrix_x4(ah, C + gdn_swz(ar, ac, GDN_CHUNK));
-                ldmatrix_x4(al, C + SQ + gdn_swz(ar, ac, GDN_CHUNK));
-                const int bv = 8 * nt + lane % 8, bm = k0 + 8 * ((lane / 8) % 2);
-                ldmatrix_x4(b, VN + (lane / 16) * VT_N + gdn_swz(bv, bm, GDN_CHUNK));
-                mma_split3_k16(cv, ah, al, b[0], b[1], b[2], b[3]);
-            }
+            for (int k0 = 0; k0 <= 16 * rb; k0 += 16) gdn_scan_step<GDN_CHUNK>(cv, C, SQ, VN, VT_N, rb, nt, k0);
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int h = e / 2, i = 16 * rb + g + 8 * h, v = 8 * nt + 2 * c + e % 2;
