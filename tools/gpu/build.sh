@@ -23,6 +23,16 @@ cp "$check_bin" .gpu/bin/gpu-checks
 out_dir=$(dirname "$(ls -t "$CARGO_TARGET_DIR"/release/build/limelight-*/out/kernel_constants.cuh | head -1)")
 cp "$out_dir/kernel_constants.cuh" .gpu/bin/
 strip .gpu/bin/limelight .gpu/bin/gpu-checks
+# The kernel tracer (tools/gpu/kernel-trace.sh): CUPTI's headers and library from NVIDIA's pinned
+# wheel, linked here; the GPU machine's own libcupti.so.13 loads at run time.
+cupti="$PWD/.cache/cupti-13.0"
+if [[ ! -f $cupti/nvidia/cu13/include/cupti.h ]]; then
+    python3 -m pip install --quiet --no-cache-dir --disable-pip-version-check --no-deps --target "$cupti" \
+        nvidia-cuda-cupti==13.0.85 >&2
+fi
+cuda_home=$(tools/cuda-toolchain.sh)
+gcc -O2 -shared -fPIC -Wall -Wextra -Werror -I"$cupti/nvidia/cu13/include" -I"$cuda_home/include" \
+    tools/gpu/kernel_trace.c -o .gpu/bin/libkernel_trace.so -L"$cupti/nvidia/cu13/lib" -l:libcupti.so.13
 ls -la .gpu/bin
 echo "commit $(git rev-parse --short HEAD)$(git diff --quiet || echo '+dirty')" > .gpu/bin/BUILD
 # The two binaries outgrew what a device `run` carries (64 MiB with the tree): carry .gpu/pack

@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""The frame step's timeline from tools/gpu/kernel_trace.c's TSV, as a markdown table.
+
+    trace_table.py TRACE.tsv [--skip N]
+
+A CUDA graph replay is the kernels sharing one correlation id (the graph launch's) and a graph
+id. The step's graph is the graph id with the most kernels a replay; its first N replays (default
+8) are dropped as warm-up. For each kernel name: launches a replay, the median over replays of
+its summed in-graph time, and the idle time just before its launches (the gap since the GPU
+last had a kernel running; overlapped launches, as programmatic dependent launch gives, count
+0). Then a replay's span, busy time (the union of kernel intervals) and idle time.
+"""
+import argparse
+import statistics
+import sys
+from collections import defaultdict
+
+
+def read(path):
+    rows = []
+    with open(path) as f:
+        header = f.readline().rstrip("\n").split("\t")
+        for line in f:
+            parts = line.rstrip("\n").split("\t")
+            if len(parts) != len(header):
+                continue
+            r = dict(zip(header, parts))
+            for key in ("start_ns", "end_ns", "graph_id", "graph_node_id", "correlation_id"):
+                r[key] = int(r[key])
+            rows.append(r)
+    return rows
+
+
+def replays_of(rows):
+    by_launch = defaultdict(list)
+    for r in rows:
+        if r["graph_id"]:
+            by_launch[(r["graph_id"], r["correlation_id"])].append(r)
+    by_graph = defaultdict(list)
+    for (graph, _), kernels in by_launch.items():
+        by_graph[graph].append(sorted(kernels, key=lambda k: k["start_ns"]))
+    return by_graph
+
+
+def timeline(kernels):
+    """Span, busy time, and per kernel the idle gap before it, in ns."""
+    start = kernels[0]["start_ns"]
+    last_end = start
+    busy = 0
+    gaps = []
+    for k in kernels:
+        gap = max(0, k["start_ns"] - last_end)
+        gaps.append(gap)
+        busy += max(0, k["end_ns"] - max(k["start_ns"], last_end))
+        last_end = max(last_end, k["end_ns"])
+    return last_end - start, busy, gaps
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("trace")
+    ap.add_argument("--skip", type=int, default=8)
+    args = ap.parse_args()
+    rows = read(args.trace)
+    by_graph = replays_of(rows)
+    if not by_graph:
+        sys.exit("no graph replays in the trace")
+    # The step graph: the most kernels in one replay (the codec's graphs are smaller).
+    graph = max(by_graph, key=lambda g: (max(len(r) for r in by_graph[g]), len(by_graph[g])))
+    replays = sorted(by_graph[graph], key=lambda r: r[0]["start_ns"])
+    size = statistics.mode(len(r) for r in replays)
+    replays = [r for r in replays if len(r) == size][args.skip :]
+    if not replays:
+        sys.exit("no replays left after --skip")
+
+    spans, busies = [], []
+    per_name = defaultdict(lambda: {"launches": 0, "time": [], "gap": []})
+    for replay in replays:
+        span, busy, gaps = timeline(replay)
+        spans.append(span)
+        busies.append(busy)
+        time, gap = defaultdict(int), defaultdict(int)
+        for k, g in zip(replay, gaps):
+            time[k["name"]] += k["end_ns"] - k["start_ns"]
+            gap[k["name"]] += g
+        for name in time:
+            per_name[name]["time"].append(time[name])
+            per_name[name]["gap"].append(gap[name])
+    for k in replays[0]:
+        per_name[k["name"]]["launches"] += 1
+
+    med = statistics.median
+    span, busy = med(spans), med(busies)
+    print(f"### the frame step's graph in flight: {len(replays)} replays of {size} kernels (graph {graph})\n")
+    print("| kernel | launches | in-graph µs (median) | µs a launch | share of span | idle before it, µs |")
+    print("|---|---|---|---|---|---|")
+    order = sorted(per_name.items(), key=lambda kv: -med(kv[1]["time"]))
+    for name, p in order:
+        t, g = med(p["time"]) / 1e3, med(p["gap"]) / 1e3
+        print(f"| `{name}` | {p['launches']} | {t:.1f} | {t / p['launches']:.2f} | {100 * t * 1e3 / span:.1f} % | {g:.1f} |")
+    summed = sum(med(p["time"]) for p in per_name.values())
+    print()
+    print(f"- Span of a replay (first kernel's start to last kernel's end), median: {span / 1e3:.1f} µs "
+          f"(min {min(spans) / 1e3:.1f}, max {max(spans) / 1e3:.1f}).")
+    print(f"- Busy (at least one kernel running): {busy / 1e3:.1f} µs; idle: {(span - busy) / 1e3:.1f} µs "
+          f"({100 * (span - busy) / span:.1f} %), {(span - busy) / 1e3 / size:.2f} µs a launch.")
+    print(f"- Kernel times summed: {summed / 1e3:.1f} µs ({summed / busy:.2f}× busy: overlap by PDL).")
+
+
+if __name__ == "__main__":
+    main()
