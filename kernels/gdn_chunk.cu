@@ -45,86 +45,119 @@ __device__ __forceinline__ void gdn_sequence_rows(const int* seq_starts, int row
 // gdn_chunk_intra
 
 // Rows [0, n) × columns [0, cols) of a chunk's row-major f32 matrix (row stride `stride`) into
-// registers: thread (warp, lane) holds rows warp + 8u, columns lane + 32q (zeros outside), all
-// 32 loads in flight at once, lane-contiguous (coalesced). Requires cols ≤ 128.
+// registers as float4s: thread (warp, lane) holds rows warp + 8u, columns 4·lane + [0, 4) (zeros
+// outside), all eight loads in flight at once, a warp reading 512 contiguous bytes a row.
+// Requires cols ≤ 128, cols and stride multiples of 4, src 16-byte aligned.
 struct GdnRows {
-    float v[GDN_CHUNK / 8][4];
+    float4 v[GDN_CHUNK / 8];
 };
 __device__ __forceinline__ GdnRows gdn_rows_load(const float* __restrict__ src, size_t stride, int n, int cols) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int warp = threadIdx.x / 32, d = 4 * (threadIdx.x % 32);
     GdnRows x;
 #pragma unroll
-    for (int u = 0; u < GDN_CHUNK / 8; ++u)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            const int r = warp + 8 * u, d = lane + 32 * q;
-            x.v[u][q] = r < n && d < cols ? __ldg(src + (size_t)r * stride + d) : 0.f;
-        }
+    for (int u = 0; u < GDN_CHUNK / 8; ++u) {
+        const int r = warp + 8 * u;
+        x.v[u] = r < n && d < cols ? __ldg(reinterpret_cast<const float4*>(src + (size_t)r * stride + d))
+                                   : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
     return x;
 }
 
-// The rows of `gdn_rows_load` into shared rows of GDN_TILE_STRIDE bf16 as hi + lo, columns
-// [0, padded) (zeros past the loaded ones); with `g_hi`, rows [0, n) also to global rows of
-// stride `g_stride` (lo at g_hi + GDN_MAX_DK).
-__device__ __forceinline__ void gdn_rows_store(const GdnRows& x, int padded, bf16* hi, bf16* lo, bf16* __restrict__ g_hi,
-                                               size_t g_stride, int n) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-#pragma unroll
-    for (int u = 0; u < GDN_CHUNK / 8; ++u)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            const int r = warp + 8 * u, d = lane + 32 * q;
-            if (d >= padded) continue;
-            bf16 h, l;
-            split_bf16(x.v[u][q], h, l);
-            hi[r * GDN_TILE_STRIDE + d] = h;
-            lo[r * GDN_TILE_STRIDE + d] = l;
-            if (g_hi && r < n) {
-                g_hi[r * g_stride + d] = h;
-                g_hi[r * g_stride + GDN_MAX_DK + d] = l;
-            }
-        }
+// Four floats as hi and lo bf16 quadruples (`split_bf16`), each packed in 8 bytes.
+__device__ __forceinline__ void split_bf16x4(float4 x, uint2& hi, uint2& lo) {
+    bf16 h[4], l[4];
+    split_bf16(x.x, h[0], l[0]);
+    split_bf16(x.y, h[1], l[1]);
+    split_bf16(x.z, h[2], l[2]);
+    split_bf16(x.w, h[3], l[3]);
+    const auto word = [](bf16 a, bf16 b) {
+        const __nv_bfloat162 v = __halves2bfloat162(a, b);
+        return *reinterpret_cast<const uint32_t*>(&v);
+    };
+    hi = make_uint2(word(h[0], h[1]), word(h[2], h[3]));
+    lo = make_uint2(word(l[0], l[1]), word(l[2], l[3]));
 }
 
-// L B for the rows [0, 64) of a chunk, with L a lower-triangular 64 × 64 (hi, lo; rows of
-// GDN_SQUARE_STRIDE) and B [64][padded] (hi, lo; rows of GDN_TILE_STRIDE). Row block rb's k16
-// steps stop at the diagonal block (L is zero past it), so warp (p, q) = (warp % 2, warp / 2)
-// takes row blocks p and 3 − p (five k16 steps between them, every warp alike) and columns
-// 32q + [0, 32). Hands each pair of results to store(i, d, v_d, v_{d+1}), d even, d < padded.
-template <typename Store>
-__device__ __forceinline__ void gdn_times_tile(const bf16* LH, const bf16* LL, const bf16* BH, const bf16* BL,
-                                               int padded, Store store) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
-    const int p = warp % 2, n0 = 32 * (warp / 2);
-    if (n0 >= padded) return;
-    const bool pair2 = n0 + 16 < padded;  // the second n16 pair of columns
+// The rows of `gdn_rows_load`, row r scaled by scale[r] where `scale` is given, into shared rows
+// of GDN_TILE_STRIDE bf16 as hi + lo, columns [0, padded) (zeros past the loaded ones; padded a
+// multiple of 4); with `g_hi`, rows [0, n) also to global rows of stride `g_stride` (lo at
+// g_hi + GDN_MAX_DK).
+__device__ __forceinline__ void gdn_rows_store(const GdnRows& x, const float* scale, int padded, bf16* hi, bf16* lo,
+                                               bf16* __restrict__ g_hi, size_t g_stride, int n) {
+    const int warp = threadIdx.x / 32, d = 4 * (threadIdx.x % 32);
+    if (d >= padded) return;
 #pragma unroll
+    for (int u = 0; u < GDN_CHUNK / 8; ++u) {
+        const int r = warp + 8 * u;
+        float4 v = x.v[u];
+        if (scale) {
+            const float s = scale[r];
+            v = make_float4(v.x * s, v.y * s, v.z * s, v.w * s);
+        }
+        uint2 h, l;
+        split_bf16x4(v, h, l);
+        *reinterpret_cast<uint2*>(hi + r * GDN_TILE_STRIDE + d) = h;
+        *reinterpret_cast<uint2*>(lo + r * GDN_TILE_STRIDE + d) = l;
+        if (g_hi && r < n) {
+            *reinterpret_cast<uint2*>(g_hi + r * g_stride + d) = h;
+            *reinterpret_cast<uint2*>(g_hi + r * g_stride + GDN_MAX_DK + d) = l;
+        }
+    }
+}
+
+// L [B0 | B1] for the rows [0, 64) of a chunk, with L a lower-triangular 64 × 64 (hi, lo; rows of
+// GDN_SQUARE_STRIDE) and B0 [64][n0], B1 [64][n1] (hi, lo; rows of GDN_TILE_STRIDE; n0, n1
+// multiples of 16): the columns of both in one pass, walked 32 at a time. Row block rb's k16
+// steps stop at the diagonal block (L is zero past it), so warp (p, q) = (warp % 2, warp / 2)
+// takes row blocks p and 3 − p (five k16 steps between them, every warp alike) and the 32-column
+// groups q, q + 4, … Hands each pair of results to store(i, d, v_d, v_{d+1}), d even, d < n0 + n1
+// (d ≥ n0: column d − n0 of B1).
+template <typename Store>
+__device__ __forceinline__ void gdn_times_tiles(const bf16* LH, const bf16* LL, const bf16* B0H, const bf16* B0L, int n0,
+                                                const bf16* B1H, const bf16* B1L, int n1, Store store) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+    const int p = warp % 2, cols = n0 + n1;
+#pragma unroll 1
     for (int half = 0; half < 2; ++half) {
         const int rb = half ? 3 - p : p;
-        float acc[4][4] = {};
-        for (int k0 = 0; k0 <= 16 * rb; k0 += 16) {
-            uint32_t ah[4], al[4];
-            const int a_at = (16 * rb + lane % 16) * GDN_SQUARE_STRIDE + k0 + 8 * (lane / 16);
-            ldmatrix_x4(ah, LH + a_at);
-            ldmatrix_x4(al, LL + a_at);
+#pragma unroll 1
+        for (int col0 = 32 * (warp / 2); col0 < cols; col0 += 128) {
+            float acc[4][4] = {};
+            // Each 16 columns lie wholly in B0 or in B1 (n0 is a multiple of 16).
+            const bf16* bh[2];
+            const bf16* bl[2];
 #pragma unroll
             for (int s = 0; s < 2; ++s) {
-                if (s == 1 && !pair2) break;
-                uint32_t bh[4], bl[4];
-                const int b_at = (k0 + lane % 8 + 8 * ((lane / 8) % 2)) * GDN_TILE_STRIDE + n0 + 16 * s + 8 * (lane / 16);
-                ldmatrix_x4_trans(bh, BH + b_at);
-                ldmatrix_x4_trans(bl, BL + b_at);
-#pragma unroll
-                for (int h = 0; h < 2; ++h)
-                    mma_split_k16(acc[2 * s + h], ah, al, bh[2 * h], bh[2 * h + 1], bl[2 * h], bl[2 * h + 1]);
+                const int col = col0 + 16 * s;
+                bh[s] = col < n0 ? B0H + col : B1H + (col - n0);
+                bl[s] = col < n0 ? B0L + col : B1L + (col - n0);
             }
-        }
+            const bool pair2 = col0 + 16 < cols;
+#pragma unroll 1
+            for (int k0 = 0; k0 <= 16 * rb; k0 += 16) {
+                uint32_t ah[4], al[4];
+                const int a_at = (16 * rb + lane % 16) * GDN_SQUARE_STRIDE + k0 + 8 * (lane / 16);
+                ldmatrix_x4(ah, LH + a_at);
+                ldmatrix_x4(al, LL + a_at);
+                const int b_at = (k0 + lane % 8 + 8 * ((lane / 8) % 2)) * GDN_TILE_STRIDE + 8 * (lane / 16);
 #pragma unroll
-        for (int t = 0; t < 4; ++t) {
-            const int d = n0 + 8 * t + 2 * c;
-            if (d >= padded) break;
-            store(16 * rb + g, d, acc[t][0], acc[t][1]);
-            store(16 * rb + g + 8, d, acc[t][2], acc[t][3]);
+                for (int s = 0; s < 2; ++s) {
+                    if (s == 1 && !pair2) break;
+                    uint32_t fh[4], fl[4];
+                    ldmatrix_x4_trans(fh, bh[s] + b_at);
+                    ldmatrix_x4_trans(fl, bl[s] + b_at);
+#pragma unroll
+                    for (int h = 0; h < 2; ++h)
+                        mma_split_k16(acc[2 * s + h], ah, al, fh[2 * h], fh[2 * h + 1], fl[2 * h], fl[2 * h + 1]);
+                }
+            }
+#pragma unroll
+            for (int t = 0; t < 4; ++t) {
+                const int d = col0 + 8 * t + 2 * c;
+                if (d >= cols) break;
+                store(16 * rb + g, d, acc[t][0], acc[t][1]);
+                store(16 * rb + g + 8, d, acc[t][2], acc[t][3]);
+            }
         }
     }
 }
@@ -186,13 +219,13 @@ __device__ __forceinline__ void gdn_invert_unit_lower(const float* A, float* tb,
 // q = k = v = 0, β = 0, g = 0, which the reference's padded chunk equals; only rows < n are
 // written. The first value head of each key head also writes the chunk's q and k (hi, lo).
 // Steps: K, Q as hi + lo → the grams (A to shared, C out) → T = (I + A)⁻¹ in blocks (into Q's
-// place) while V's loads are in flight → U = (T diag β) V → W = (T diag(β e^γ)) K.
+// place) while V's and K's loads are in flight → [U | W] = (T diag β) [V | diag(e^γ) K].
 // Dynamic shared memory (bytes), TS = GDN_TILE_STRIDE bf16:
-//   K hi, K lo [64][TS] | Q hi, Q lo [64][TS], then T's blocks (f32), then V hi, V lo
+//   K hi, K lo [64][TS], then e^γ K | Q hi, Q lo [64][TS], then T's blocks (f32), then V hi, V lo
 //   | A f32 [64][GDN_SQ_STRIDE], then T hi, T lo bf16 [64][GDN_SQUARE_STRIDE] | γ, β, e^γ f32 [64 each]
 // A row of TS (or GDN_SQUARE_STRIDE) bf16 is an odd number of 16-byte units: the eight row
 // addresses of an ldmatrix fall in distinct bank groups.
-// Requires Dk ≤ 128, Dv ≤ 128, Dk % 4 == 0.
+// Requires Dk ≤ 128, Dv ≤ 128, Dk % 4 == 0, Dv % 4 == 0 (float4 rows).
 extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
     gdn_chunk_intra(const float* __restrict__ prep, const float* __restrict__ gates, bf16* __restrict__ qk_out,
                     bf16* __restrict__ w_out, float* __restrict__ u_out, bf16* __restrict__ c_out,
@@ -230,8 +263,8 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
     {
         const GdnRows k_rows = gdn_rows_load(prep + row0 + (size_t)(key_heads + kh) * dk, channels, n, dk);
         const GdnRows q_rows = gdn_rows_load(prep + row0 + (size_t)kh * dk, channels, n, dk);
-        gdn_rows_store(k_rows, dkp, KH, KL, qk_rows ? qk_rows + 2 * GDN_MAX_DK : nullptr, qk_stride, n);
-        gdn_rows_store(q_rows, dkp, QH, QL, qk_rows, qk_stride, n);
+        gdn_rows_store(k_rows, nullptr, dkp, KH, KL, qk_rows ? qk_rows + 2 * GDN_MAX_DK : nullptr, qk_stride, n);
+        gdn_rows_store(q_rows, nullptr, dkp, QH, QL, qk_rows, qk_stride, n);
     }
     if (threadIdx.x < GDN_CHUNK) {
         const int i = threadIdx.x;
@@ -263,6 +296,7 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
         const int rb = warp % 4, ch = warp / 4;
         float kk[4][4] = {}, qk[4][4] = {};
         if (32 * ch <= 16 * rb + 15) {
+#pragma unroll 1
             for (int k0 = 0; k0 < dkp; k0 += 16) {
                 uint32_t akh[4], akl[4], aqh[4], aql[4];
                 const int a_at = (16 * rb + lane % 16) * GDN_TILE_STRIDE + k0 + 8 * (lane / 16);
@@ -306,43 +340,37 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
             }
     }
 
-    // V's loads in flight while T is solved in Q's place; then U's left operand T diag(β) over A.
+    // V's and K's loads in flight while T is solved in Q's place (K again, from L2: scaled by e^γ
+    // from its f32 values, not from its split); then the left operand T diag(β) over A.
+    const float* k_src = prep + row0 + (size_t)(key_heads + kh) * dk;
     const GdnRows v_rows = gdn_rows_load(prep + row0 + (size_t)2 * key_heads * dk + (size_t)j * dv, channels, n, dv);
+    const GdnRows k_rows = gdn_rows_load(k_src, channels, n, dk);
     gdn_invert_unit_lower(A, tb, tb + 10 * 256);
+#pragma unroll 1
     for (int e = threadIdx.x; e < GDN_CHUNK * GDN_CHUNK; e += GDN_THREADS) {
         const int i = e / GDN_CHUNK, m = e % GDN_CHUNK;
         const float t = i / 16 >= m / 16 ? tb[gdn_tblock(i / 16, m / 16) + (i % 16) * 16 + m % 16] : 0.f;
         split_bf16(t * beta[m], TH[i * GDN_SQUARE_STRIDE + m], TL[i * GDN_SQUARE_STRIDE + m]);
     }
     __syncthreads();
-    gdn_rows_store(v_rows, dvp, QH, QL, nullptr, 0, n);
+    gdn_rows_store(v_rows, nullptr, dvp, QH, QL, nullptr, 0, n);
+    gdn_rows_store(k_rows, egam, dkp, KH, KL, nullptr, 0, n);
     __syncthreads();
 
+    // [U | W] = T diag(β) [V | diag(e^γ) K] in one pass.
     float* u_head = u_out + (size_t)j * dv;
-    gdn_times_tile(TH, TL, QH, QL, dvp, [&](int i, int d, float v0, float v1) {
-        if (i >= n) return;
-        float* at = u_head + (size_t)(t0 + i) * hv * dv + d;
-        if (d + 1 < dv && dv % 2 == 0) {
-            *reinterpret_cast<float2*>(at) = make_float2(v0, v1);
-        } else if (d < dv) {
-            at[0] = v0;
-            if (d + 1 < dv) at[1] = v1;
-        }
-    });
-    __syncthreads();
-    // W's left operand T diag(β e^γ): U's with its columns scaled by e^γ.
-    for (int e = threadIdx.x; e < GDN_CHUNK * GDN_CHUNK; e += GDN_THREADS) {
-        const int at = (e / GDN_CHUNK) * GDN_SQUARE_STRIDE + e % GDN_CHUNK;
-        split_bf16((to_f32(TH[at]) + to_f32(TL[at])) * egam[e % GDN_CHUNK], TH[at], TL[at]);
-    }
-    __syncthreads();
     bf16* w_head = w_out + (size_t)j * 2 * GDN_MAX_DK;
-    gdn_times_tile(TH, TL, KH, KL, dkp, [&](int i, int d, float v0, float v1) {
+    gdn_times_tiles(TH, TL, QH, QL, dvp, KH, KL, dkp, [&](int i, int d, float v0, float v1) {
         if (i >= n) return;
+        if (d < dvp) {
+            if (d >= dv) return;  // dv is even (a multiple of 4), so d + 1 < dv too
+            *reinterpret_cast<float2*>(u_head + (size_t)(t0 + i) * hv * dv + d) = make_float2(v0, v1);
+            return;
+        }
         bf16 h0, l0, h1, l1;
         split_bf16(v0, h0, l0);
         split_bf16(v1, h1, l1);
-        bf16* w_row = w_head + (size_t)(t0 + i) * hv * 2 * GDN_MAX_DK + d;
+        bf16* w_row = w_head + (size_t)(t0 + i) * hv * 2 * GDN_MAX_DK + (d - dvp);
         *reinterpret_cast<__nv_bfloat162*>(w_row) = __halves2bfloat162(h0, h1);
         *reinterpret_cast<__nv_bfloat162*>(w_row + GDN_MAX_DK) = __halves2bfloat162(l0, l1);
     });

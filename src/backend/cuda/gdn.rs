@@ -530,8 +530,13 @@ fn check_shape(shape: &GdnShape) {
         "GDN key dim {} (the GPU cores hold at most {MAX_KEY_DIM})",
         shape.key_dim
     );
-    // The chunked core reads q and k rows as float4s.
+    // The chunked core reads q, k and v rows as float4s.
     assert!(shape.key_dim.is_multiple_of(4), "GDN key dim {} (the GPU cores need a multiple of 4)", shape.key_dim);
+    assert!(
+        shape.value_dim.is_multiple_of(4),
+        "GDN value dim {} (the GPU cores need a multiple of 4)",
+        shape.value_dim
+    );
     assert!(shape.value_dim > 0 && shape.conv_kernel > 0, "GDN shape {shape:?}");
     assert!(
         shape.value_dim <= MAX_KEY_DIM,
