@@ -106,6 +106,17 @@ def main():
           f"({100 * (span - busy) / span:.1f} %), {(span - busy) / 1e3 / size:.2f} µs a launch.")
     print(f"- Kernel times summed: {summed / 1e3:.1f} µs ({summed / busy:.2f}× busy: overlap by PDL).")
 
+    # Outside graphs: the prompts (and host-loop steps), by kernel, µs a launch.
+    loose = defaultdict(list)
+    for r in rows:
+        if not r["graph_id"]:
+            loose[r["name"]].append((r["end_ns"] - r["start_ns"]) / 1e3)
+    print("\n### kernels launched outside graphs (prompts, host-loop steps): the 25 largest by total time\n")
+    print("| kernel | launches | median µs a launch | total ms |")
+    print("|---|---|---|---|")
+    for name, times in sorted(loose.items(), key=lambda kv: -sum(kv[1]))[:25]:
+        print(f"| `{name}` | {len(times)} | {med(times):.1f} | {sum(times) / 1e3:.2f} |")
+
 
 if __name__ == "__main__":
     main()
