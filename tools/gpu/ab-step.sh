@@ -22,7 +22,7 @@ ckpt=$(tools/gpu/full-ckpt.sh "$report_dir")
 # Each build: its name (the commit in its BUILD file) and its binary.
 names=() bins=()
 add_build() {  # binary-dir
-    names+=("$(cut -d' ' -f2 <"$1/BUILD")")
+    names+=("$(cut -d' ' -f2 <"$1/BUILD" | tr '+' '-')")  # run's files come back with plain names only
     bins+=("$1/limelight")
 }
 add_build .gpu/bin

@@ -32,7 +32,7 @@ done
 tracer=$PWD/.gpu/bin/libkernel_trace.so
 [[ -f $tracer ]] || { echo "no $tracer: tools/gpu/build.sh builds it" >&2; exit 1; }
 for dir in "${dirs[@]}"; do
-    name=$(cut -d' ' -f2 <"$dir/BUILD")
+    name=$(cut -d' ' -f2 <"$dir/BUILD" | tr '+' '-')  # run's files come back with plain names only
     bench=("$dir/limelight" bench engine --model "$ckpt" --prompt-rows "$rows" --context-length 2048
         --prefill-chunk 1024 --frames 64)
     "${bench[@]}" >"$report_dir/engine-plain-$name.txt" 2>&1

@@ -6,9 +6,11 @@
 A CUDA graph replay is the kernels sharing one correlation id (the graph launch's) and a graph
 id. The step's graph is the graph id with the most kernels a replay; its first N replays (default
 8) are dropped as warm-up. For each kernel name: launches a replay, the median over replays of
-its summed in-graph time, and the idle time just before its launches (the gap since the GPU
-last had a kernel running; overlapped launches, as programmatic dependent launch gives, count
-0). Then a replay's span, busy time (the union of kernel intervals) and idle time.
+its summed in-graph time (start to end: with programmatic dependent launch a kernel starts early
+and waits for its predecessor inside, so this overlaps), its critical time (end minus the later
+of its start and the previous kernels' last end: what it adds to the replay's span; these sum
+to the busy time), and the idle time just before its launches (the gap since the GPU last had a
+kernel running). Then a replay's span, busy time (the union of kernel intervals) and idle time.
 """
 import argparse
 import statistics
@@ -43,17 +45,17 @@ def replays_of(rows):
 
 
 def timeline(kernels):
-    """Span, busy time, and per kernel the idle gap before it, in ns."""
+    """Span, busy time, and per kernel the idle gap before it and its critical time, in ns."""
     start = kernels[0]["start_ns"]
     last_end = start
     busy = 0
-    gaps = []
+    gaps, critical = [], []
     for k in kernels:
-        gap = max(0, k["start_ns"] - last_end)
-        gaps.append(gap)
-        busy += max(0, k["end_ns"] - max(k["start_ns"], last_end))
+        gaps.append(max(0, k["start_ns"] - last_end))
+        critical.append(max(0, k["end_ns"] - max(k["start_ns"], last_end)))
+        busy += critical[-1]
         last_end = max(last_end, k["end_ns"])
-    return last_end - start, busy, gaps
+    return last_end - start, busy, gaps, critical
 
 
 def main():
@@ -74,30 +76,35 @@ def main():
         sys.exit("no replays left after --skip")
 
     spans, busies = [], []
-    per_name = defaultdict(lambda: {"launches": 0, "time": [], "gap": []})
+    per_name = defaultdict(lambda: {"launches": 0, "time": [], "gap": [], "critical": []})
     for replay in replays:
-        span, busy, gaps = timeline(replay)
+        span, busy, gaps, critical = timeline(replay)
         spans.append(span)
         busies.append(busy)
-        time, gap = defaultdict(int), defaultdict(int)
-        for k, g in zip(replay, gaps):
+        time, gap, crit = defaultdict(int), defaultdict(int), defaultdict(int)
+        for k, g, c in zip(replay, gaps, critical):
             time[k["name"]] += k["end_ns"] - k["start_ns"]
             gap[k["name"]] += g
+            crit[k["name"]] += c
         for name in time:
             per_name[name]["time"].append(time[name])
             per_name[name]["gap"].append(gap[name])
+            per_name[name]["critical"].append(crit[name])
     for k in replays[0]:
         per_name[k["name"]]["launches"] += 1
 
     med = statistics.median
     span, busy = med(spans), med(busies)
     print(f"### the frame step's graph in flight: {len(replays)} replays of {size} kernels (graph {graph})\n")
-    print("| kernel | launches | in-graph µs (median) | µs a launch | share of span | idle before it, µs |")
-    print("|---|---|---|---|---|---|")
-    order = sorted(per_name.items(), key=lambda kv: -med(kv[1]["time"]))
+    print("| kernel | launches | critical µs (median) | µs a launch | share of span | in-graph µs | idle before it, µs |")
+    print("|---|---|---|---|---|---|---|")
+    order = sorted(per_name.items(), key=lambda kv: -med(kv[1]["critical"]))
     for name, p in order:
-        t, g = med(p["time"]) / 1e3, med(p["gap"]) / 1e3
-        print(f"| `{name}` | {p['launches']} | {t:.1f} | {t / p['launches']:.2f} | {100 * t * 1e3 / span:.1f} % | {g:.1f} |")
+        c, t, g = med(p["critical"]) / 1e3, med(p["time"]) / 1e3, med(p["gap"]) / 1e3
+        print(
+            f"| `{name}` | {p['launches']} | {c:.1f} | {c / p['launches']:.2f} | {100 * c * 1e3 / span:.1f} % "
+            f"| {t:.1f} | {g:.1f} |"
+        )
     summed = sum(med(p["time"]) for p in per_name.values())
     print()
     print(f"- Span of a replay (first kernel's start to last kernel's end), median: {span / 1e3:.1f} µs "
@@ -111,10 +118,10 @@ def main():
     for r in rows:
         if not r["graph_id"]:
             loose[r["name"]].append((r["end_ns"] - r["start_ns"]) / 1e3)
-    print("\n### kernels launched outside graphs (prompts, host-loop steps): the 25 largest by total time\n")
+    print("\n### kernels launched outside graphs (prompts, host-loop steps), by total time\n")
     print("| kernel | launches | median µs a launch | total ms |")
     print("|---|---|---|---|")
-    for name, times in sorted(loose.items(), key=lambda kv: -sum(kv[1]))[:25]:
+    for name, times in sorted(loose.items(), key=lambda kv: -sum(kv[1])):
         print(f"| `{name}` | {len(times)} | {med(times):.1f} | {sum(times) / 1e3:.2f} |")
 
 
