@@ -12,18 +12,43 @@
 // logits[row, e] = x[row] · W_g[e] in fp32 (not rounded), for e < E; column E holds the shared
 // expert's gate logit x[row] · w_sg. One warp per logit, 8 per block: grid (ceil((E+1)/8), rows),
 // 256 threads. x: [rows, K] bf16; wg: [E, K] bf16; wsg: [1, K] bf16; logits: [rows, E+1] f32.
+// Where K ≤ 32 · 8 · ROUTER_PREFETCH (and K % 8 == 0), a lane's slice of its weight row is loaded
+// into registers before `pdl_wait` (no kernel writes weights), overlapping the kernel before it
+// (run 43's trace: 4.4 µs a layer on the critical path); the dot is the same either way: lane ℓ's
+// elements ℓ·8 + 256t + j in increasing t then j, then warp_sum.
+constexpr int ROUTER_PREFETCH = 8;
 extern "C" __global__ void moe_router_logits(const bf16* __restrict__ x, const bf16* __restrict__ wg,
                                              const bf16* __restrict__ wsg, float* __restrict__ logits, int E,
                                              int K) {
-    pdl_begin();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int e = blockIdx.x * (blockDim.x >> 5) + warp;
     const int row = blockIdx.y;
+    const bf16* wr = e < E ? wg + (size_t)e * K : wsg;
+    const bool prefetch = (K & 7) == 0 && K <= 32 * 8 * ROUTER_PREFETCH;
+    uint4 wv[ROUTER_PREFETCH];
+    if (prefetch && e <= E) {
+#pragma unroll
+        for (int t = 0; t < ROUTER_PREFETCH; ++t) {
+            const int i = lane * 8 + 256 * t;
+            wv[t] = i < K ? __ldg(reinterpret_cast<const uint4*>(wr + i)) : make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+    pdl_begin();
     if (e > E) return;
     const bf16* xr = x + (size_t)row * K;
-    const bf16* wr = e < E ? wg + (size_t)e * K : wsg;
     float acc = 0.f;
-    if ((K & 7) == 0) {
+    if (prefetch) {
+#pragma unroll
+        for (int t = 0; t < ROUTER_PREFETCH; ++t) {
+            const int i = lane * 8 + 256 * t;
+            if (i >= K) break;
+            const uint4 xv = *reinterpret_cast<const uint4*>(xr + i);
+            const bf16* xs = reinterpret_cast<const bf16*>(&xv);
+            const bf16* ws = reinterpret_cast<const bf16*>(&wv[t]);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) acc = fmaf(to_f32(xs[j]), to_f32(ws[j]), acc);
+        }
+    } else if ((K & 7) == 0) {
         for (int i = lane * 8; i < K; i += 32 * 8) {
             const uint4 xv = *reinterpret_cast<const uint4*>(xr + i);
             const uint4 wv = *reinterpret_cast<const uint4*>(wr + i);
@@ -156,6 +181,75 @@ __device__ __forceinline__ void route_row(const float* __restrict__ logits, int 
     __syncwarp();  // ex is reused for the warp's next row
 }
 
+// route_row with the row's exps in registers (lane holds experts lane + 32i, i < PER): the same
+// operations in the same order (the max, the exps and their lane-order sum and warp_sum, then per
+// pick each lane's best in ascending index and the same shuffle reduction), so the same ids,
+// weights and gate, without the shared-memory round trips and warp barriers of each pick.
+// Requires E ≤ 32 · PER.
+template <int PER>
+__device__ __forceinline__ void route_row_registers(const float* __restrict__ logits, int row, int E, int top_k,
+                                                    int* __restrict__ ids, float* __restrict__ weights,
+                                                    float* __restrict__ shared_gate) {
+    const int lane = threadIdx.x & 31;
+    const float* l = logits + (size_t)row * (E + 1);
+    float v[PER];
+    float m = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+        const int e = lane + 32 * i;
+        v[i] = e < E ? l[e] : -INFINITY;
+        m = fmaxf(m, v[i]);
+    }
+    m = warp_max(m);
+    float total = 0.f;
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+        if (lane + 32 * i < E) {
+            v[i] = expf(v[i] - m);
+            total += v[i];
+        } else {
+            v[i] = -1.f;  // never picked: every exp is ≥ 0
+        }
+    }
+    total = warp_sum(total);
+
+    float my_p = 0.f, kept = 0.f;
+    int my_id = 0;
+    for (int j = 0; j < top_k; ++j) {
+        float bv = -1.f;
+        int bi = 0x7FFFFFFF;
+#pragma unroll
+        for (int i = 0; i < PER; ++i)
+            if (v[i] > bv) {  // ascending index: an equal value keeps the lower one
+                bv = v[i];
+                bi = lane + 32 * i;
+            }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > bv || (ov == bv && oi < bi)) {
+                bv = ov;
+                bi = oi;
+            }
+        }
+        const float p = bv / total;
+        kept += p;
+        if (lane == j) {
+            my_p = p;
+            my_id = bi;
+        }
+#pragma unroll
+        for (int i = 0; i < PER; ++i)
+            if (lane + 32 * i == bi) v[i] = -1.f;
+    }
+    if (lane < top_k) {
+        ids[(size_t)row * top_k + lane] = my_id;
+        weights[(size_t)row * top_k + lane] = my_p / kept;
+    }
+    if (lane == 0) shared_gate[row] = sigmoidf_(l[E]);
+}
+
 extern "C" __global__ void moe_route(const float* __restrict__ logits, int rows, int E, int top_k,
                                      int* __restrict__ ids, float* __restrict__ weights,
                                      float* __restrict__ shared_gate) {
@@ -261,10 +355,62 @@ extern "C" __global__ void moe_group_pairs(const int* __restrict__ ids, int pair
     group_pairs_block(ids, pairs, E, tile_rows, offsets, sorted, tiles, max_tiles, group_smem);
 }
 
+// group_pairs_block's results for a few pairs (≤ GROUP_SMALL_PAIRS), with two barriers instead
+// of its atomics and block scans: each pair counts its expert's pairs and its place among them,
+// then each expert e counts the pairs and tiles of the experts below it (offsets[e], its first
+// tile). The same offsets and tiles; the pairs of one expert land in `sorted` in pair order (any
+// order is valid there). Every thread of the block must call it.
+constexpr int GROUP_SMALL_PAIRS = 64;
+__device__ __forceinline__ void group_pairs_small(const int* ids, int pairs, int E, int tile_rows,
+                                                  int* __restrict__ offsets, int* __restrict__ sorted,
+                                                  int* __restrict__ tiles, int max_tiles) {
+    __shared__ int pair_expert[GROUP_SMALL_PAIRS], expert_tiles[GROUP_SMALL_PAIRS];
+    const int tid = threadIdx.x;
+    if (tid < pairs) pair_expert[tid] = ids[tid];
+    __syncthreads();
+    if (tid < pairs) {
+        const int e = pair_expert[tid];
+        int count = 0, before = 0, below = 0;
+        for (int q = 0; q < pairs; ++q) {
+            const int eq = pair_expert[q];
+            count += eq == e;
+            before += eq == e && q < tid;
+            below += eq >= 0 && eq < e;
+        }
+        const bool valid = e >= 0 && e < E;
+        // The expert's tile count, held by its first pair only.
+        expert_tiles[tid] = valid && before == 0 ? (count + tile_rows - 1) / tile_rows : 0;
+        if (valid) sorted[below + before] = tid;
+    }
+    __syncthreads();
+    for (int e = tid; e <= E; e += blockDim.x) {
+        int below = 0, first_tile = 0, count = 0;
+        for (int p = 0; p < pairs; ++p) {
+            const int ep = pair_expert[p];
+            if (ep >= 0 && ep < e) {
+                ++below;
+                first_tile += expert_tiles[p];
+            }
+            count += ep == e;
+        }
+        offsets[e] = below;
+        if (e == E) {
+            tiles[0] = min(first_tile, max_tiles);
+            continue;
+        }
+        const int n = (count + tile_rows - 1) / tile_rows;
+        for (int j = 0; j < n && first_tile + j < max_tiles; ++j) {
+            tiles[1 + 2 * (first_tile + j)] = e;
+            tiles[2 + 2 * (first_tile + j)] = below + j * tile_rows;
+        }
+    }
+}
+
 // moe_route then moe_group_pairs in one block, for a decode step's few rows: one launch a layer
-// fewer. Each warp routes rows warp, warp + 32, … with moe_route's code, the block waits, then
-// groups the pairs with moe_group_pairs' code: the same results. 1024 threads; dynamic shared
-// max(32·E floats, 2·E ints).
+// fewer. Each warp routes rows warp, warp + 32, … with moe_route's arithmetic (in registers where
+// E ≤ 256), the block waits, then groups the pairs with moe_group_pairs' results (by
+// group_pairs_small where they are few). 1024 threads; dynamic shared max(32·E floats, 2·E ints).
+constexpr int ROUTE_REGISTERS_PER_LANE = 8;
 extern "C" __global__ void moe_route_group(const float* __restrict__ logits, int rows, int E, int top_k,
                                            int* __restrict__ ids, float* __restrict__ weights,
                                            float* __restrict__ shared_gate, int tile_rows,
@@ -273,9 +419,16 @@ extern "C" __global__ void moe_route_group(const float* __restrict__ logits, int
     pdl_begin();
     extern __shared__ float route_group_smem[];
     const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    for (int row = warp; row < rows; row += warps)
-        route_row(logits, row, E, top_k, route_group_smem + warp * E, ids, weights, shared_gate);
+    for (int row = warp; row < rows; row += warps) {
+        if (E <= 32 * ROUTE_REGISTERS_PER_LANE)
+            route_row_registers<ROUTE_REGISTERS_PER_LANE>(logits, row, E, top_k, ids, weights, shared_gate);
+        else
+            route_row(logits, row, E, top_k, route_group_smem + warp * E, ids, weights, shared_gate);
+    }
     __syncthreads();  // the ids are written; the shared memory is free for the grouping
-    group_pairs_block(ids, rows * top_k, E, tile_rows, offsets, sorted, tiles, max_tiles,
-                      reinterpret_cast<int*>(route_group_smem));
+    if (rows * top_k <= GROUP_SMALL_PAIRS)
+        group_pairs_small(ids, rows * top_k, E, tile_rows, offsets, sorted, tiles, max_tiles);
+    else
+        group_pairs_block(ids, rows * top_k, E, tile_rows, offsets, sorted, tiles, max_tiles,
+                          reinterpret_cast<int*>(route_group_smem));
 }
