@@ -248,67 +248,11 @@ __device__ __forceinline__ uint4 swiglu8(uint4 g, uint4 u) {
     return out;
 }
 
-// What `linear_mma_staged` stages as its x rows (after `pdl_wait`, zeros past k): each functor
-// fills rows [0, rows) of xst (rows of xs vectors, `vectors` of them written) with the block's
-// threads, by cp.async (committed by the caller) or plain stores (made visible by the caller's
-// first barrier).
-// x's rows as they are.
-struct StageCopy {
-    const bf16* x;
-    __device__ __forceinline__ void operator()(uint4* xst, int xs, int rows, int k8, int vectors) const {
-        const uint4* xv = reinterpret_cast<const uint4*>(x);
-        for (int r = 0; r < rows; ++r)
-            for (int v = threadIdx.x; v < vectors; v += blockDim.x) {
-                const bool ok = v < k8;
-                cp_async16_zfill(xst + r * xs + v, ok ? xv + (size_t)r * k8 + v : xv, ok);
-            }
-    }
-};
-// bf16(SiLU(gate) · up) elementwise, the SwiGLU that moe_swiglu_bf16 computes with the same
-// expression (so the same bits), made while staging instead of by a launch of its own.
-struct StageSwiglu {
-    const bf16* gate;
-    const bf16* up;
-    __device__ __forceinline__ void operator()(uint4* xst, int xs, int rows, int k8, int vectors) const {
-        const uint4* gv = reinterpret_cast<const uint4*>(gate);
-        const uint4* uv = reinterpret_cast<const uint4*>(up);
-        const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-        for (int r = 0; r < rows; ++r)
-            for (int v = threadIdx.x; v < vectors; v += blockDim.x)
-                xst[r * xs + v] = v < k8 ? swiglu8(gv[(size_t)r * k8 + v], uv[(size_t)r * k8 + v]) : zero;
-    }
-};
-// The GDN's gated RMSNorm of each value head (heads of dv, k = heads · dv), with gdn_gated_norm's
-// arithmetic (kernels/gdn.cu: the same lanes' sums, warp_sum, rsqrtf and product order, so the
-// same bits), one warp per (row, head), made while staging instead of by a launch of its own.
-struct StageGatedNorm {
-    const float* o;
-    const bf16* z;
-    const float* w;
-    int dv;
-    float eps;
-    __device__ __forceinline__ void operator()(uint4* xst, int xs, int rows, int k8, int vectors) const {
-        const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-        const int k = 8 * k8, heads = k / dv;
-        for (int pair = threadIdx.x >> 5; pair < rows * heads; pair += warps) {
-            const int r = pair / heads, h = pair % heads;
-            const float* op = o + (size_t)pair * dv;
-            const bf16* zp = z + (size_t)pair * dv;
-            bf16* yp = reinterpret_cast<bf16*>(xst + r * xs) + h * dv;
-            float ss = 0.f;
-            for (int c = lane; c < dv; c += 32) ss = fmaf(op[c], op[c], ss);
-            const float inv = rsqrtf(warp_sum(ss) / dv + eps);
-            for (int c = lane; c < dv; c += 32) yp[c] = to_bf16(op[c] * inv * w[c] * siluf_(to_f32(zp[c])));
-        }
-        const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-        for (int r = 0; r < rows; ++r)
-            for (int v = k8 + threadIdx.x; v < vectors; v += blockDim.x) xst[r * xs + v] = zero;
-    }
-};
-
-// x's rows staged by `stage_x` (one of the Stage* above).
-template <class Stage>
-__device__ __forceinline__ void linear_mma_staged(Stage stage_x, const MmaWeights& ws, int rows, int k) {
+// x's rows as staged: copied (up == null), or bf16(SiLU(x) · up) elementwise, the SwiGLU that
+// moe_swiglu_bf16 computes with the same expression (so the same bits), made while staging
+// instead of by a launch of its own.
+__device__ __forceinline__ void linear_mma_staged(const bf16* __restrict__ x, const bf16* __restrict__ up,
+                                                  const MmaWeights& ws, int rows, int k) {
     extern __shared__ uint4 stage[];
     __shared__ float part[MMA_SLICES][4][32];
     const int slice = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
@@ -341,7 +285,19 @@ __device__ __forceinline__ void linear_mma_staged(Stage stage_x, const MmaWeight
     for (int q = 0; q < PIECE_STAGES - 1; ++q)
         if (q < pieces) issue(q);
     pdl_wait();
-    stage_x(xst, xs, rows, k8, steps * 4);
+    const uint4* xv = reinterpret_cast<const uint4*>(x);
+    if (up) {
+        const uint4* uv = reinterpret_cast<const uint4*>(up);
+        for (int r = 0; r < rows; ++r)
+            for (int v = threadIdx.x; v < steps * 4; v += blockDim.x)
+                xst[r * xs + v] = v < k8 ? swiglu8(xv[(size_t)r * k8 + v], uv[(size_t)r * k8 + v]) : zero;
+    } else {
+        for (int r = 0; r < rows; ++r)
+            for (int v = threadIdx.x; v < steps * 4; v += blockDim.x) {
+                const bool ok = v < k8;
+                cp_async16_zfill(xst + r * xs + v, ok ? xv + (size_t)r * k8 + v : xv, ok);
+            }
+    }
     cp_async_commit();
 #pragma unroll
     for (int q = 1; q < PIECE_STAGES - 1; ++q) cp_async_commit();
@@ -377,7 +333,7 @@ __device__ __forceinline__ void linear_mma_staged(Stage stage_x, const MmaWeight
 extern "C" __global__ void __launch_bounds__(256) linear_mma_r8(const bf16* x, const bf16* w, bf16* y, int rows, int n, int k) {
     pdl_launch_dependents();
     const MmaWeights ws{1, {w, nullptr, nullptr, nullptr}, {y, nullptr, nullptr, nullptr}, {n, 0, 0, 0}};
-    linear_mma_staged(StageCopy{x}, ws, rows, k);
+    linear_mma_staged(x, nullptr, ws, rows, k);
 }
 // y = bf16(SiLU(gate) · up) · wᵀ at ≤ 8 rows (gate, up: [rows, k]): the shared expert's and the
 // tower's down projection with their SwiGLU folded into the staging, with the bits of
@@ -386,17 +342,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_mma_r8_swiglu(const bf1
                                                                     bf16* y, int rows, int n, int k) {
     pdl_launch_dependents();
     const MmaWeights ws{1, {w, nullptr, nullptr, nullptr}, {y, nullptr, nullptr, nullptr}, {n, 0, 0, 0}};
-    linear_mma_staged(StageSwiglu{gate, up}, ws, rows, k);
-}
-// y = gated_norm(o, z) · wᵀ at ≤ 8 rows (o: [rows, k] f32, z: [rows, k] bf16, k = heads · dv;
-// norm_w: [dv] f32): the GDN's output projection with its gated RMSNorm folded into the
-// staging, with the bits of gdn_gated_norm then linear_mma_r8.
-extern "C" __global__ void __launch_bounds__(256) linear_mma_r8_gated(const float* o, const bf16* z, const float* norm_w,
-                                                                   int dv, float eps, const bf16* w, bf16* y, int rows,
-                                                                   int n, int k) {
-    pdl_launch_dependents();
-    const MmaWeights ws{1, {w, nullptr, nullptr, nullptr}, {y, nullptr, nullptr, nullptr}, {n, 0, 0, 0}};
-    linear_mma_staged(StageGatedNorm{o, z, norm_w, dv, eps}, ws, rows, k);
+    linear_mma_staged(gate, up, ws, rows, k);
 }
 // ≤ 64 rows per block (eight n8 tiles): the decode batch.
 extern "C" __global__ void __launch_bounds__(256, 2) linear_mma_r64(const bf16* x, const bf16* w, bf16* y, int rows, int n, int k) {
@@ -431,7 +377,7 @@ __device__ __forceinline__ void linear_mma_many(int count, const bf16* const* w,
 extern "C" __global__ void __launch_bounds__(256) linear_mma_r8_many(LINEAR_MMA_MANY_ARGS) {
     pdl_launch_dependents();
     const MmaWeights ws{count, {w0, w1, w2, w3}, {y0, y1, y2, y3}, {n0, n1, n2, n3}};
-    linear_mma_staged(StageCopy{x}, ws, rows, k);
+    linear_mma_staged(x, nullptr, ws, rows, k);
 }
 extern "C" __global__ void __launch_bounds__(256, 2) linear_mma_r64_many(LINEAR_MMA_MANY_ARGS) {
     pdl_launch_dependents();

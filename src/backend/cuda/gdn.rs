@@ -17,7 +17,7 @@ use super::kernel_constants::{
     GDN_BV, GDN_CHUNK, GDN_MAX_DK, GDN_SCAN_BV, GDN_SQUARE_FLOATS, GDN_THREADS, GDN_TILE_STRIDE,
 };
 use super::launch::{Dims, Kernel, KernelError, Module, embedded};
-use super::linear::{gated_norm_project, linear, linear_many, linear_rows, linear_rows_many, linear_segments};
+use super::linear::{linear, linear_many, linear_rows, linear_rows_many, linear_segments};
 use super::memory::PoolBuf;
 use super::tensor::{DType, GpuMatrix, GpuWeight};
 use crate::backend::backbone::GdnShape;
@@ -486,8 +486,7 @@ fn sequence_words(lens: &[usize]) -> Vec<u32> {
     words
 }
 
-/// The gated RMSNorm of the core's output with `z`, then `out_proj`, over every row: at decode
-/// in one launch (the norm made while the projection stages its input, the same bits).
+/// The gated RMSNorm of the core's output with `z`, then `out_proj`, over every row.
 fn finish(
     cuda: &Cuda,
     shape: &GdnShape,
@@ -496,9 +495,7 @@ fn finish(
     o: &PoolBuf,
     project: fn(&Cuda, &GpuMatrix, &GpuWeight) -> GpuMatrix,
 ) -> GpuMatrix {
-    let eps = shape.norm_eps as f32;
-    gated_norm_project(cuda, o.ptr(), &p.z, &w.norm, shape.value_dim, eps, &w.out_proj)
-        .unwrap_or_else(|| project(cuda, &gated_norm(cuda, shape, w, p, o), &w.out_proj))
+    project(cuda, &gated_norm(cuda, shape, w, p, o), &w.out_proj)
 }
 
 /// The gated RMSNorm of the core's output with `z` (each (row, head) pair on its own).

@@ -50,8 +50,6 @@ pub struct LinearKernels {
     mma_r64: Kernel,
     /// `linear_mma_r8_swiglu`: `linear_mma_r8` of `bf16(SiLU(gate) · up)`, made while staging.
     mma_r8_swiglu: Kernel,
-    /// `linear_mma_r8_gated`: `linear_mma_r8` of the GDN's gated RMSNorm, made while staging.
-    mma_r8_gated: Kernel,
     /// `linear_mma_r8_many`, `linear_mma_r64_many`: up to [`MMA_MANY`] weights over one input in
     /// one launch, each output with the bits of its own `linear_mma_*` launch.
     mma_r8_many: Kernel,
@@ -96,7 +94,6 @@ impl LinearKernels {
         Ok(LinearKernels {
             mma_r8: staged("linear_mma_r8")?,
             mma_r8_swiglu: staged("linear_mma_r8_swiglu")?,
-            mma_r8_gated: staged("linear_mma_r8_gated")?,
             mma_r64: m.kernel("linear_mma_r64")?,
             mma_r8_many: staged("linear_mma_r8_many")?,
             mma_r64_many: m.kernel("linear_mma_r64_many")?,
@@ -209,45 +206,6 @@ pub fn swiglu_project(cuda: &Cuda, gate: &GpuMatrix, up: &GpuMatrix, w: &GpuWeig
     let args = [gate.ptr().into(), up.ptr().into(), w.ptr.into(), y.ptr().into(), gate.rows.into(), n.into(), k.into()];
     let grid = (staged_grid(cuda, n.div_ceil(MMA_BLOCK_FEATURES)), 1, 1);
     kernels.mma_r8_swiglu.launch(cuda.stream(), Dims::grid(grid, THREADS).with_shared(shared as u32), &args);
-    Some(y)
-}
-
-/// The GDN's gated RMSNorm of the core's output `o` (f32 `[rows, heads · dv]`, at `o`) with
-/// `z` (bf16, the same shape) and the gain `norm` (f32 `[dv]`), then `· Wᵀ`, in one launch where
-/// the projection would take the staged decode kernel (as [`swiglu_project`]): the bits of
-/// `gdn_gated_norm` followed by [`linear`] or [`linear_rows`], with one launch fewer (run 44's
-/// trace: the norm's own launch was 5.5 µs of a decode step's critical path, 30 a step). `None`
-/// elsewhere; the caller then runs the two steps.
-pub fn gated_norm_project(
-    cuda: &Cuda,
-    o: u64,
-    z: &GpuMatrix,
-    norm: &GpuWeight,
-    dv: usize,
-    eps: f32,
-    w: &GpuWeight,
-) -> Option<GpuMatrix> {
-    assert_eq!(w.dtype, DType::Bf16, "dense projection weight must be bf16");
-    let (n, k) = w.matrix_dims();
-    assert_eq!(z.cols, k, "projection input width");
-    assert!(dv > 0 && k.is_multiple_of(dv), "gated norm heads of {dv} in a row of {k}");
-    let kernels = &cuda.kernels.linear;
-    let shared = kernels.staged_bytes(z.rows, k).filter(|_| mma_fits(k) && z.rows > 0 && n > 0)?;
-    let y = cuda.matrix(z.rows, n);
-    let args = [
-        o.into(),
-        z.ptr().into(),
-        norm.ptr.into(),
-        dv.into(),
-        eps.into(),
-        w.ptr.into(),
-        y.ptr().into(),
-        z.rows.into(),
-        n.into(),
-        k.into(),
-    ];
-    let grid = (staged_grid(cuda, n.div_ceil(MMA_BLOCK_FEATURES)), 1, 1);
-    kernels.mma_r8_gated.launch(cuda.stream(), Dims::grid(grid, THREADS).with_shared(shared as u32), &args);
     Some(y)
 }
 
