@@ -26,9 +26,11 @@ const MORE_ROWS: usize = 37;
 const BOUND: f64 = 1e-2;
 /// The recurrent state after a GPU prefill of n + m rows against a GPU prefill of n then m
 /// decodes: both f32, no bf16 rounding between them, so this sees the chunked core's own
-/// precision (its products split into bf16 hi + lo, ~2⁻¹⁷: measured 6.6e-6 to 3.75e-5 over
-/// runs 27–40; a product that lost its lo terms would give ~1e-3).
-const CORE_STATE_BOUND: f64 = 1e-4;
+/// precision (its products split into bf16 hi + lo, ~2⁻¹⁷) beside the decode path's f32 order.
+/// Measured 5.9e-6 to 7.5e-6 at the tiny and odd dims; at the real dims (128-wide keys) 1.6e-5
+/// to 1.27e-4 over seeds (runs 38–45; one seed gives the same value on either intra kernel), so
+/// the seed, not the kernel, moves it. A product that lost its lo terms would give ~1e-3.
+const CORE_STATE_BOUND: f64 = 3e-4;
 
 struct Case {
     name: &'static str,
