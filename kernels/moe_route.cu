@@ -14,7 +14,7 @@
 // 256 threads. x: [rows, K] bf16; wg: [E, K] bf16; wsg: [1, K] bf16; logits: [rows, E+1] f32.
 // Where K ≤ 32 · 8 · ROUTER_PREFETCH (and K % 8 == 0), a lane's slice of its weight row is loaded
 // into registers before `pdl_wait` (no kernel writes weights), overlapping the kernel before it
-// (run 43's trace: 4.4 µs a layer on the critical path); the dot is the same either way: lane ℓ's
+// (run 44's trace: 4.4 µs a layer on the critical path); the dot is the same either way: lane ℓ's
 // elements ℓ·8 + 256t + j in increasing t then j, then warp_sum.
 constexpr int ROUTER_PREFETCH = 8;
 extern "C" __global__ void moe_router_logits(const bf16* __restrict__ x, const bf16* __restrict__ wg,
