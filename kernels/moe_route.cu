@@ -122,6 +122,39 @@ extern "C" __global__ void moe_router_logits_tiled(const bf16* __restrict__ x, c
 // expert's gate sigmoid(logit[E]). One warp per row, 4 rows per block: grid ceil(rows/4), 128
 // threads, dynamic shared 4·E floats. ids/weights: [rows, top_k] (most probable first);
 // shared_gate: [rows]. top_k ≤ 32 and ≤ E (checked by the wrapper).
+// One pick of a row's routing: the warp's best (bv, bi) over every lane's own best (ties to the
+// lower index), its probability added to `kept`, and lane j keeps it as the row's pick j.
+__device__ __forceinline__ void route_pick(float& bv, int& bi, float total, int j, float& kept, float& my_p,
+                                           int& my_id) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > bv || (ov == bv && oi < bi)) {
+            bv = ov;
+            bi = oi;
+        }
+    }
+    const float p = bv / total;
+    kept += p;
+    if ((int)(threadIdx.x & 31) == j) {
+        my_p = p;
+        my_id = bi;
+    }
+}
+
+// A routed row's outputs: lane j < top_k writes pick j renormalised; lane 0 the shared gate.
+__device__ __forceinline__ void route_store(int row, int top_k, int my_id, float my_p, float kept, float gate_logit,
+                                            int* __restrict__ ids, float* __restrict__ weights,
+                                            float* __restrict__ shared_gate) {
+    const int lane = threadIdx.x & 31;
+    if (lane < top_k) {
+        ids[(size_t)row * top_k + lane] = my_id;
+        weights[(size_t)row * top_k + lane] = my_p / kept;
+    }
+    if (lane == 0) shared_gate[row] = sigmoidf_(gate_logit);
+}
+
 // One row's routing, by one warp (ex: E floats of shared memory, the warp's own).
 __device__ __forceinline__ void route_row(const float* __restrict__ logits, int row, int E, int top_k, float* ex,
                                           int* __restrict__ ids, float* __restrict__ weights,
@@ -154,30 +187,12 @@ __device__ __forceinline__ void route_row(const float* __restrict__ logits, int 
                 bi = e;
             }
         }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ov > bv || (ov == bv && oi < bi)) {
-                bv = ov;
-                bi = oi;
-            }
-        }
-        const float p = bv / total;
-        kept += p;
-        if (lane == j) {
-            my_p = p;
-            my_id = bi;
-        }
+        route_pick(bv, bi, total, j, kept, my_p, my_id);
         __syncwarp();
         if (lane == 0) ex[bi] = -1.f;
         __syncwarp();
     }
-    if (lane < top_k) {
-        ids[(size_t)row * top_k + lane] = my_id;
-        weights[(size_t)row * top_k + lane] = my_p / kept;
-    }
-    if (lane == 0) shared_gate[row] = sigmoidf_(l[E]);
+    route_store(row, top_k, my_id, my_p, kept, l[E], ids, weights, shared_gate);
     __syncwarp();  // ex is reused for the warp's next row
 }
 
@@ -224,30 +239,12 @@ __device__ __forceinline__ void route_row_registers(const float* __restrict__ lo
                 bv = v[i];
                 bi = lane + 32 * i;
             }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ov > bv || (ov == bv && oi < bi)) {
-                bv = ov;
-                bi = oi;
-            }
-        }
-        const float p = bv / total;
-        kept += p;
-        if (lane == j) {
-            my_p = p;
-            my_id = bi;
-        }
+        route_pick(bv, bi, total, j, kept, my_p, my_id);
 #pragma unroll
         for (int i = 0; i < PER; ++i)
             if (lane + 32 * i == bi) v[i] = -1.f;
     }
-    if (lane < top_k) {
-        ids[(size_t)row * top_k + lane] = my_id;
-        weights[(size_t)row * top_k + lane] = my_p / kept;
-    }
-    if (lane == 0) shared_gate[row] = sigmoidf_(l[E]);
+    route_store(row, top_k, my_id, my_p, kept, l[E], ids, weights, shared_gate);
 }
 
 extern "C" __global__ void moe_route(const float* __restrict__ logits, int rows, int E, int top_k,
