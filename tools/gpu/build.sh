@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 # Its own target directory: release builds do not wait on the debug builds of tests.
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target/gpu}
-tools/cuda-toolchain.sh >/dev/null
+cuda_home=$(tools/cuda-toolchain.sh)
 cargo build --release --locked --bin limelight
 # The test binary's path is printed by cargo; take the executable of the `gpu` test target.
 check_bin=$(cargo test --release --locked --test gpu --no-run --message-format=json 2>/dev/null |
@@ -30,7 +30,6 @@ if [[ ! -f $cupti/nvidia/cu13/include/cupti.h ]]; then
     python3 -m pip install --quiet --no-cache-dir --disable-pip-version-check --no-deps --target "$cupti" \
         nvidia-cuda-cupti==13.0.85 >&2
 fi
-cuda_home=$(tools/cuda-toolchain.sh)
 gcc -O2 -shared -fPIC -Wall -Wextra -Werror -I"$cupti/nvidia/cu13/include" -I"$cuda_home/include" \
     tools/gpu/kernel_trace.c -o .gpu/bin/libkernel_trace.so -L"$cupti/nvidia/cu13/lib" -l:libcupti.so.13
 ls -la .gpu/bin
