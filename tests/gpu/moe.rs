@@ -15,7 +15,7 @@ use limelight::backend::backbone::{BackboneOps, ExpertActivations, MoeShape};
 use limelight::backend::cpu::backbone::{quantise, route};
 use limelight::backend::cpu::{CpuWeight, Matrix};
 use limelight::backend::cuda::moe::{self, MoePath};
-use limelight::backend::cuda::tensor::GpuWeight;
+use limelight::backend::cuda::tensor::{GpuMatrix, GpuWeight};
 use limelight::checkpoint::fp8::f32_to_e4m3;
 use limelight::checkpoint::{Dtype, TensorView};
 use limelight::model::weights::{Accept, Fp8Expert, Fp8Linear, Init, MoeWeights, SwiGlu, TensorSpec};
@@ -81,6 +81,10 @@ pub fn run(ctx: &mut Ctx) {
         }
     }
     decode_allocates_nothing(ctx, TINY, &tiny);
+    pool_parks_branch_buffers(ctx);
+    for rows in [1, 9, 130] {
+        shared_beside_in_series(ctx, TINY, &tiny, rows);
+    }
 
     // The wide tiles' stages take 161 KiB of shared memory a block: every card these checks run
     // on (compute capability 9.0) has 227.
@@ -111,6 +115,9 @@ pub fn run(ctx: &mut Ctx) {
         rows_block(ctx, REAL, &real, ExpertActivations::Exact, rows);
     }
     // 9 and 64 rows on the 8-pair tiles; 200 (6.25 pairs per expert) on the wide ones.
+    for rows in [1, 8] {
+        shared_beside_in_series(ctx, REAL, &real, rows);
+    }
     for activations in [ExpertActivations::Exact, ExpertActivations::Fp8Dynamic] {
         for rows in [9, 64, 200] {
             rows_invariant(ctx, REAL, &real, activations, rows);
@@ -310,6 +317,50 @@ fn rows_alone(ctx: &mut Ctx, s: &MoeShape, w: &Layer, x: &Matrix) -> Vec<f32> {
 
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// The Rows path with the shared expert on the side stream (`Cuda::beside`) against the same
+/// path in series, bit for bit, over repeated calls queued back to back without a sync between
+/// them (a buffer reused while the other stream still reads it would show as a difference).
+fn shared_beside_in_series(ctx: &mut Ctx, d: Dims, w: &Layer, rows: usize) {
+    const CALLS: usize = 16;
+    let s = d.shape(ExpertActivations::Fp8Dynamic);
+    let xs: Vec<GpuMatrix> =
+        (0..CALLS).map(|_| ctx.cuda.upload_matrix(&ctx.random_bf16(rows, d.hidden, 1.0))).collect();
+    let run = |beside: bool| -> Vec<u32> {
+        ctx.cuda.set_side_stream(beside);
+        let outs: Vec<GpuMatrix> = xs.iter().map(|x| moe::moe_with(ctx.cuda, &s, &w.gpu, x, MoePath::Rows)).collect();
+        ctx.cuda.set_side_stream(true);
+        outs.iter().flat_map(|y| bits(&ctx.cuda.to_host(y).data)).collect()
+    };
+    let in_series = run(false);
+    let beside = run(true);
+    let label = format!("{CALLS} calls of {}", d.label(rows));
+    ctx.exact(format!("moe rows, shared expert beside = in series [{label}]"), &beside, &in_series);
+}
+
+/// While a side-stream branch is open the pool hands out no buffer dropped since its fork
+/// (either stream may still read it); at the join the buffer is free again.
+fn pool_parks_branch_buffers(ctx: &mut Ctx) {
+    let cuda = ctx.cuda;
+    let before = cuda.scratch(4096);
+    let address = before.ptr();
+    let branch = cuda.beside(|side| {
+        drop(before);
+        side.scratch(4096)
+    });
+    let during = cuda.scratch(4096);
+    let in_branch = branch.get().ptr();
+    let after = cuda.scratch(4096);
+    cuda.synchronize();
+    let reused = [in_branch, during.ptr(), after.ptr()].map(|p| p == address);
+    ctx.check(
+        "pool: a buffer dropped in a side-stream branch",
+        "reused",
+        "not before the join, then yes".into(),
+        format!("in the branch {}, beside it {}, after the join {}", reused[0], reused[1], reused[2]),
+        reused == [false, false, true],
+    );
 }
 
 /// A decode step after warm-up takes every buffer from the pool (and the expert table from the

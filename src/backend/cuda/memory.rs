@@ -108,6 +108,8 @@ struct PoolInner {
     free: BTreeMap<usize, Vec<DeviceBuffer>>,
     /// While a CUDA graph is captured: the buffers its recorded work uses (see [`Pool::begin_hold`]).
     hold: Option<Hold>,
+    /// While work runs on a side stream beside the pool's own (see [`Pool::fork`]).
+    branch: Option<Branch>,
     stats: PoolStats,
     sealed: bool,
     /// Checks set this: every buffer handed out is first filled with 0xFF bytes, a NaN in bf16,
@@ -124,6 +126,17 @@ struct Hold {
     outstanding: usize,
 }
 
+/// Work queued on a side stream beside the pool's stream, from its fork to its join. Stream
+/// order no longer covers reuse: a buffer dropped meanwhile may still be read by either stream's
+/// queued work, so it is parked and becomes free (or held) again only at the join, once the
+/// pool's stream waits for the side's work.
+struct Branch {
+    side: Arc<CudaStream>,
+    /// The branch's launches are being queued now: takes poison on the side stream.
+    queuing: bool,
+    parked: Vec<DeviceBuffer>,
+}
+
 /// Reusable scratch and activation buffers in power-of-two size classes.
 pub struct Pool {
     budget: Arc<Budget>,
@@ -133,8 +146,14 @@ pub struct Pool {
 
 impl Pool {
     pub fn new(budget: Arc<Budget>, stream: Arc<CudaStream>) -> Arc<Pool> {
-        let inner =
-            PoolInner { free: BTreeMap::new(), hold: None, stats: PoolStats::default(), sealed: false, poison: false };
+        let inner = PoolInner {
+            free: BTreeMap::new(),
+            hold: None,
+            branch: None,
+            stats: PoolStats::default(),
+            sealed: false,
+            poison: false,
+        };
         Arc::new(Pool { budget, stream, inner: Mutex::new(inner) })
     }
 
@@ -164,9 +183,11 @@ impl Pool {
             }
         };
         if inner.poison {
-            // SAFETY: the buffer is live and `buffer.bytes()` long; the fill is ordered on the stream
-            // before any kernel that receives the buffer.
-            unsafe { result::memset_d8_async(buffer.ptr(), 0xFF, buffer.bytes(), self.stream.cu_stream()) }.map_err(
+            let stream = inner.branch.as_ref().filter(|b| b.queuing).map_or(&self.stream, |b| &b.side);
+            // SAFETY: the buffer is live and `buffer.bytes()` long; the fill is ordered on the
+            // stream the taker queues on (the side's while a branch is queued), before any kernel
+            // that receives the buffer.
+            unsafe { result::memset_d8_async(buffer.ptr(), 0xFF, buffer.bytes(), stream.cu_stream()) }.map_err(
                 |source| AllocError::Driver {
                     what: "poisoning a pool buffer".into(),
                     bytes: buffer.bytes() as u64,
@@ -194,6 +215,7 @@ impl Pool {
     pub fn begin_hold(&self) {
         let mut inner = self.inner.lock().expect("pool lock");
         assert!(inner.hold.is_none(), "a pool hold is already active (one graph capture at a time)");
+        assert!(inner.branch.is_none(), "a graph capture began inside a side-stream branch");
         inner.hold = Some(Hold::default());
     }
 
@@ -204,9 +226,42 @@ impl Pool {
     /// while the graph still uses its address.
     pub fn end_hold(&self) -> Vec<DeviceBuffer> {
         let mut inner = self.inner.lock().expect("pool lock");
+        assert!(inner.branch.is_none(), "a graph capture ended inside a side-stream branch");
         let hold = inner.hold.take().expect("no pool hold is active");
         assert_eq!(hold.outstanding, 0, "{} buffers taken during a graph capture outlived it", hold.outstanding);
         hold.free.into_values().flatten().collect()
+    }
+
+    /// Opens a branch: `side` has just been made to wait for the pool's stream, and the launches
+    /// queued from now until [`Pool::side_queued`] go to `side`. Until [`Pool::join`], dropped
+    /// buffers are parked (see `Branch`).
+    ///
+    /// # Panics
+    /// If a branch is already open (branches do not nest).
+    pub fn fork(&self, side: &Arc<CudaStream>) {
+        let mut inner = self.inner.lock().expect("pool lock");
+        assert!(inner.branch.is_none(), "a side-stream branch is already open");
+        inner.branch = Some(Branch { side: Arc::clone(side), queuing: true, parked: Vec::new() });
+    }
+
+    /// The branch's launches are queued; launches go to the pool's own stream again.
+    pub fn side_queued(&self) {
+        let mut inner = self.inner.lock().expect("pool lock");
+        inner.branch.as_mut().expect("no side-stream branch is open").queuing = false;
+    }
+
+    /// Closes the branch once the pool's stream has been made to wait for the side's work: its
+    /// parked buffers are free again (kept by the graph's hold during a capture).
+    pub fn join(&self) {
+        let mut inner = self.inner.lock().expect("pool lock");
+        let branch = inner.branch.take().expect("no side-stream branch is open");
+        for buffer in branch.parked {
+            let class = buffer.bytes();
+            match inner.hold.as_mut() {
+                Some(hold) => hold.free.entry(class).or_default().push(buffer),
+                None => inner.free.entry(class).or_default().push(buffer),
+            }
+        }
     }
 
     /// Poison every buffer handed out from now on (see `PoolInner::poison`).
@@ -232,8 +287,10 @@ impl Pool {
         self.inner.lock().expect("pool lock").stats
     }
 
-    pub fn stream(&self) -> &Arc<CudaStream> {
-        &self.stream
+    /// The stream a taker queues on now: the side's while a branch's launches are queued.
+    pub fn stream(&self) -> Arc<CudaStream> {
+        let inner = self.inner.lock().expect("pool lock");
+        Arc::clone(inner.branch.as_ref().filter(|b| b.queuing).map_or(&self.stream, |b| &b.side))
     }
 }
 
@@ -243,7 +300,8 @@ fn smallest_fit(free: &mut BTreeMap<usize, Vec<DeviceBuffer>>, class: usize) -> 
 }
 
 /// A pool buffer, returned to its size class on drop. Work queued on the one stream that reads
-/// it is ordered before any later reuse, so returning it early is safe.
+/// it is ordered before any later reuse, so returning it early is safe (while a side-stream
+/// branch is open it is parked until the join instead).
 pub struct PoolBuf {
     buffer: Option<DeviceBuffer>,
     bytes: usize,
@@ -272,14 +330,16 @@ impl Drop for PoolBuf {
         if let Some(buffer) = self.buffer.take() {
             let class = buffer.bytes();
             if let Ok(mut inner) = self.pool.inner.lock() {
-                match inner.hold.as_mut() {
-                    Some(hold) => {
-                        hold.outstanding -= usize::from(self.in_hold);
-                        hold.free.entry(class).or_default().push(buffer);
-                    }
+                let inner = &mut *inner;
+                if let Some(hold) = inner.hold.as_mut() {
+                    hold.outstanding -= usize::from(self.in_hold);
+                }
+                match (inner.branch.as_mut(), inner.hold.as_mut()) {
+                    (Some(branch), _) => branch.parked.push(buffer),
+                    (None, Some(hold)) => hold.free.entry(class).or_default().push(buffer),
                     // A buffer taken during a hold that ended goes back to the pool here; the
                     // hold's end has already panicked about it.
-                    None => inner.free.entry(class).or_default().push(buffer),
+                    (None, None) => inner.free.entry(class).or_default().push(buffer),
                 }
             }
         }

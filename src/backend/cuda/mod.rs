@@ -1,6 +1,7 @@
 //! The CUDA backend: the same contracts as the CPU backend, computed on an NVIDIA GPU with the
-//! kernels in `kernels/*.cu` (one wrapper module per file). It owns the context, the one stream
-//! every launch is ordered on, the memory budget, the weight arena and the activation pool.
+//! kernels in `kernels/*.cu` (one wrapper module per file). It owns the context, the stream every
+//! launch is ordered on (and a side stream for independent work within a step, `beside`), the
+//! memory budget, the weight arena and the activation pool.
 //! All device `unsafe` of the crate lives under this module.
 //!
 //! Numerics: activations are bf16 between operations (the reference's rounding points),
@@ -10,6 +11,7 @@
 pub mod admission;
 pub mod attention;
 pub mod backbone;
+pub mod beside;
 pub mod budget;
 pub mod codec;
 pub mod codec_encode;
@@ -132,6 +134,8 @@ pub struct Cuda {
     head: Mutex<Option<(Vec<u32>, linear::RestrictedHead)>>,
     /// The arena saved request state lives in, once reserved ([`Cuda::reserve_saved_states`]).
     saved: Mutex<Option<Arc<saved::SavedArena>>>,
+    /// The stream [`Cuda::beside`] queues branches on; `None` on a [`Cuda::fork_stream`] handle.
+    side: Option<beside::SideStream>,
 }
 
 impl Cuda {
@@ -152,6 +156,7 @@ impl Cuda {
         let arena = Mutex::new(WeightArena::new(Arc::clone(&budget)));
         let stager = Some(Mutex::new(staging::Stager::new(&pinned, &device.stream)?));
         let blas = linear::Blas::open(&device, &budget);
+        let side = Some(beside::SideStream::new(&device.stream)?);
         Ok(Cuda {
             device,
             budget,
@@ -164,6 +169,7 @@ impl Cuda {
             context: options.context,
             head: Mutex::new(None),
             saved: Mutex::new(None),
+            side,
         })
     }
 
@@ -188,6 +194,7 @@ impl Cuda {
             context: self.context,
             head: Mutex::new(None),
             saved: Mutex::new(None),
+            side: None,
             device,
         })
     }
@@ -206,8 +213,13 @@ impl Cuda {
         &self.device
     }
 
+    /// The stream launches and copies are queued on: the backend's own, or the side stream
+    /// while a [`Cuda::beside`] branch is being queued.
     pub fn stream(&self) -> &Arc<cudarc::driver::CudaStream> {
-        &self.device.stream
+        match &self.side {
+            Some(side) if side.queuing.load(std::sync::atomic::Ordering::Relaxed) => side.stream(),
+            _ => &self.device.stream,
+        }
     }
 
     /// The device-memory budget (cap, used, peak).

@@ -12,7 +12,9 @@
 //! followed by swap-AB tensor-core tiles of up to 8 pairs (`rows`, `kernels/moe_rows.cu`), or of
 //! up to 32 from 4 pairs per expert up (`kernels/moe_rows_wide.cu`, the same bits); a decode
 //! step's few rows are routed inside the grouping launch (`moe_route_group`, the same code as the
-//! separate `moe_route`), one launch a layer fewer. Routing never leaves the device: no host sync
+//! separate `moe_route`), one launch a layer fewer. On that path the shared expert runs on the
+//! side stream beside the routing and the routed experts (`Cuda::beside`) and joins at the
+//! combine. Routing never leaves the device: no host sync
 //! in any path. The experts' weight and scale addresses live in a device table built once per
 //! layer (first call, the warm-up) and cached under the router weight's address.
 
@@ -27,6 +29,7 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaContext, sys};
 
+use super::beside::Beside;
 use super::launch::{Arg, Dims, Kernel, KernelError, Module, embedded};
 use super::memory::PoolBuf;
 use super::tensor::{DType, GpuMatrix, GpuWeight};
@@ -179,6 +182,12 @@ pub fn moe_with(cuda: &Cuda, s: &MoeShape, w: &MoeWeights<GpuWeight>, x: &GpuMat
         return out;
     }
     let table = expert_table(cuda, s, w);
+    // Decode: the shared expert beside the routing and the routed experts (it joins at the
+    // combine), off the step's critical path.
+    let shared = match path {
+        MoePath::Rows => cuda.beside(|side| shared_expert(side, w, x, true)),
+        _ => Beside::done(shared_expert(cuda, w, x, false)),
+    };
     // The decode batch's few rows route inside the grouping launch (`Job::group`).
     let (routing, pending) = if path == MoePath::Rows && routes_in_group(x.rows, s.experts) {
         let (routing, logits) = router_logits(cuda, s, w, x);
@@ -186,7 +195,6 @@ pub fn moe_with(cuda: &Cuda, s: &MoeShape, w: &MoeWeights<GpuWeight>, x: &GpuMat
     } else {
         (route(cuda, s, w, x), None)
     };
-    let shared = shared_expert(cuda, w, x, path == MoePath::Rows);
     let quantised = (s.activations == ExpertActivations::Fp8Dynamic).then(|| quantise_rows(cuda, x));
     let input = match &quantised {
         Some(q) => Input { ptr: q.codes.ptr(), scales: q.scales.ptr(), kind: ACT_E4M3, elem: 1 },
@@ -327,7 +335,8 @@ struct Job<'a> {
     routing: &'a Routing,
     /// Router logits not yet routed: `group` routes them in its launch (`moe_route_group`).
     pending_logits: Option<u64>,
-    shared: &'a GpuMatrix,
+    /// The shared expert's output (joined by the first combine).
+    shared: &'a Beside<'a, GpuMatrix>,
     input: Input,
     out: &'a GpuMatrix,
     rows: usize,
@@ -491,7 +500,7 @@ impl Job<'_> {
             y.into(),
             (self.routing.weights.ptr() + (r0 * k * 4) as u64).into(),
             (self.routing.shared_gate.ptr() + (r0 * 4) as u64).into(),
-            self.shared.row_ptr(r0).into(),
+            self.shared.get().row_ptr(r0).into(),
             self.out.row_ptr(r0).into(),
             k.into(),
             self.hidden.into(),
