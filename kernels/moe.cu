@@ -13,6 +13,7 @@
 // Both (and moe_rows.cu's) write one f32 output row per (row, slot); the combine sums the slots in
 // slot order, so the result does not depend on scheduling (no float atomics).
 #include "moe.cuh"
+#include "norm.cuh"
 
 // ---------------------------------------------------------------------------------------------
 // e4m3 dot product
@@ -403,4 +404,67 @@ extern "C" __global__ void moe_combine(const float* __restrict__ y, const float*
     for (int s = 0; s < top_k; ++s) acc += wr[s] * yr[(size_t)s * N + c];
     acc += shared_gate[r] * to_f32(shared[(size_t)r * N + c]);
     out[(size_t)r * N + c] = to_bf16(acc);
+}
+
+// moe_combine, then add_rms_norm_zc of its output into the residual (norm.cu), in one launch: the
+// decode MoE ending in the next layer's input norm. One block of NORM_THREADS threads per row of
+// N ≤ NORM_REGS · NORM_THREADS columns; thread t combines columns t + j · NORM_THREADS exactly as
+// moe_combine does (slots in order from 0.f, then the gated shared expert, one rounding to bf16)
+// and hands them to the norm's register path: the bits of the two launches, one launch fewer.
+// The y values of COMBINE_SLOTS slots are loaded together (one round trip per COMBINE_SLOTS
+// slots); the gain, a weight, is fetched before waiting on the kernel before.
+// y: [rows·top_k, N] f32; w: [rows, top_k]; shared_gate: [rows]; shared, residual, out: [rows, N]
+// bf16; gain: [N] f32.
+extern "C" __global__ void __launch_bounds__(NORM_THREADS) moe_combine_add_norm(
+    const float* __restrict__ y, const float* __restrict__ w, const float* __restrict__ shared_gate,
+    const bf16* __restrict__ shared, bf16* __restrict__ residual, const float* __restrict__ gain,
+    bf16* __restrict__ out, int top_k, int N, float eps) {
+    __shared__ float scratch[32];
+    const int r = blockIdx.x, t = threadIdx.x;
+    float g[NORM_REGS];
+#pragma unroll
+    for (int j = 0; j < NORM_REGS; ++j) {
+        const int c = t + j * NORM_THREADS;
+        g[j] = c < N ? gain[c] : 0.f;
+    }
+    pdl_begin();
+    const float* wr = w + (size_t)r * top_k;
+    const float* yr = y + (size_t)r * top_k * N;
+    const bf16* sr = shared + (size_t)r * N;
+    bf16* rr = residual + (size_t)r * N;
+    float acc[NORM_REGS];
+    bf16 a[NORM_REGS], sh[NORM_REGS];
+#pragma unroll
+    for (int j = 0; j < NORM_REGS; ++j) {
+        const int c = t + j * NORM_THREADS;
+        acc[j] = 0.f;
+        a[j] = c < N ? rr[c] : to_bf16(0.f);
+        sh[j] = c < N ? sr[c] : to_bf16(0.f);
+    }
+    for (int s0 = 0; s0 < top_k; s0 += COMBINE_SLOTS) {
+        float ws[COMBINE_SLOTS], yv[COMBINE_SLOTS][NORM_REGS];
+#pragma unroll
+        for (int i = 0; i < COMBINE_SLOTS; ++i) {
+            const int s = s0 + i;
+            ws[i] = s < top_k ? wr[s] : 0.f;
+#pragma unroll
+            for (int j = 0; j < NORM_REGS; ++j) {
+                const int c = t + j * NORM_THREADS;
+                yv[i][j] = s < top_k && c < N ? yr[(size_t)s * N + c] : 0.f;
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < COMBINE_SLOTS; ++i)
+            if (s0 + i < top_k)
+#pragma unroll
+                for (int j = 0; j < NORM_REGS; ++j) acc[j] += ws[i] * yv[i][j];
+    }
+    const float gate = shared_gate[r];
+    bf16 delta[NORM_REGS];
+#pragma unroll
+    for (int j = 0; j < NORM_REGS; ++j) {
+        acc[j] += gate * to_f32(sh[j]);
+        delta[j] = to_bf16(acc[j]);
+    }
+    add_rms_norm_row(rr, a, delta, g, out + (size_t)r * N, N, eps, scratch);
 }

@@ -1,14 +1,13 @@
 // Zero-centred RMSNorm of the backbone (`backbone.md` §4): y = x · rsqrt(mean(x²) + eps) · (1 + w),
 // in fp32 with one rounding to bf16; optionally fused with the residual add before it
 // (`residual ← bf16(residual + delta)`, then the norm of the rounded sum, as transformers does).
-#include "common.cuh"
+#include "norm.cuh"
 
-// Rows up to NORM_REGS · blockDim columns (2048 at 256 threads: every backbone and tower row) are
-// read in one go: each thread issues its NORM_REGS loads together and keeps the values, so a row
-// costs one memory round trip, not one per column a thread visits. A thread still visits its
-// columns c = tid, tid + blockDim, … and sums their squares in that order, as the loop for wider
-// rows does: both give the same bits.
-#define NORM_REGS 8
+// Rows up to NORM_REGS · NORM_THREADS columns (2048: every backbone and tower row) are read in one
+// go: each thread issues its NORM_REGS loads together and keeps the values, so a row costs one
+// memory round trip, not one per column a thread visits. A thread still visits its columns
+// c = tid, tid + blockDim, … and sums their squares in that order, as the loop for wider rows
+// does: both give the same bits. Blocks are NORM_THREADS threads (norm.rs).
 
 // One block per row. x, y: [rows, cols] bf16; w: [cols] f32 (the stored gain w, not 1 + w).
 extern "C" __global__ void rms_norm_zc(const bf16* __restrict__ x, const float* __restrict__ w,
@@ -19,7 +18,7 @@ extern "C" __global__ void rms_norm_zc(const bf16* __restrict__ x, const float* 
     bf16* yr = y + (size_t)blockIdx.x * cols;
     const int t = threadIdx.x, n = blockDim.x;
     float ss = 0.f;
-    if (cols <= NORM_REGS * n) {
+    if (cols <= NORM_REGS * NORM_THREADS) {
         float v[NORM_REGS], g[NORM_REGS];
 #pragma unroll
         for (int j = 0; j < NORM_REGS; ++j) {
@@ -54,8 +53,8 @@ extern "C" __global__ void add_rms_norm_zc(bf16* __restrict__ residual, const bf
     bf16* yr = y + (size_t)blockIdx.x * cols;
     const int t = threadIdx.x, n = blockDim.x;
     float ss = 0.f;
-    if (cols <= NORM_REGS * n) {
-        float v[NORM_REGS], g[NORM_REGS];
+    if (cols <= NORM_REGS * NORM_THREADS) {
+        float g[NORM_REGS];
         bf16 a[NORM_REGS], b[NORM_REGS];
 #pragma unroll
         for (int j = 0; j < NORM_REGS; ++j) {
@@ -64,20 +63,7 @@ extern "C" __global__ void add_rms_norm_zc(bf16* __restrict__ residual, const bf
             b[j] = c < cols ? dr[c] : to_bf16(0.f);
             g[j] = c < cols ? w[c] : 0.f;
         }
-#pragma unroll
-        for (int j = 0; j < NORM_REGS; ++j) {
-            const int c = t + j * n;
-            if (c < cols) {
-                const bf16 s = to_bf16(to_f32(a[j]) + to_f32(b[j]));
-                rr[c] = s;
-                v[j] = to_f32(s);
-                ss += v[j] * v[j];
-            }
-        }
-        const float inv = rsqrtf(block_sum(ss, scratch) / cols + eps);
-#pragma unroll
-        for (int j = 0; j < NORM_REGS; ++j)
-            if (t + j * n < cols) yr[t + j * n] = to_bf16(v[j] * inv * (1.f + g[j]));
+        add_rms_norm_row(rr, a, b, g, yr, cols, eps, scratch);
         return;
     }
     for (int c = t; c < cols; c += n) {

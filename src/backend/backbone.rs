@@ -252,6 +252,21 @@ pub trait BackboneOps: BackendTypes {
         self.moe(shape, w, x)
     }
 
+    /// [`Self::moe_rows`] of `h`, then [`Self::add_rms_norm`] of its output into the residual
+    /// `x` with `weight`: the normed input of the next op (a backend may end the MoE in the norm).
+    fn moe_rows_add_rms_norm(
+        &self,
+        shape: &MoeShape,
+        w: &MoeWeights<Self::Weight>,
+        h: &Self::Act,
+        x: &mut Self::Act,
+        weight: &Self::Weight,
+        eps: f64,
+    ) -> Self::Act {
+        let moe = self.moe_rows(shape, w, h);
+        self.add_rms_norm(x, &moe, weight, eps)
+    }
+
     /// Logits of row `row` of `hidden` for the `lm_head` rows `token_ids`, in that order, on the host.
     fn restricted_logits(&self, lm_head: &Self::Weight, token_ids: &[u32], hidden: &Self::Act, row: usize) -> Vec<f32>;
 

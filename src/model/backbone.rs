@@ -511,9 +511,13 @@ impl<'a, B: BackboneOps> Backbone<'a, B> {
         for (l, layer) in layers.iter().enumerate() {
             let mixed = mix(l, &layer.mixer, &h);
             h = b.add_rms_norm(&mut x, &mixed, &layer.post_attention_norm, c.norm_eps);
-            let moe = if rows_contract { b.moe_rows(&c.moe, &layer.moe, &h) } else { b.moe(&c.moe, &layer.moe, &h) };
             let next_norm = layers.get(l + 1).map_or(&self.weights.final_norm, |next| &next.input_norm);
-            h = b.add_rms_norm(&mut x, &moe, next_norm, c.norm_eps);
+            h = if rows_contract {
+                b.moe_rows_add_rms_norm(&c.moe, &layer.moe, &h, &mut x, next_norm, c.norm_eps)
+            } else {
+                let moe = b.moe(&c.moe, &layer.moe, &h);
+                b.add_rms_norm(&mut x, &moe, next_norm, c.norm_eps)
+            };
             observe(Stage::Layer(l), &x);
         }
         observe(Stage::FinalNorm, &h);

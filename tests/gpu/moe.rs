@@ -15,6 +15,7 @@ use limelight::backend::backbone::{BackboneOps, ExpertActivations, MoeShape};
 use limelight::backend::cpu::backbone::{quantise, route};
 use limelight::backend::cpu::{CpuWeight, Matrix};
 use limelight::backend::cuda::moe::{self, MoePath};
+use limelight::backend::cuda::norm;
 use limelight::backend::cuda::tensor::{GpuMatrix, GpuWeight};
 use limelight::checkpoint::fp8::f32_to_e4m3;
 use limelight::checkpoint::{Dtype, TensorView};
@@ -84,6 +85,7 @@ pub fn run(ctx: &mut Ctx) {
     pool_parks_branch_buffers(ctx);
     for rows in [1, 9, 130] {
         shared_beside_in_series(ctx, TINY, &tiny, rows);
+        ends_in_norm(ctx, TINY, &tiny, rows);
     }
 
     // The wide tiles' stages take 161 KiB of shared memory a block: every card these checks run
@@ -117,6 +119,7 @@ pub fn run(ctx: &mut Ctx) {
     // 9 and 64 rows on the 8-pair tiles; 200 (6.25 pairs per expert) on the wide ones.
     for rows in [1, 8] {
         shared_beside_in_series(ctx, REAL, &real, rows);
+        ends_in_norm(ctx, REAL, &real, rows);
     }
     for activations in [ExpertActivations::Exact, ExpertActivations::Fp8Dynamic] {
         for rows in [9, 64, 200] {
@@ -337,6 +340,26 @@ fn shared_beside_in_series(ctx: &mut Ctx, d: Dims, w: &Layer, rows: usize) {
     let beside = run(true);
     let label = format!("{CALLS} calls of {}", d.label(rows));
     ctx.exact(format!("moe rows, shared expert beside = in series [{label}]"), &beside, &in_series);
+}
+
+/// `moe_rows_add_rms_norm` (the combine, the residual add and the norm in one launch) against
+/// the Rows path's output added and normed by `norm::add_rms_norm`: the residual and the normed
+/// rows bit for bit.
+fn ends_in_norm(ctx: &mut Ctx, d: Dims, w: &Layer, rows: usize) {
+    let s = d.shape(ExpertActivations::Fp8Dynamic);
+    let x = ctx.cuda.upload_matrix(&ctx.random_bf16(rows, d.hidden, 1.0));
+    let residual = ctx.random_bf16(rows, d.hidden, 3.0);
+    let gain = ctx.cuda.upload_f32(&[d.hidden], ctx.random(1, d.hidden, 0.5).data);
+    let eps = 1e-6;
+    let mut fused_residual = ctx.cuda.upload_matrix(&residual);
+    let fused = moe::moe_rows_add_rms_norm(ctx.cuda, &s, &w.gpu, &x, &mut fused_residual, &gain, eps);
+    let mut apart_residual = ctx.cuda.upload_matrix(&residual);
+    let delta = moe::moe_with(ctx.cuda, &s, &w.gpu, &x, MoePath::Rows);
+    let apart = norm::add_rms_norm(ctx.cuda, &mut apart_residual, &delta, &gain, eps);
+    let label = d.label(rows);
+    let host = |m: &GpuMatrix| bits(&ctx.cuda.to_host(m).data);
+    let (got, want) = ([host(&fused_residual), host(&fused)].concat(), [host(&apart_residual), host(&apart)].concat());
+    ctx.exact(format!("moe rows ending in the next norm = moe, then add_rms_norm [{label}]"), &got, &want);
 }
 
 /// While a side-stream branch is open the pool hands out no buffer dropped since its fork

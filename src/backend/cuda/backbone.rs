@@ -129,6 +129,18 @@ impl BackboneOps for Cuda {
         moe::moe_with(self, shape, w, x, moe::MoePath::Rows)
     }
 
+    fn moe_rows_add_rms_norm(
+        &self,
+        shape: &MoeShape,
+        w: &MoeWeights<GpuWeight>,
+        h: &GpuMatrix,
+        x: &mut GpuMatrix,
+        weight: &GpuWeight,
+        eps: f64,
+    ) -> GpuMatrix {
+        moe::moe_rows_add_rms_norm(self, shape, w, h, x, weight, eps)
+    }
+
     fn restricted_logits(&self, lm_head: &GpuWeight, token_ids: &[u32], hidden: &GpuMatrix, row: usize) -> Vec<f32> {
         self.with_restricted_head(token_ids, |head| head.logits_to_host(self, lm_head, hidden, row))
     }

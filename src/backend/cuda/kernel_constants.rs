@@ -22,6 +22,14 @@ pub const GEMM_WG_64X64_STAGES: usize = 6;
 pub const GEMM_WG_64X128_STAGES: usize = 4;
 pub const GEMM_WG_128X128_STAGES: usize = 4;
 
+// kernels/norm.cuh: threads of a norm block (one row), and the columns each thread keeps in
+// registers, so rows up to NORM_THREADS · NORM_REGS columns (every backbone row) are read in one
+// go; `moe_combine_add_norm` (kernels/moe.cu) ends the decode MoE in the next norm for such rows,
+// loading the y values of COMBINE_SLOTS slots at a time.
+pub const NORM_THREADS: usize = 256;
+pub const NORM_REGS: usize = 8;
+pub const COMBINE_SLOTS: usize = 8;
+
 /// Pairs of one expert per tile of the decode batch's experts (kernels/moe_rows.cu): one n8
 /// MMA column set.
 pub const ROWS_PAIRS: usize = 8;

@@ -30,10 +30,11 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::{CudaContext, sys};
 
 use super::beside::Beside;
+use super::kernel_constants::NORM_THREADS;
 use super::launch::{Arg, Dims, Kernel, KernelError, Module, embedded};
 use super::memory::PoolBuf;
 use super::tensor::{DType, GpuMatrix, GpuWeight};
-use super::{Cuda, linear};
+use super::{Cuda, linear, norm};
 use crate::backend::backbone::{ExpertActivations, MoeShape};
 use crate::model::weights::{Fp8Linear, MoeWeights};
 
@@ -54,6 +55,7 @@ pub struct MoeKernels {
     rows_wide: Option<rows::WideKernels>,
     swiglu_bf16: Kernel,
     combine: Kernel,
+    combine_add_norm: Kernel,
     /// Per layer (keyed by the router weight's address): the experts' device address table.
     tables: Mutex<HashMap<u64, ExpertTable>>,
 }
@@ -84,6 +86,7 @@ impl MoeKernels {
             rows_wide: rows::WideKernels::load(ctx, optin)?,
             swiglu_bf16: m.kernel("moe_swiglu_bf16")?,
             combine: m.kernel("moe_combine")?,
+            combine_add_norm: m.kernel("moe_combine_add_norm")?,
             tables: Mutex::new(HashMap::new()),
         })
     }
@@ -176,10 +179,58 @@ pub fn moe(cuda: &Cuda, s: &MoeShape, w: &MoeWeights<GpuWeight>, x: &GpuMatrix) 
 
 /// The MoE block with a chosen expert path (both give the same result; checks compare them).
 pub fn moe_with(cuda: &Cuda, s: &MoeShape, w: &MoeWeights<GpuWeight>, x: &GpuMatrix, path: MoePath) -> GpuMatrix {
-    check_shapes(s, w, x);
     let out = cuda.matrix(x.rows, x.cols);
+    moe_into(cuda, s, w, x, path, Output::Block(&out));
+    out
+}
+
+/// The decode batch's MoE ([`MoePath::Rows`]) of the normed rows `x`, then
+/// `norm::add_rms_norm(residual, ·, gain, eps)`: returns the normed rows. Where a row fits one
+/// norm block the combine, the residual add and the norm are one launch (`moe_combine_add_norm`,
+/// the same bits as the two).
+pub fn moe_rows_add_rms_norm(
+    cuda: &Cuda,
+    s: &MoeShape,
+    w: &MoeWeights<GpuWeight>,
+    x: &GpuMatrix,
+    residual: &mut GpuMatrix,
+    gain: &GpuWeight,
+    eps: f64,
+) -> GpuMatrix {
+    if !norm::fits_registers(x.cols) {
+        let delta = moe_with(cuda, s, w, x, MoePath::Rows);
+        return norm::add_rms_norm(cuda, residual, &delta, gain, eps);
+    }
+    norm::check_gain(residual, gain);
+    assert_eq!((residual.rows, residual.cols), (x.rows, x.cols), "residual add of different shapes");
+    let normed = cuda.matrix(x.rows, x.cols);
+    let add_norm = AddNorm { residual, gain: gain.ptr, eps: eps as f32, normed: &normed };
+    moe_into(cuda, s, w, x, MoePath::Rows, Output::AddNorm(add_norm));
+    normed
+}
+
+/// Where the block's output goes.
+#[derive(Clone, Copy)]
+enum Output<'a> {
+    /// The block's output rows.
+    Block(&'a GpuMatrix),
+    /// Added into a residual and normed (`moe_combine_add_norm`).
+    AddNorm(AddNorm<'a>),
+}
+
+#[derive(Clone, Copy)]
+struct AddNorm<'a> {
+    residual: &'a GpuMatrix,
+    /// The norm's f32 gain.
+    gain: u64,
+    eps: f32,
+    normed: &'a GpuMatrix,
+}
+
+fn moe_into(cuda: &Cuda, s: &MoeShape, w: &MoeWeights<GpuWeight>, x: &GpuMatrix, path: MoePath, out: Output<'_>) {
+    check_shapes(s, w, x);
     if x.rows == 0 {
-        return out;
+        return;
     }
     let table = expert_table(cuda, s, w);
     // Decode: the shared expert beside the routing and the routed experts (it joins at the
@@ -208,7 +259,7 @@ pub fn moe_with(cuda: &Cuda, s: &MoeShape, w: &MoeWeights<GpuWeight>, x: &GpuMat
         pending_logits: pending.as_ref().map(PoolBuf::ptr),
         shared: &shared,
         input,
-        out: &out,
+        out,
         rows: x.rows,
         hidden: x.cols,
     };
@@ -218,7 +269,6 @@ pub fn moe_with(cuda: &Cuda, s: &MoeShape, w: &MoeWeights<GpuWeight>, x: &GpuMat
         MoePath::Auto | MoePath::Grouped => job.grouped(),
         MoePath::Rows => job.rows(),
     }
-    out
 }
 
 /// Dynamic e4m3 quantisation of each row in 1×128 groups (`s = max(amax, 1e-10)/448`, RNE).
@@ -338,7 +388,7 @@ struct Job<'a> {
     /// The shared expert's output (joined by the first combine).
     shared: &'a Beside<'a, GpuMatrix>,
     input: Input,
-    out: &'a GpuMatrix,
+    out: Output<'a>,
     rows: usize,
     hidden: usize,
 }
@@ -496,17 +546,40 @@ impl Job<'_> {
     /// `out[r0..r0+rows] = Σ_slot w · y + shared_gate · shared` (y holds those rows' pairs from 0).
     fn combine(&self, r0: usize, rows: usize, y: u64) {
         let (cuda, k) = (self.cuda, self.s.top_k);
-        let args = [
-            y.into(),
-            (self.routing.weights.ptr() + (r0 * k * 4) as u64).into(),
-            (self.routing.shared_gate.ptr() + (r0 * 4) as u64).into(),
-            self.shared.get().row_ptr(r0).into(),
-            self.out.row_ptr(r0).into(),
-            k.into(),
-            self.hidden.into(),
-        ];
-        let dims = Dims::grid((rows as u32, self.hidden.div_ceil(256) as u32, 1), 256);
-        cuda.kernels.moe.combine.launch(cuda.stream(), dims, &args);
+        let weights = self.routing.weights.ptr() + (r0 * k * 4) as u64;
+        let shared_gate = self.routing.shared_gate.ptr() + (r0 * 4) as u64;
+        let shared = self.shared.get().row_ptr(r0);
+        match self.out {
+            Output::Block(out) => {
+                let args = [
+                    y.into(),
+                    weights.into(),
+                    shared_gate.into(),
+                    shared.into(),
+                    out.row_ptr(r0).into(),
+                    k.into(),
+                    self.hidden.into(),
+                ];
+                let dims = Dims::grid((rows as u32, self.hidden.div_ceil(256) as u32, 1), 256);
+                cuda.kernels.moe.combine.launch(cuda.stream(), dims, &args);
+            }
+            Output::AddNorm(n) => {
+                let args = [
+                    y.into(),
+                    weights.into(),
+                    shared_gate.into(),
+                    shared.into(),
+                    n.residual.row_ptr(r0).into(),
+                    n.gain.into(),
+                    n.normed.row_ptr(r0).into(),
+                    k.into(),
+                    self.hidden.into(),
+                    n.eps.into(),
+                ];
+                let dims = Dims::linear(rows, NORM_THREADS as u32);
+                cuda.kernels.moe.combine_add_norm.launch(cuda.stream(), dims, &args);
+            }
+        }
     }
 }
 

@@ -26,9 +26,17 @@ impl NormKernels {
     }
 }
 
-const THREADS: u32 = 256;
+use super::kernel_constants::{NORM_REGS, NORM_THREADS};
 
-fn check_gain(x: &GpuMatrix, w: &GpuWeight) {
+const THREADS: u32 = NORM_THREADS as u32;
+
+/// Rows of `cols` columns that one norm block holds in registers (`kernels/norm.cuh`): the norms
+/// that end other kernels (`moe_combine_add_norm`) take only these.
+pub fn fits_registers(cols: usize) -> bool {
+    cols <= NORM_REGS * NORM_THREADS
+}
+
+pub(super) fn check_gain(x: &GpuMatrix, w: &GpuWeight) {
     assert_eq!(w.dtype, DType::F32, "norm gain must be resident as f32");
     assert_eq!(w.numel(), x.cols, "norm gain width");
 }
