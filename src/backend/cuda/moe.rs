@@ -14,8 +14,9 @@
 //! step's few rows are routed inside the grouping launch (`moe_route_group`, the same code as the
 //! separate `moe_route`), one launch a layer fewer. On that path the shared expert runs on the
 //! side stream beside the routing and the routed experts (`Cuda::beside`) and joins at the
-//! combine. Routing never leaves the device: no host sync
-//! in any path. The experts' weight and scale addresses live in a device table built once per
+//! combine, and the combine ends in the next layer's input norm (`moe_rows_add_rms_norm`, one
+//! launch for the combine, the residual add and the norm). Routing never leaves the device: no
+//! host sync in any path. The experts' weight and scale addresses live in a device table built once per
 //! layer (first call, the warm-up) and cached under the router weight's address.
 
 mod route;
