@@ -239,37 +239,36 @@ ATTN_VARIANTS(64)
 ATTN_VARIANTS(128)
 ATTN_VARIANTS(256)
 
-// Merges the decode splits of one (head, row): grid (H, T), blockDim a multiple of 32 (HD, ≤ 1024),
-// dynamic shared memory 2 · splits floats.
+// Merges the decode splits of one (head, row): grid (H, T), HD threads (one output each, HD ≤ 1024,
+// a multiple of 32), dynamic shared memory 2 · splits floats; splits ≤ ATTN_MAX_SPLITS.
 // out[t, head·HD + d] = bf16(Σ_s 2^(m_s − M) o_s[d] / Σ_s 2^(m_s − M) l_s · sigmoid(gate[d])).
 // Split 0 always holds key 0, so M is finite and the denominator positive. The splits' (m, l)
-// are read once into shared memory (a thread each), so a thread's loop over the splits issues
-// only its o loads; the sums run over s in the same order, with the same operations.
+// are read once into shared memory (a thread each), and a thread loads its o of every split at
+// once (one memory round trip, not one per few splits) before summing over s in order.
 extern "C" __global__ void attn_decode_combine(const float* __restrict__ part_o, const float* __restrict__ part_ml,
                                                const bf16* __restrict__ qg, bf16* __restrict__ out, int heads,
                                                int head_dim, int splits) {
     pdl_begin();
     extern __shared__ float combine_ml[];  // [splits][m, l]
-    const int head = blockIdx.x, t = blockIdx.y;
+    const int head = blockIdx.x, t = blockIdx.y, d = threadIdx.x;
     const size_t base = ((size_t)t * heads + head) * splits;
-    for (int i = threadIdx.x; i < 2 * splits; i += blockDim.x) combine_ml[i] = part_ml[base * 2 + i];
+    for (int i = d; i < 2 * splits; i += blockDim.x) combine_ml[i] = part_ml[base * 2 + i];
+    float o[ATTN_MAX_SPLITS];
+#pragma unroll
+    for (int s = 0; s < ATTN_MAX_SPLITS; ++s) o[s] = s < splits ? part_o[(base + s) * head_dim + d] : 0.f;
+    const float g = to_f32(qg[(size_t)t * 2 * heads * head_dim + (size_t)head * 2 * head_dim + head_dim + d]);
     __syncthreads();
     float mx = -INFINITY;
     for (int s = 0; s < splits; ++s) mx = fmaxf(mx, combine_ml[2 * s]);
-    const bf16* gate = qg + (size_t)t * 2 * heads * head_dim + (size_t)head * 2 * head_dim + head_dim;
-    bf16* dst = out + ((size_t)t * heads + head) * head_dim;
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-        const float g = to_f32(gate[d]);
-        float acc = 0.f, l = 0.f;
-#pragma unroll 8
-        for (int s = 0; s < splits; ++s) {
-            const float m = combine_ml[2 * s];
-            const float o = part_o[(base + s) * head_dim + d];
-            if (m == -INFINITY) continue;  // an empty split
-            const float w = exp2f(m - mx);
-            l += w * combine_ml[2 * s + 1];
-            acc += w * o;
-        }
-        dst[d] = to_bf16(acc / l * sigmoidf_(g));
+    float acc = 0.f, l = 0.f;
+#pragma unroll
+    for (int s = 0; s < ATTN_MAX_SPLITS; ++s) {
+        if (s >= splits) break;
+        const float m = combine_ml[2 * s];
+        if (m == -INFINITY) continue;  // an empty split
+        const float w = exp2f(m - mx);
+        l += w * combine_ml[2 * s + 1];
+        acc += w * o[s];
     }
+    out[((size_t)t * heads + head) * head_dim + d] = to_bf16(acc / l * sigmoidf_(g));
 }

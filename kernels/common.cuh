@@ -16,9 +16,9 @@ __device__ __forceinline__ bf16 to_bf16(float v) { return __float2bfloat16_rn(v)
 // block scheduling hide under that kernel's tail. Hence every such kernel begins with
 // `pdl_begin()`: `pdl_wait()` returns once its predecessor has finished and its writes are
 // visible (the predecessor waited for its own, so the stream's order holds transitively), and
-// only then `pdl_launch_dependents()` lets the next kernel start. The exceptions are the decode
-// GEMVs (kernels/linear.cu) and the decode router (`moe_router_logits`): they fetch their weights,
-// which no kernel writes, before waiting.
+// only then `pdl_launch_dependents()` lets the next kernel start. The exceptions fetch weights,
+// which no kernel writes, before waiting: the decode GEMVs (kernels/linear.cu), the decode router
+// (`moe_router_logits`), and the norms' gains (norm.cu, `moe_combine_add_norm`, `gdn_gated_norm`).
 __device__ __forceinline__ void pdl_launch_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

@@ -219,18 +219,42 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS)
 // Gated RMSNorm of each value head (`backbone.md` §3.5, norm before gate, plain gain):
 //   y = bf16(o · rsqrt(mean(o²) + eps) · w · SiLU(z)).
 // One warp per (row, value head) pair: grid ceil(pairs / 8), 256 threads. o: [pairs, Dv] f32;
-// z, y: [pairs, Dv] bf16 (row-major [rows, Hv·Dv]); w: [Dv] f32.
+// z, y: [pairs, Dv] bf16 (row-major [rows, Hv·Dv]); w: [Dv] f32. Lane l visits columns
+// l, l + 32, … in that order; heads up to GDN_MAX_DK wide are read in one go (the gain, a weight,
+// before waiting on the kernel before), wider ones column by column: the same bits.
+#define GATED_NORM_REGS (GDN_MAX_DK / 32)
 extern "C" __global__ void gdn_gated_norm(const float* __restrict__ o, const bf16* __restrict__ z,
                                           const float* __restrict__ w, bf16* __restrict__ y, int pairs, int dv,
                                           float eps) {
-    pdl_begin();
     const int lane = threadIdx.x & 31;
+    const bool in_regs = dv <= GDN_MAX_DK;
+    float g[GATED_NORM_REGS];
+#pragma unroll
+    for (int j = 0; j < GATED_NORM_REGS; ++j) g[j] = in_regs && lane + 32 * j < dv ? w[lane + 32 * j] : 0.f;
+    pdl_begin();
     const int pair = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (pair >= pairs) return;  // whole warps leave; no block barrier follows
     const float* op = o + (size_t)pair * dv;
     const bf16* zp = z + (size_t)pair * dv;
     bf16* yp = y + (size_t)pair * dv;
     float ss = 0.f;
+    if (in_regs) {
+        float v[GATED_NORM_REGS], zv[GATED_NORM_REGS];
+#pragma unroll
+        for (int j = 0; j < GATED_NORM_REGS; ++j) {
+            const int c = lane + 32 * j;
+            v[j] = c < dv ? op[c] : 0.f;
+            zv[j] = c < dv ? to_f32(zp[c]) : 0.f;
+        }
+#pragma unroll
+        for (int j = 0; j < GATED_NORM_REGS; ++j)
+            if (lane + 32 * j < dv) ss = fmaf(v[j], v[j], ss);
+        const float inv = rsqrtf(warp_sum(ss) / dv + eps);
+#pragma unroll
+        for (int j = 0; j < GATED_NORM_REGS; ++j)
+            if (lane + 32 * j < dv) yp[lane + 32 * j] = to_bf16(v[j] * inv * g[j] * siluf_(zv[j]));
+        return;
+    }
     for (int c = lane; c < dv; c += 32) ss = fmaf(op[c], op[c], ss);
     const float inv = rsqrtf(warp_sum(ss) / dv + eps);
     for (int c = lane; c < dv; c += 32) yp[c] = to_bf16(op[c] * inv * w[c] * siluf_(to_f32(zp[c])));

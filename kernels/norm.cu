@@ -9,22 +9,34 @@
 // c = tid, tid + blockDim, … and sums their squares in that order, as the loop for wider rows
 // does: both give the same bits. Blocks are NORM_THREADS threads (norm.rs).
 
+// The gain of thread t's columns t + j · NORM_THREADS for the register path (0 past the row, and
+// for rows too wide for it). A weight: the norms load it before waiting on the kernel before.
+__device__ __forceinline__ void load_gain(float (&g)[NORM_REGS], const float* __restrict__ w, int cols, bool in_regs) {
+#pragma unroll
+    for (int j = 0; j < NORM_REGS; ++j) {
+        const int c = threadIdx.x + j * NORM_THREADS;
+        g[j] = in_regs && c < cols ? w[c] : 0.f;
+    }
+}
+
 // One block per row. x, y: [rows, cols] bf16; w: [cols] f32 (the stored gain w, not 1 + w).
 extern "C" __global__ void rms_norm_zc(const bf16* __restrict__ x, const float* __restrict__ w,
                                        bf16* __restrict__ y, int cols, float eps) {
-    pdl_begin();
     __shared__ float scratch[32];
     const bf16* xr = x + (size_t)blockIdx.x * cols;
     bf16* yr = y + (size_t)blockIdx.x * cols;
     const int t = threadIdx.x, n = blockDim.x;
+    const bool in_regs = cols <= NORM_REGS * NORM_THREADS;
+    float g[NORM_REGS];
+    load_gain(g, w, cols, in_regs);
+    pdl_begin();
     float ss = 0.f;
-    if (cols <= NORM_REGS * NORM_THREADS) {
-        float v[NORM_REGS], g[NORM_REGS];
+    if (in_regs) {
+        float v[NORM_REGS];
 #pragma unroll
         for (int j = 0; j < NORM_REGS; ++j) {
             const int c = t + j * n;
             v[j] = c < cols ? to_f32(xr[c]) : 0.f;
-            g[j] = c < cols ? w[c] : 0.f;
         }
 #pragma unroll
         for (int j = 0; j < NORM_REGS; ++j)
@@ -46,22 +58,23 @@ extern "C" __global__ void rms_norm_zc(const bf16* __restrict__ x, const float* 
 // residual += delta (rounded to bf16), then y = rms_norm_zc(residual).
 extern "C" __global__ void add_rms_norm_zc(bf16* __restrict__ residual, const bf16* __restrict__ delta,
                                            const float* __restrict__ w, bf16* __restrict__ y, int cols, float eps) {
-    pdl_begin();
     __shared__ float scratch[32];
     bf16* rr = residual + (size_t)blockIdx.x * cols;
     const bf16* dr = delta + (size_t)blockIdx.x * cols;
     bf16* yr = y + (size_t)blockIdx.x * cols;
     const int t = threadIdx.x, n = blockDim.x;
+    const bool in_regs = cols <= NORM_REGS * NORM_THREADS;
+    float g[NORM_REGS];
+    load_gain(g, w, cols, in_regs);
+    pdl_begin();
     float ss = 0.f;
-    if (cols <= NORM_REGS * NORM_THREADS) {
-        float g[NORM_REGS];
+    if (in_regs) {
         bf16 a[NORM_REGS], b[NORM_REGS];
 #pragma unroll
         for (int j = 0; j < NORM_REGS; ++j) {
             const int c = t + j * n;
             a[j] = c < cols ? rr[c] : to_bf16(0.f);
             b[j] = c < cols ? dr[c] : to_bf16(0.f);
-            g[j] = c < cols ? w[c] : 0.f;
         }
         add_rms_norm_row(rr, a, b, g, yr, cols, eps, scratch);
         return;

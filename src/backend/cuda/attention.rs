@@ -20,7 +20,8 @@ use half::bf16;
 
 use super::Cuda;
 use super::kernel_constants::{
-    ATTN_MAX_GROUP, ATTN_PREFILL_KEYS, ATTN_PREFILL_ROWS, ATTN_PREFILL_THREADS, ATTN_THREADS, ATTN_TILE_KEYS,
+    ATTN_MAX_GROUP, ATTN_MAX_SPLITS, ATTN_PREFILL_KEYS, ATTN_PREFILL_ROWS, ATTN_PREFILL_THREADS, ATTN_THREADS,
+    ATTN_TILE_KEYS,
 };
 use super::launch::{Arg, Dims, Kernel, KernelError, Module, embedded};
 use super::linear::{linear, linear_many, linear_rows, linear_rows_many};
@@ -44,7 +45,7 @@ const TILE_KEYS: usize = ATTN_TILE_KEYS;
 /// Most q heads per kv head the decode kernel holds.
 const MAX_GROUP: usize = ATTN_MAX_GROUP;
 /// Decode splits the keys over at most this many CTAs per (kv head, row) (flash-decoding) ...
-const MAX_SPLITS: usize = 64;
+const MAX_SPLITS: usize = ATTN_MAX_SPLITS;
 /// ... and over one more per this many positions of cache capacity (so a full 16k cache is read
 /// by 64 × kv_heads CTAs, each streaming 256 keys).
 const KEYS_PER_SPLIT: usize = 64;
