@@ -7,7 +7,7 @@
 // normalised q/k, gates, core output, recurrent state), and only the gated norm rounds to bf16.
 //
 // The chunked form (WY/UT transform of each 64-token chunk, then one read and one update of the
-// chunk-start state) is in gdn_chunk.cu: the one of flash-linear-attention
+// chunk-start state) is in gdn_chunk.cuh (and its two kernels' files): the one of flash-linear-attention
 // (github.com/fla-org/flash-linear-attention, MIT licence, `chunk_gated_delta_rule`), kept in fp32.
 //
 // Layouts (row t of a call, C = 2·Hk·Dk + Hv·Dv channels):

@@ -1,4 +1,4 @@
-//! `kernels/gdn.cu` and `kernels/gdn_chunk.cu` against the CPU backend's Gated DeltaNet mixer: chunked prefill from a fresh
+//! `kernels/gdn.cu` and `kernels/gdn_chunk_{intra,scan}.cu` against the CPU backend's Gated DeltaNet mixer: chunked prefill from a fresh
 //! state (output, recurrent and conv state) at lengths around the 64-token chunk, recurrent decode
 //! after it, a second prefill continuing the state; then, on the GPU alone, prefill n + decode m
 //! against one prefill of n + m, several prompts' chunks in one `prefill_many` against each

@@ -197,7 +197,7 @@ pub fn tower_kv_cache_bytes(d: &Dims, context: usize) -> u64 {
 /// Activations live at once during a prefill of `rows` rows, doubled for the pool's
 /// power-of-two size classes: the residual and normed rows, the widest mixer intermediates
 /// (q|gate projection, qkv + z + conv output, the f32 core output and, for GDN, the chunked
-/// core's scratch: q and k, W and C as bf16 hi + lo in rows of `GDN_MAX_DK` (gdn_chunk.cu's
+/// core's scratch: q and k, W and C as bf16 hi + lo in rows of `GDN_MAX_DK` (gdn_chunk.cuh's
 /// header), U and the decays), and the MoE's per-slot rows and expert intermediates in f32.
 pub fn activation_bytes(d: &Dims, rows: usize) -> u64 {
     let h = d.hidden;

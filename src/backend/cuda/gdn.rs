@@ -1,6 +1,7 @@
-//! `kernels/gdn.cu` and `kernels/gdn_chunk.cu` (the chunked prefill): the Gated DeltaNet mixer (`backbone.md` §3) on the GPU, with its per-request
-//! state. Same contract as the CPU oracle (`cpu::backbone::gdn`): projections, causal conv with the
-//! carried conv state, SiLU, L2-normalised q/k, gates β and g, the delta rule (64-token chunks for
+//! `kernels/gdn.cu` and `kernels/gdn_chunk_intra.cu`, `gdn_chunk_scan.cu` (the chunked prefill):
+//! the Gated DeltaNet mixer (`backbone.md` §3) on the GPU, with its per-request state. Same
+//! contract as the CPU oracle (`cpu::backbone::gdn`): projections, causal conv with the carried
+//! conv state, SiLU, L2-normalised q/k, gates β and g, the delta rule (64-token chunks for
 //! prefill, the token recurrence for decode), gated RMSNorm and `out_proj`.
 //!
 //! Numerics: the projections (q|k|v, z, a, b) come out of `linear::linear` in bf16; conv output,
@@ -49,11 +50,12 @@ pub struct GdnKernels {
 impl GdnKernels {
     pub fn load(ctx: &Arc<CudaContext>) -> Result<GdnKernels, KernelError> {
         let m = Module::load_overlapping(ctx, "gdn", embedded::GDN)?;
-        let chunked = Module::load_overlapping(ctx, "gdn_chunk", embedded::GDN_CHUNK)?;
+        let intra = Module::load_overlapping(ctx, "gdn_chunk_intra", embedded::GDN_CHUNK_INTRA)?;
+        let scan = Module::load_overlapping(ctx, "gdn_chunk_scan", embedded::GDN_CHUNK_SCAN)?;
         // 86.75 and 96 KiB: within the opt-in limit of every target (99 KiB on sm_89/sm_120),
         // two CTAs an SM on sm_90 (the unit test below holds both).
-        let chunk_intra = chunked.kernel_with_shared("gdn_chunk_intra", intra_shared_bytes() as usize)?;
-        let chunk_scan = chunked.kernel_with_shared("gdn_chunk_scan", scan_shared_bytes() as usize)?;
+        let chunk_intra = intra.kernel_with_shared("gdn_chunk_intra", intra_shared_bytes() as usize)?;
+        let chunk_scan = scan.kernel_with_shared("gdn_chunk_scan", scan_shared_bytes() as usize)?;
         Ok(GdnKernels {
             zero_f32: m.kernel("gdn_zero_f32")?,
             conv_prepare: m.kernel("gdn_conv_prepare")?,
@@ -423,7 +425,7 @@ fn chunked_core(
     seq_starts: u64,
 ) {
     let (hk, hv, dk, dv) = (shape.key_heads, shape.value_heads, shape.key_dim, shape.value_dim);
-    // The layouts in gdn_chunk.cu's header: q, k, W and C as bf16 hi + lo.
+    // The layouts in kernels/gdn_chunk.cuh: q, k, W and C as bf16 hi + lo.
     let qk = cuda.scratch(rows * hk * 4 * MAX_KEY_DIM * 2);
     let w = cuda.scratch(rows * hv * 2 * MAX_KEY_DIM * 2);
     let u = cuda.scratch(rows * hv * dv * 4);

@@ -58,7 +58,7 @@ pub const ATTN_PREFILL_THREADS: usize = 128;
 pub const ATTN_PREFILL_ROWS: usize = 64;
 pub const ATTN_PREFILL_KEYS: usize = 64;
 
-// kernels/gdn.cu and gdn_chunk.cu: threads of every kernel, tokens per chunk of the prefill (the
+// kernels/gdn.cu, gdn_chunk.cuh, gdn_chunk_intra.cu and gdn_chunk_scan.cu: threads of every kernel, tokens per chunk of the prefill (the
 // reference's), value columns per CTA of the recurrent core and of the chunk scan, the largest
 // key (and, in the chunked prefill, value) dim the cores hold.
 pub const GDN_THREADS: usize = 256;
