@@ -16,8 +16,8 @@
 //! side stream beside the routing and the routed experts (`Cuda::beside`) and joins at the
 //! combine, and the combine ends in the next layer's input norm (`moe_rows_add_rms_norm`, one
 //! launch for the combine, the residual add and the norm). Routing never leaves the device: no
-//! host sync in any path. The experts' weight and scale addresses live in a device table built once per
-//! layer (first call, the warm-up) and cached under the router weight's address.
+//! host sync in any path. The experts' weight and scale addresses live in a device table built
+//! once per layer (first call, the warm-up) and cached under the router weight's address.
 
 mod route;
 mod rows;
@@ -544,7 +544,8 @@ impl Job<'_> {
         max_tiles
     }
 
-    /// `out[r0..r0+rows] = Σ_slot w · y + shared_gate · shared` (y holds those rows' pairs from 0).
+    /// `out[r0..r0+rows] = Σ_slot w · y + shared_gate · shared` (y holds those rows' pairs from 0);
+    /// with `Output::AddNorm`, that added into the residual rows and normed, in the same launch.
     fn combine(&self, r0: usize, rows: usize, y: u64) {
         let (cuda, k) = (self.cuda, self.s.top_k);
         let weights = self.routing.weights.ptr() + (r0 * k * 4) as u64;
