@@ -109,7 +109,8 @@ impl Cuda {
     /// [`Cuda::set_side_stream`] off) the branch runs here, in series.
     ///
     /// `branch` may only queue work (kernels, copies on the stream) and take pool buffers; it must
-    /// not synchronise or open another branch.
+    /// not synchronise, open another branch, or call cuBLASLt (its handle is bound to the
+    /// backend's stream).
     pub fn beside<'c, T>(&'c self, branch: impl FnOnce(&Cuda) -> T) -> Beside<'c, T> {
         let Some(side) = self.side.as_ref().filter(|s| s.enabled.load(Ordering::Relaxed)) else {
             return Beside::done(branch(self));
