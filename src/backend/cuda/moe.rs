@@ -19,6 +19,7 @@
 //! host sync in any path. The experts' weight and scale addresses live in a device table built
 //! once per layer (first call, the warm-up) and cached under the router weight's address.
 
+mod combine;
 mod route;
 mod rows;
 
@@ -31,13 +32,13 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::{CudaContext, sys};
 
 use super::beside::Beside;
-use super::kernel_constants::NORM_THREADS;
 use super::launch::{Arg, Dims, Kernel, KernelError, Module, embedded};
 use super::memory::PoolBuf;
 use super::tensor::{DType, GpuMatrix, GpuWeight};
 use super::{Cuda, linear, norm};
 use crate::backend::backbone::{ExpertActivations, MoeShape};
 use crate::model::weights::{Fp8Linear, MoeWeights};
+use combine::{AddNorm, Output};
 
 pub struct MoeKernels {
     router_logits: Kernel,
@@ -208,24 +209,6 @@ pub fn moe_rows_add_rms_norm(
     let add_norm = AddNorm { residual, gain: gain.ptr, eps: eps as f32, normed: &normed };
     moe_into(cuda, s, w, x, MoePath::Rows, Output::AddNorm(add_norm));
     normed
-}
-
-/// Where the block's output goes.
-#[derive(Clone, Copy)]
-enum Output<'a> {
-    /// The block's output rows.
-    Block(&'a GpuMatrix),
-    /// Added into a residual and normed (`moe_combine_add_norm`).
-    AddNorm(AddNorm<'a>),
-}
-
-#[derive(Clone, Copy)]
-struct AddNorm<'a> {
-    residual: &'a GpuMatrix,
-    /// The norm's f32 gain.
-    gain: u64,
-    eps: f32,
-    normed: &'a GpuMatrix,
 }
 
 fn moe_into(cuda: &Cuda, s: &MoeShape, w: &MoeWeights<GpuWeight>, x: &GpuMatrix, path: MoePath, out: Output<'_>) {
@@ -542,46 +525,6 @@ impl Job<'_> {
         let dims = Dims::linear(1, GROUP_THREADS).with_shared((2 * e * 4) as u32);
         cuda.kernels.moe.group_pairs.launch(cuda.stream(), dims, &args);
         max_tiles
-    }
-
-    /// `out[r0..r0+rows] = Σ_slot w · y + shared_gate · shared` (y holds those rows' pairs from 0);
-    /// with `Output::AddNorm`, that added into the residual rows and normed, in the same launch.
-    fn combine(&self, r0: usize, rows: usize, y: u64) {
-        let (cuda, k) = (self.cuda, self.s.top_k);
-        let weights = self.routing.weights.ptr() + (r0 * k * 4) as u64;
-        let shared_gate = self.routing.shared_gate.ptr() + (r0 * 4) as u64;
-        let shared = self.shared.get().row_ptr(r0);
-        match self.out {
-            Output::Block(out) => {
-                let args = [
-                    y.into(),
-                    weights.into(),
-                    shared_gate.into(),
-                    shared.into(),
-                    out.row_ptr(r0).into(),
-                    k.into(),
-                    self.hidden.into(),
-                ];
-                let dims = Dims::grid((rows as u32, self.hidden.div_ceil(256) as u32, 1), 256);
-                cuda.kernels.moe.combine.launch(cuda.stream(), dims, &args);
-            }
-            Output::AddNorm(n) => {
-                let args = [
-                    y.into(),
-                    weights.into(),
-                    shared_gate.into(),
-                    shared.into(),
-                    n.residual.row_ptr(r0).into(),
-                    n.gain.into(),
-                    n.normed.row_ptr(r0).into(),
-                    k.into(),
-                    self.hidden.into(),
-                    n.eps.into(),
-                ];
-                let dims = Dims::linear(rows, NORM_THREADS as u32);
-                cuda.kernels.moe.combine_add_norm.launch(cuda.stream(), dims, &args);
-            }
-        }
     }
 }
 
