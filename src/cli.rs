@@ -114,6 +114,9 @@ pub struct BenchBatchArgs {
     /// Draw on the host, as `serve --no-cuda-graph` does, instead of on the GPU.
     #[arg(long)]
     pub host_draws: bool,
+    /// Run every step's launches one by one, never the step captured as a CUDA graph.
+    #[arg(long)]
+    pub no_step_graphs: bool,
     /// Prompt rows of each stream (the bench text repeated and cut); default: the text's own.
     #[arg(long)]
     pub prompt_rows: Option<usize>,

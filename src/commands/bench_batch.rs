@@ -19,7 +19,7 @@ use crate::backend::cuda::profile::{self, KernelTime};
 use crate::backend::cuda::{Cuda, CudaOptions};
 use crate::cli::BenchBatchArgs;
 use crate::engine::batch::Stream;
-use crate::engine::cuda_draws::CudaDraws;
+use crate::engine::cuda_draws::{CudaDraws, GraphStats};
 use crate::engine::generate::{Engine, GenerateOptions, Generation, ResidentModel};
 use crate::model::config::{Dims, LayerType, ModelConfig};
 use crate::model::load::Checkpoint;
@@ -37,8 +37,9 @@ pub struct BatchRow {
     pub step_ms: f64,
     /// Frames per second of the whole step (B frames per step).
     pub frames_per_s: f64,
-    /// The frame step's phases, each synced (`StepPhase`): restricted logits and main draws,
-    /// the tower with its head draws, the backbone decode.
+    /// The frame step's phases, each synced (`StepPhase`), its launches run one by one (a
+    /// captured step is one launch): restricted logits and main draws, the tower with its head
+    /// draws, the backbone decode.
     pub main_draws_ms: f64,
     pub tower_ms: f64,
     pub backbone_ms: f64,
@@ -97,6 +98,9 @@ pub struct BatchBench {
     pub frames: usize,
     /// Where the draws ran: "device" or "host" (`--host-draws`).
     pub draws: &'static str,
+    /// Steps captured as CUDA graphs and replays of them, over the whole bench (0 with
+    /// `--no-step-graphs` or `--host-draws`).
+    pub step_graphs: GraphStats,
     pub copy_bandwidth_gb_per_s: f64,
     pub rows: Vec<BatchRow>,
     pub used_bytes: u64,
@@ -118,8 +122,13 @@ pub fn bench_batch(args: &BenchBatchArgs) -> anyhow::Result<BatchBench> {
     admit(&plan, cuda.budget().cap() - cuda.budget().used(), "the budget")?;
     let model = ResidentModel::load(&ckpt, &cuda)?;
     let draws = CudaDraws::for_model(&cuda, &ckpt, &model, largest)?;
+    let draws = if args.no_step_graphs { draws.without_graphs() } else { draws };
     let engine = Engine::new(&cuda, &ckpt, &model)?;
     let engine = if args.host_draws { engine } else { engine.with_device_draws(&draws) };
+    // The phases are timed launch by launch (a sync between a captured step's phases cannot be).
+    let eager_draws = CudaDraws::for_model(&cuda, &ckpt, &model, largest)?.without_graphs();
+    let phased_engine = Engine::new(&cuda, &ckpt, &model)?;
+    let phased_engine = if args.host_draws { phased_engine } else { phased_engine.with_device_draws(&eager_draws) };
     let copy_bandwidth_gb_per_s = cuda.measure_copy_bandwidth(1 << 30)?;
     let position = prompt.len() + args.frames / 2;
     let mut rows = Vec::new();
@@ -164,7 +173,7 @@ pub fn bench_batch(args: &BenchBatchArgs) -> anyhow::Result<BatchBench> {
         let mut phase_ms = [0.0f64; 3];
         for _ in 0..phased {
             let mut t = Instant::now();
-            check(engine.next_frames_observed(&mut refs, &mut |phase| {
+            check(phased_engine.next_frames_observed(&mut refs, &mut |phase| {
                 cuda.synchronize();
                 phase_ms[phase as usize] += t.elapsed().as_secs_f64() * 1e3;
                 t = Instant::now();
@@ -258,6 +267,7 @@ pub fn bench_batch(args: &BenchBatchArgs) -> anyhow::Result<BatchBench> {
         prompt_rows: prompt.len(),
         frames: args.frames,
         draws: if args.host_draws { "host" } else { "device" },
+        step_graphs: draws.graph_stats(),
         copy_bandwidth_gb_per_s,
         rows,
         used_bytes: cuda.budget().used(),
@@ -322,8 +332,15 @@ impl BatchRow {
 impl BatchBench {
     pub fn summary(&self) -> String {
         let mut out = format!(
-            "GPU {}; context {}; prompt {} rows; {} frames timed per size; copy bandwidth {:.0} GB/s\n",
-            self.gpu, self.context, self.prompt_rows, self.frames, self.copy_bandwidth_gb_per_s
+            "GPU {}; context {}; prompt {} rows; {} frames timed per size; copy bandwidth {:.0} GB/s; \
+             step graphs: {} captured, {} replays\n",
+            self.gpu,
+            self.context,
+            self.prompt_rows,
+            self.frames,
+            self.copy_bandwidth_gb_per_s,
+            self.step_graphs.captures,
+            self.step_graphs.replays
         );
         for row in &self.rows {
             out.push_str(&row.line());

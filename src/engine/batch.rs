@@ -20,6 +20,8 @@
 //! batch's steps; the chunks depend on the prompt alone (never on the load), so the prompt's
 //! state does too.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use super::generate::{Engine, GenerateError, GenerateOptions};
 use super::prefix::SharedPrefix;
 use rayon::prelude::*;
@@ -30,8 +32,14 @@ use crate::model::frame::Rows;
 use crate::model::sampling::{MainPick, RasWindow, SamplingError, sample_head, sample_main};
 use crate::model::tower::TowerState;
 
+/// Numbers the engine's streams ([`Stream::id`]).
+static NEXT_STREAM: AtomicU64 = AtomicU64::new(0);
+
 /// One request's model state between frames.
 pub struct Stream<B: Backend> {
+    /// This stream's number, never reused: a backend's captured step replays for one list of
+    /// streams (`cuda_draws`).
+    pub(super) id: u64,
     pub(crate) opts: GenerateOptions,
     pub(super) backbone: BackboneState<B>,
     pub(super) tower: TowerState<B>,
@@ -120,6 +128,7 @@ impl<'w, B: Backend> Engine<'w, B> {
         let mut tower = self.tower.new_state();
         let restored = self.prefix_cache().map_or(0, |cache| cache.restore(rows, prefix, &mut backbone, &mut tower));
         Ok(Stream {
+            id: NEXT_STREAM.fetch_add(1, Ordering::Relaxed),
             opts: opts.clone(),
             backbone,
             tower,

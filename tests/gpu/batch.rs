@@ -3,9 +3,11 @@
 //! (`--no-cuda-graph`): every request's frames and PCM are bit for bit what it produces alone,
 //! inside batches of 2, 8, 32 and 64 streams with staggered arrivals, a long prompt run in chunks
 //! between steps, different sampling knobs per row, and cancellations; the GPU's draws give each
-//! request the host's frames and PCM; a repeated batch of the same requests makes no driver
+//! request the host's frames and PCM; the step captured as a CUDA graph and replayed gives the
+//! bytes of its launches run one by one; a repeated batch of the same requests makes no driver
 //! allocation.
 
+use limelight::backend::cuda::Cuda;
 use limelight::engine::cuda_draws::CudaDraws;
 use limelight::engine::generate::{Engine, GenerateOptions, PREFILL_CHUNK, ResidentModel};
 use limelight::engine::prefix::SharedPrefix;
@@ -28,6 +30,8 @@ pub fn run(ctx: &mut Ctx) {
     // Fewer sampler rows than the largest batch: a batch of 64 is stepped in two passes.
     let draws = CudaDraws::for_model(cuda, &ckpt, &model, 48).expect("device draws");
     let device = Engine::new(cuda, &ckpt, &model).expect("GPU engine").with_device_draws(&draws);
+    let eager_draws = CudaDraws::for_model(cuda, &ckpt, &model, 48).expect("device draws").without_graphs();
+    let eager = Engine::new(cuda, &ckpt, &model).expect("GPU engine").with_device_draws(&eager_draws);
     let samples_per_frame = ckpt.codec_dims.samples_per_frame();
     let builder = PromptBuilder::for_checkpoint(&ckpt);
     let long = "A chapter long enough to need more than one prefill chunk. ".repeat(10);
@@ -101,8 +105,25 @@ pub fn run(ctx: &mut Ctx) {
                 mismatched.is_empty(),
             );
         }
+        graphs_match_launches(ctx, (&device, &draws), &eager, &plan, samples_per_frame, &format!("batch of {size}"));
         last_plan = plan;
     }
+    // Steady streams: nearly every step a replay.
+    let steady: Vec<Planned> = (0..4)
+        .map(|i| Planned {
+            prefix: SharedPrefix::NONE,
+            rows: prompts[i % 2].clone(),
+            opts: GenerateOptions {
+                params: knobs[i % knobs.len()],
+                seed: ctx.rng.next_u64(),
+                max_frames: 40,
+                stall: None,
+            },
+            joins_at: 0,
+            cancel_after: None,
+        })
+        .collect();
+    graphs_match_launches(ctx, (&device, &draws), &eager, &steady, samples_per_frame, "4 steady streams");
     let before = cuda.pool().stats().driver_allocations;
     let _ = batched(&device, &last_plan);
     let repeated = cuda.pool().stats().driver_allocations - before;
@@ -112,5 +133,31 @@ pub fn run(ctx: &mut Ctx) {
         "0".into(),
         repeated.to_string(),
         repeated == 0,
+    );
+}
+
+/// The plan's requests with the batch step's graphs (`device`) and with its launches one by one
+/// (`eager`): the same bytes, and replays among the steps.
+fn graphs_match_launches(
+    ctx: &mut Ctx,
+    (device, draws): (&Engine<'_, Cuda>, &CudaDraws<'_>),
+    eager: &Engine<'_, Cuda>,
+    plan: &[Planned],
+    samples_per_frame: usize,
+    what: &str,
+) {
+    let before = draws.graph_stats();
+    let (graphed, _) = batched(device, plan);
+    let after = draws.graph_stats();
+    let (launched, _) = batched(eager, plan);
+    let differing: Vec<usize> =
+        (0..plan.len()).filter(|&i| !graphed[i].matches(&launched[i], None, samples_per_frame)).collect();
+    let (captures, replays) = (after.captures - before.captures, after.replays - before.replays);
+    ctx.check(
+        format!("{what}: step graphs ({captures} captures, {replays} replays) vs launches one by one, bits"),
+        "requests differing; replays",
+        "0; > 0".into(),
+        format!("{} {differing:?}; {replays}", differing.len()),
+        differing.is_empty() && replays > 0,
     );
 }

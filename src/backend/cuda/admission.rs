@@ -27,6 +27,9 @@ pub struct MemoryPlan {
     pub recurrent_state: u64,
     /// Activation pool for a prefill of `prefill_rows` rows (size classes round up to powers of two).
     pub activations: u64,
+    /// The pool buffers a captured decode step holds for itself, out of the pool's reach while
+    /// it lives (a step of every slot; 0 for the backbone alone).
+    pub step_graph: u64,
     /// The codec: its FP16 decode-path weights and its streaming scratch (0 for the backbone alone).
     pub codec: u64,
     /// The codec encoder (voice cloning): its f32 weights in whole arena chunks and the scratch
@@ -49,6 +52,7 @@ impl MemoryPlan {
             + self.tower_kv_cache
             + self.recurrent_state
             + self.activations
+            + self.step_graph
             + self.codec
             + self.encoder
             + self.workspace
@@ -75,6 +79,7 @@ impl MemoryPlan {
             tower_kv_cache: n * tower_kv_cache_bytes(dims, context),
             recurrent_state: n * recurrent_state_bytes(dims) as u64,
             activations: activation_bytes(dims, prefill_rows.max(streams)) + n * PREFILL_STREAM_SCRATCH_BYTES,
+            step_graph: 0,
             codec: 0,
             encoder: 0,
             workspace: WORKSPACE_BYTES,
@@ -95,6 +100,7 @@ impl MemoryPlan {
         let codec_weights = device_budget(ckpt, context).codec_weights as u64;
         let encoder_weights = (encoder_weight_bytes(ckpt) as u64).next_multiple_of(WeightArena::CHUNK as u64);
         MemoryPlan {
+            step_graph: activation_bytes(&ckpt.dims, streams),
             codec: codec_weights + CODEC_SCRATCH_BYTES + streams as u64 * CODEC_STREAM_BYTES,
             encoder: encoder_weights + encoder_scratch_bytes(MAX_REFERENCE_SECONDS),
             ..MemoryPlan::for_streams(&ckpt.dims, context, prefill_rows, streams)
@@ -243,7 +249,7 @@ impl fmt::Display for MemoryPlan {
         write!(
             f,
             "weights {} + KV cache {} ({} streams × {} positions) + tower KV cache {} + GDN state {} + \
-             activations {} ({}-row prefill) + codec {} + encoder {} + workspace {} + voice cache {}",
+             activations {} ({}-row prefill) + step graph {} + codec {} + encoder {} + workspace {} + voice cache {}",
             gib(self.weights),
             gib(self.kv_cache),
             self.streams,
@@ -252,6 +258,7 @@ impl fmt::Display for MemoryPlan {
             gib(self.recurrent_state),
             gib(self.activations),
             self.prefill_rows,
+            gib(self.step_graph),
             gib(self.codec),
             gib(self.encoder),
             gib(self.workspace),

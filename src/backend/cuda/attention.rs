@@ -26,6 +26,7 @@ use super::kernel_constants::{
 use super::launch::{Arg, Dims, Kernel, KernelError, Module, embedded};
 use super::linear::{linear, linear_many, linear_rows, linear_rows_many};
 use super::memory::PoolBuf;
+use super::tables::StagedTable;
 use super::tensor::{DType, GpuMatrix, GpuWeight};
 use crate::backend::backbone::AttentionShape;
 use crate::model::weights::AttentionWeights;
@@ -374,7 +375,7 @@ fn launch_prep(
 /// The decode batch's rows on the device (the kernels' `DecodeRows`): for row r, the addresses of
 /// its own cache's keys and values and its position, staged for one call.
 pub(super) struct RowCaches {
-    buf: PoolBuf,
+    buf: StagedTable,
     rows: usize,
 }
 
@@ -396,8 +397,8 @@ impl RowCaches {
         words.extend(values);
         let pos: Vec<i32> = positions.iter().map(|&p| i32::try_from(p).expect("positions fit i32")).collect();
         words.extend(pos.chunks(2).map(|c| u64::from(c[0] as u32) | (u64::from(*c.get(1).unwrap_or(&0) as u32) << 32)));
-        let buf = cuda.scratch(words.len() * 8);
-        cuda.stage_to_device(buf.ptr(), &words);
+        // The positions' i32 lanes follow the 2·rows address words.
+        let buf = cuda.stage_table(&words, 4 * rows..5 * rows);
         RowCaches { buf, rows }
     }
 

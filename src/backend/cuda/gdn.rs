@@ -300,9 +300,7 @@ fn run_core(
     let address_table = |states: &[&mut GpuGdnState]| {
         let mut words: Vec<u64> = states.iter().map(|st| st.conv.ptr()).collect();
         words.extend(states.iter().map(|st| st.recurrent.ptr()));
-        let table = cuda.scratch(words.len() * 8);
-        cuda.stage_to_device(table.ptr(), &words);
-        table
+        cuda.stage_table(&words, 0..0)
     };
     // `longest`: the most rows of one sequence.
     let (conv, recurrent, tables, spans, sequences, longest) = match sequences {

@@ -29,9 +29,17 @@ impl CapturedGraph {
             drop(cuda.pool().end_hold());
             return Err(e);
         }
-        record();
+        // A panic inside `record` (a pool miss the budget refuses, say) must not leave the stream
+        // capturing, which would fail every later call on it: end the capture, then go on
+        // unwinding.
+        let recorded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(record));
         let ended = stream.end_capture(sys::CUgraphInstantiate_flags(0));
         let held = cuda.pool().end_hold();
+        if let Err(panic) = recorded {
+            drop(ended);
+            cuda.pool().restore(held);
+            std::panic::resume_unwind(panic);
+        }
         let graph = ended?.expect("a capture that recorded work yields a graph");
         Ok(CapturedGraph { graph, _held: held })
     }
@@ -39,5 +47,13 @@ impl CapturedGraph {
     /// Queues one replay on the stream the graph was captured on (no sync).
     pub fn replay(&self) -> Result<(), DriverError> {
         self.graph.launch()
+    }
+
+    /// Destroys the graph and gives its buffers back to the pool (`Pool::restore`), so the next
+    /// capture takes them again instead of the driver's memory.
+    pub fn release(self, cuda: &Cuda) {
+        let CapturedGraph { graph, _held: held } = self;
+        drop(graph);
+        cuda.pool().restore(held);
     }
 }

@@ -272,6 +272,16 @@ impl Pool {
     /// From now on every driver allocation is counted in [`PoolStats::after_seal`].
     /// Frees every buffer the pool holds free (their bytes go back to the budget). Call it once
     /// the stream is idle: a freed buffer may no longer be read by queued work.
+    /// Takes back the buffers a dropped graph held (`CapturedGraph::release`) as free buffers.
+    /// Safe in stream order: the graph's replays were queued on this pool's stream before any
+    /// work of a later taker.
+    pub fn restore(&self, buffers: Vec<DeviceBuffer>) {
+        let mut inner = self.inner.lock().expect("pool lock");
+        for b in buffers {
+            inner.free.entry(b.bytes()).or_default().push(b);
+        }
+    }
+
     pub fn release_free(&self) {
         let mut inner = self.inner.lock().expect("pool lock");
         let freed: u64 = inner.free.values().flatten().map(|b| b.bytes() as u64).sum();

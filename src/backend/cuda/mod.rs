@@ -31,6 +31,7 @@ pub mod sampling;
 pub mod saved;
 pub mod staging;
 pub mod step;
+pub mod tables;
 pub mod tensor;
 pub mod tower;
 
@@ -136,6 +137,8 @@ pub struct Cuda {
     saved: Mutex<Option<Arc<saved::SavedArena>>>,
     /// The stream [`Cuda::beside`] queues branches on; `None` on a [`Cuda::fork_stream`] handle.
     side: Option<beside::SideStream>,
+    /// The arena [`Cuda::stage_table`] fills while a batch step is recorded (`tables`).
+    tables: Mutex<Option<tables::TableArena>>,
 }
 
 impl Cuda {
@@ -170,6 +173,7 @@ impl Cuda {
             head: Mutex::new(None),
             saved: Mutex::new(None),
             side,
+            tables: Mutex::new(None),
         })
     }
 
@@ -195,6 +199,7 @@ impl Cuda {
             head: Mutex::new(None),
             saved: Mutex::new(None),
             side: None,
+            tables: Mutex::new(None),
             device,
         })
     }
