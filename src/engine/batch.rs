@@ -37,9 +37,8 @@ static NEXT_STREAM: AtomicU64 = AtomicU64::new(0);
 
 /// One request's model state between frames.
 pub struct Stream<B: Backend> {
-    /// This stream's number, never reused: a backend's captured step replays for one list of
-    /// streams (`cuda_draws`).
-    pub(super) id: u64,
+    /// This stream's number, never reused ([`Stream::id`]).
+    id: u64,
     pub(crate) opts: GenerateOptions,
     pub(super) backbone: BackboneState<B>,
     pub(super) tower: TowerState<B>,
@@ -79,6 +78,12 @@ pub trait DeviceDraws<B: Backend> {
 }
 
 impl<B: Backend> Stream<B> {
+    /// This stream's number among all the engine's streams, never reused: a backend's captured
+    /// step replays for one list of streams (`cuda_draws`).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
     /// Rows of the prompt.
     pub fn prompt_rows(&self) -> usize {
         self.prompt.len()

@@ -81,7 +81,7 @@ impl StepGraphs {
         streams: &mut [&mut Stream<Cuda>],
     ) -> Result<bool, GenerateError> {
         let cuda = draws.cuda;
-        let ids: Vec<u64> = streams.iter().map(|s| s.id).collect();
+        let ids: Vec<u64> = streams.iter().map(|s| s.id()).collect();
         if let Some(current) = self.current.as_mut().filter(|c| c.streams == ids) {
             assert!(streams.iter().all(|s| room_for_a_row(s)), "a replayed step past a cache's capacity");
             current.tables.advance_positions();
@@ -150,7 +150,7 @@ impl StepGraphs {
     /// moved to new buffers); the next step of the same streams is captured.
     pub(super) fn ran_eagerly(&mut self, cuda: &Cuda, streams: &[&mut Stream<Cuda>]) {
         self.drop_current(cuda);
-        self.eager = Some(streams.iter().map(|s| s.id).collect());
+        self.eager = Some(streams.iter().map(|s| s.id()).collect());
     }
 
     fn drop_current(&mut self, cuda: &Cuda) {
