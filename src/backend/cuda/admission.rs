@@ -330,13 +330,19 @@ mod tests {
         assert!(codec_weights > 0);
         // One slot: the codec's weights, its shared scratch and one stream's state.
         assert_eq!(engine.codec, codec_weights + CODEC_SCRATCH_BYTES + CODEC_STREAM_BYTES);
-        assert_eq!(engine.total(), model.total() + engine.codec + engine.encoder);
+        // The captured decode step's own buffers: a step of every slot.
+        assert_eq!(engine.step_graph, activation_bytes(&ckpt.dims, 1));
+        assert_eq!(engine.total(), model.total() + engine.step_graph + engine.codec + engine.encoder);
         // The encoder: its f32 weights in whole arena chunks and a 60 s clip's scratch.
         assert_eq!(engine.encoder, WeightArena::CHUNK as u64 + encoder_scratch_bytes(MAX_REFERENCE_SECONDS));
         // Each further slot adds its own codec state on top of its model states.
         let four = MemoryPlan::for_engine_streams(&ckpt, 4096, 256, 4);
         assert_eq!(four.codec, engine.codec + 3 * CODEC_STREAM_BYTES);
-        assert_eq!(four.total(), MemoryPlan::for_streams(&ckpt.dims, 4096, 256, 4).total() + four.codec + four.encoder);
+        assert_eq!(four.step_graph, activation_bytes(&ckpt.dims, 4));
+        assert_eq!(
+            four.total(),
+            MemoryPlan::for_streams(&ckpt.dims, 4096, 256, 4).total() + four.step_graph + four.codec + four.encoder
+        );
         // 13 tower layers (4 shared + 9 residual) hold K and V for every position.
         let d = &ckpt.dims;
         assert_eq!(model.tower_kv_cache, (d.tower_layers() * 2 * 4096 * d.kv_heads * d.head_dim * 2) as u64);

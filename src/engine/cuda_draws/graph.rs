@@ -20,7 +20,10 @@
 //! The replay runs the same kernels on the same data as the eager step, so a stream's bytes are
 //! the same either way (the GPU checks compare them).
 
+use std::panic::AssertUnwindSafe;
+
 use super::{CudaDraws, Stream};
+use crate::backend::OutOfDeviceMemory;
 use crate::backend::cuda::Cuda;
 use crate::backend::cuda::graph::CapturedGraph;
 use crate::backend::cuda::memory::MemoryError;
@@ -47,6 +50,7 @@ pub(super) struct StepGraphs {
     current: Option<Captured>,
     /// The arena between captures (inside `current` while one lives).
     spare: Option<TableArena>,
+    arena_bytes: usize,
     /// A capture failed: every later step runs launch by launch (the log says why).
     failed: bool,
     stats: GraphStats,
@@ -64,7 +68,14 @@ impl StepGraphs {
     pub(super) fn new(cuda: &Cuda, layers: usize, rows: usize) -> Result<StepGraphs, MemoryError> {
         let bytes = layers * (rows * TABLE_BYTES_PER_ROW_LAYER + TABLE_ALIGN_BYTES_PER_LAYER);
         let arena = TableArena::new(cuda.budget(), bytes)?;
-        Ok(StepGraphs { eager: None, current: None, spare: Some(arena), failed: false, stats: GraphStats::default() })
+        Ok(StepGraphs {
+            eager: None,
+            current: None,
+            spare: Some(arena),
+            arena_bytes: bytes,
+            failed: false,
+            stats: GraphStats::default(),
+        })
     }
 
     pub(super) fn stats(&self) -> GraphStats {
@@ -98,52 +109,86 @@ impl StepGraphs {
         if self.failed || self.eager.as_ref() != Some(&ids) {
             return Ok(false);
         }
-        let Some(arena) = self.spare.take() else { return Ok(false) };
+        self.capture(draws, engine, streams, ids)
+    }
+
+    /// Records the step of `streams` (the list `ids`) as a graph and replays it once; `false`
+    /// when it could not be captured (nothing ran; the lengths are put back, and every later
+    /// step runs launch by launch).
+    fn capture(
+        &mut self,
+        draws: &CudaDraws<'_>,
+        engine: &Engine<'_, Cuda>,
+        streams: &mut [&mut Stream<Cuda>],
+        ids: Vec<u64>,
+    ) -> Result<bool, GenerateError> {
+        let cuda = draws.cuda;
+        let arena = match self.spare.take() {
+            Some(arena) => arena,
+            // A panic inside the last capture dropped it.
+            None => {
+                TableArena::new(cuda.budget(), self.arena_bytes).map_err(|e| GenerateError::Batch(e.to_string()))?
+            }
+        };
         let before: Vec<Vec<usize>> = streams.iter().map(|s| lengths(s)).collect();
+        let every_row = vec![Some(0); ids.len()];
         let mut recorded = None;
-        let (captured, tables) = cuda.record_tables(arena, || {
-            CapturedGraph::capture(cuda, || {
-                recorded = Some(draws.record(engine, streams, &vec![Some(0); ids.len()], &mut |_| {}).map(|out| {
-                    // Each stream's next hidden row, in place: the next replay reads it there.
-                    let out = out.expect("every row goes on");
-                    for (row, s) in streams.iter().enumerate() {
-                        let own = s.hidden.as_ref().expect("a stepping stream has its hidden row");
-                        cuda.copy_device_to_device(own.ptr(), out.row_ptr(row), own.bytes());
-                    }
-                }));
+        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            cuda.record_tables(arena, || {
+                CapturedGraph::capture(cuda, || {
+                    recorded = Some(draws.record(engine, streams, &every_row, &mut |_| {}).map(|out| {
+                        // Each stream's next hidden row, in place: the next replay reads it there.
+                        let out = out.expect("every row goes on");
+                        for (row, s) in streams.iter().enumerate() {
+                            let own = s.hidden.as_ref().expect("a stepping stream has its hidden row");
+                            cuda.copy_device_to_device(own.ptr(), out.row_ptr(row), own.bytes());
+                        }
+                    }));
+                })
             })
-        });
+        }));
         // The recording moved the host's lengths; a replay must move them the same way.
         let one_row_on = (streams.iter().zip(&before))
             .all(|(s, before)| lengths(s).iter().zip(before).all(|(after, before)| *after == before + 1));
-        match (captured, recorded) {
-            (Ok(graph), Some(Ok(()))) if one_row_on => {
+        let why = match (outcome, recorded) {
+            (Ok((Ok(graph), tables)), Some(Ok(()))) if one_row_on => {
                 tables.upload(cuda);
                 graph.replay().map_err(|e| GenerateError::Batch(format!("replaying the batch step: {e}")))?;
                 self.stats.captures += 1;
                 self.stats.replays += 1;
                 self.current = Some(Captured { streams: ids, graph, tables });
-                Ok(true)
+                return Ok(true);
             }
-            (captured, recorded) => {
-                // Nothing ran: put the lengths back and let the step run eagerly.
-                for (s, before) in streams.iter_mut().zip(&before) {
-                    set_lengths(s, before);
+            (Err(panic), _) => {
+                // Out of device memory is the request's (a 503), not the graph's.
+                if panic.is::<OutOfDeviceMemory>() {
+                    for (s, before) in streams.iter_mut().zip(&before) {
+                        set_lengths(s, before);
+                    }
+                    std::panic::resume_unwind(panic);
                 }
+                let message = panic.downcast_ref::<String>().cloned();
+                message.or_else(|| panic.downcast_ref::<&str>().map(|m| (*m).to_owned())).unwrap_or_default()
+            }
+            (Ok((captured, tables)), recorded) => {
                 if let Ok(graph) = captured {
                     graph.release(cuda);
                 }
                 self.spare = Some(tables);
-                self.failed = true;
-                let why = match recorded {
+                match recorded {
                     Some(Err(e)) => e.to_string(),
                     _ if !one_row_on => "the recorded step moved a length by other than one row".to_owned(),
                     _ => "the capture failed".to_owned(),
-                };
-                tracing::error!(reason = %why, "the batch step could not be captured; every step runs launch by launch");
-                Ok(false)
+                }
             }
+        };
+        // Nothing ran: put the lengths back and let the step run eagerly.
+        for (s, before) in streams.iter_mut().zip(&before) {
+            set_lengths(s, before);
         }
+        self.failed = true;
+        tracing::error!(reason = %why, "the batch step could not be captured; every step runs launch by launch");
+        Ok(false)
     }
 
     /// The step of `streams` ran launch by launch: any graph is stale (the streams' hidden rows
