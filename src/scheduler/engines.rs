@@ -236,11 +236,18 @@ impl<'w, B: Backend> EngineModel<'w, B> {
         self
     }
 
-    /// Runs serving's largest shapes once before the first request: every slot open, one
-    /// stream with a prompt of a whole prefill chunk, all stepped together until each has
-    /// decoded the codec's largest group (unless it stops first), then closed. On the GPU the
-    /// activation pool then holds buffers for the largest step, and any smaller step reuses
-    /// them (`Pool::take`): serving makes no driver allocation.
+    /// Runs serving's largest shapes once before the first request, in two rounds, closing every
+    /// stream after each:
+    /// 1. every slot open, one stream with a prompt of a whole prefill chunk, all prefilled
+    ///    together, then all stepped together until each has decoded the codec's largest group
+    ///    (unless it stops first);
+    /// 2. every slot but one stepping (on the GPU their step is a captured graph from its second
+    ///    step on, which holds its own buffers) while the last one's whole-chunk prompt is
+    ///    prefilled beside them, then all stepped to the end.
+    ///
+    /// On the GPU the activation pool then holds buffers for the largest step and for a prefill
+    /// beside a held graph, and any smaller step reuses them (`Pool::take`): serving makes no
+    /// driver allocation.
     pub fn warm_up(&self) -> Result<WarmUp, SynthError> {
         let frames = crate::engine::generate::frames_to_largest_group();
         let opts = |seed| GenerateOptions { params: SamplingParams::default(), seed, max_frames: frames, stall: None };
@@ -253,33 +260,68 @@ impl<'w, B: Backend> EngineModel<'w, B> {
         };
         let (long, short) = (prompt(self.prefill_chunk), prompt(WARM_UP_SHORT_PROMPT));
         let mut ids = Vec::with_capacity(self.max_batch);
-        let result = (|| {
-            for i in 0..self.max_batch {
-                ids.push(self.open(if i == 0 { &long } else { &short }, SharedPrefix::NONE, &opts(i as u64))?.id);
+        let mut warm = WarmUp { streams: 0, frames: 0 };
+        let round = |late_long: bool, ids: &mut Vec<StreamId>, warm: &mut WarmUp| -> Result<(), SynthError> {
+            let opened = |rows: &Rows, ids: &mut Vec<StreamId>| -> Result<StreamId, SynthError> {
+                let id = self.open(rows, SharedPrefix::NONE, &opts(ids.len() as u64))?.id;
+                ids.push(id);
+                Ok(id)
+            };
+            let late = late_long && self.max_batch > 1;
+            for i in 0..self.max_batch - usize::from(late) {
+                opened(if i == 0 && !late { &long } else { &short }, ids)?;
             }
-            let mut prefilling = ids.clone();
-            while !prefilling.is_empty() {
-                let done = self.prefill_together(&prefilling)?;
-                prefilling = prefilling.into_iter().zip(done).filter(|(_, p)| !p.done).map(|(id, _)| id).collect();
-            }
-            let (mut live, mut stepped) = (ids.clone(), 0);
-            while !live.is_empty() {
-                let results = self.step(&live);
-                stepped += live.len();
-                let mut going = Vec::with_capacity(live.len());
-                for (&id, result) in live.iter().zip(results) {
-                    if result?.finished.is_none() {
-                        going.push(id);
-                    }
+            self.prefill_all(ids)?;
+            let mut live = ids.clone();
+            if late {
+                // Two steps (the second captured on the GPU), then the long prompt beside them.
+                for _ in 0..2 {
+                    live = self.step_live(&live, &mut warm.frames)?;
                 }
-                live = going;
+                let joining = opened(&long, ids)?;
+                self.prefill_all(&[joining])?;
+                live.push(joining);
             }
-            Ok(WarmUp { streams: ids.len(), frames: stepped })
-        })();
-        for id in ids {
-            self.close(id);
+            while !live.is_empty() {
+                live = self.step_live(&live, &mut warm.frames)?;
+            }
+            warm.streams += ids.len();
+            Ok(())
+        };
+        let mut result = Ok(());
+        for late_long in [false, true] {
+            result = round(late_long, &mut ids, &mut warm);
+            for id in ids.drain(..) {
+                self.close(id);
+            }
+            if result.is_err() {
+                break;
+            }
         }
-        result
+        result.map(|()| warm)
+    }
+
+    /// Runs the prompts of `ids` to their ends, all prefilled together chunk by chunk.
+    fn prefill_all(&self, ids: &[StreamId]) -> Result<(), SynthError> {
+        let mut prefilling = ids.to_vec();
+        while !prefilling.is_empty() {
+            let done = self.prefill_together(&prefilling)?;
+            prefilling = prefilling.into_iter().zip(done).filter(|(_, p)| !p.done).map(|(id, _)| id).collect();
+        }
+        Ok(())
+    }
+
+    /// One step of `live`, counting its frames into `frames`; returns the streams that go on.
+    fn step_live(&self, live: &[StreamId], frames: &mut usize) -> Result<Vec<StreamId>, SynthError> {
+        let results = self.step(live);
+        *frames += live.len();
+        let mut going = Vec::with_capacity(live.len());
+        for (&id, result) in live.iter().zip(results) {
+            if result?.finished.is_none() {
+                going.push(id);
+            }
+        }
+        Ok(going)
     }
 
     /// The next prompt chunk of each of `ids` (distinct open slots), in one call.
