@@ -47,6 +47,8 @@ mod with_cuda {
             let cuda = Cuda::open(&options).map_err(|e| ModelLoadError::Gpu(e.to_string()))?;
             host.progress(&format!("opening checkpoint {}", model_dir.display()));
             let ckpt = Checkpoint::open(&model_dir)?;
+            // One stream's own captured step (`--max-batch 1`); otherwise the decode batch, whose
+            // step is captured per list of streams unless --no-cuda-graph.
             let graph = gpu.graph && limits.max_batch == Some(1);
             // The graph step runs a whole prompt at once; the batch runs prompts in chunks.
             let prefill_rows =
@@ -63,7 +65,14 @@ mod with_cuda {
             let source =
                 if gpu.memory_budget.is_some() { "--gpu-memory-budget" } else { "free memory minus the reserve" };
             admit(&plan, free, source).map_err(|e| ModelLoadError::Gpu(e.to_string()))?;
-            tracing::info!(max_batch, context = gpu.context, cuda_graph = graph, plan = %plan, "engine: memory plan");
+            tracing::info!(
+                max_batch,
+                context = gpu.context,
+                cuda_graphs = gpu.graph,
+                one_stream_graph = graph,
+                plan = %plan,
+                "engine: memory plan"
+            );
             host.progress(&format!("uploading weights to {}", cuda.info().name));
             let started = std::time::Instant::now();
             let read =
@@ -112,7 +121,8 @@ mod with_cuda {
             } else {
                 None
             };
-            // The decode batch draws on the GPU unless --no-cuda-graph asks for the host loop.
+            // The decode batch draws on the GPU, its step captured per list of streams, unless
+            // --no-cuda-graph asks for the host loop.
             let draws = if gpu.graph && frames.is_none() {
                 Some(
                     CudaDraws::for_model(&cuda, &ckpt, &model, max_batch)
