@@ -1,9 +1,9 @@
 //! The decode batch's step captured as a CUDA graph for the streams stepping now, and replayed
 //! while the same streams step in the same rows.
 //!
-//! Launched one by one, a step's few hundred launches cost the host more time than the GPU takes
-//! to run them (6.2–6.6 ms a frame at one to three streams on an H100, against the graph's
-//! 4.23). A replay is one launch. What a replay must find in place:
+//! Launched one by one, a step's few hundred launches cost the host time the GPU does not fully
+//! hide (on an H100 at B = 1: 4.55 ms a step, 4.14 replayed; `docs/perf/2026-12-06-step-graphs.md`).
+//! A replay is one launch. What a replay must find in place:
 //! - every address the recorded launches read: the streams' states and hidden rows (their own
 //!   buffers for the stream's life), the staged inputs and the pool buffers the graph holds;
 //! - the per-call tables (row → state addresses and positions) in the graph's [`TableArena`],
