@@ -46,6 +46,10 @@ pub const MEMORY_IN_USE_BYTES: &str = "limelight_memory_in_use_bytes";
 pub const MEMORY_BUDGET_BYTES: &str = "limelight_memory_budget_bytes";
 /// Device allocations the engine made after its warm-up (serving's contract: none).
 pub const ALLOCATIONS_AFTER_WARM_UP: &str = "limelight_device_allocations_after_warm_up";
+/// Decode steps captured as a CUDA graph (one per new list of streams stepping together).
+pub const STEP_GRAPH_CAPTURES: &str = "limelight_step_graph_captures_total";
+/// Decode steps run as a replay of a captured graph (the rest ran launch by launch).
+pub const STEP_GRAPH_REPLAYS: &str = "limelight_step_graph_replays_total";
 /// Requests in a saved voice that started from its kept prompt prefix.
 pub const VOICE_CACHE_HITS: &str = "limelight_voice_cache_hits_total";
 /// Requests in a saved voice that ran its prompt prefix (and kept it).

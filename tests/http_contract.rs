@@ -528,6 +528,8 @@ async fn ops_routes() {
         text.contains("limelight_requests_total{status=\"200\",format=\"pcm\",finish_reason=\"length\"}"),
         "{text}"
     );
+    // The CPU engine captures no step: it publishes no step graph counters.
+    assert!(!text.contains("limelight_step_graph_replays_total"), "{text}");
 
     let (status, e) = refused(&app, get("/v1/nothing")).await;
     assert_eq!((status, e["code"].as_str()), (StatusCode::NOT_FOUND, Some("unknown_url")));

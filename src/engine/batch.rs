@@ -32,6 +32,13 @@ use crate::model::frame::Rows;
 use crate::model::sampling::{MainPick, RasWindow, SamplingError, sample_head, sample_main};
 use crate::model::tower::TowerState;
 
+/// How many decode steps a [`DeviceDraws`] captured as a CUDA graph, and how many it replayed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct GraphStats {
+    pub captures: u64,
+    pub replays: u64,
+}
+
 /// Numbers the engine's streams ([`Stream::id`]).
 static NEXT_STREAM: AtomicU64 = AtomicU64::new(0);
 
@@ -68,6 +75,12 @@ pub struct Stream<B: Backend> {
 /// row that ends its stream (EOS or the last of `max_frames`), so a caller that asks an EOS
 /// stream on gets frames that follow the EOS row, as the CUDA-graph step does.
 pub trait DeviceDraws<B: Backend> {
+    /// Steps captured as a CUDA graph and replays of them so far (`None`: a step this backend
+    /// never captures).
+    fn graph_stats(&self) -> Option<GraphStats> {
+        None
+    }
+
     /// One frame of each stream (all ready, none ended), as [`Engine::next_frames_observed`].
     fn next_frames(
         &self,

@@ -26,6 +26,7 @@ mod graph;
 
 use std::cell::RefCell;
 
+pub use super::batch::GraphStats;
 use super::batch::{DeviceDraws, StepPhase, Stream};
 use super::generate::{Engine, GenerateError, LoadModelError, ResidentModel, model_parts};
 use crate::backend::BackendTypes;
@@ -41,7 +42,6 @@ use crate::model::backbone::{Backbone, BackboneState};
 use crate::model::load::Checkpoint;
 use crate::model::sampling::MainCandidates;
 use crate::model::tower::Tower;
-pub use graph::GraphStats;
 use graph::StepGraphs;
 
 /// The device-side draws of one engine: a sampler with a row per stream of the largest batch.
@@ -290,6 +290,10 @@ impl<'w> CudaDraws<'w> {
 }
 
 impl DeviceDraws<Cuda> for CudaDraws<'_> {
+    fn graph_stats(&self) -> Option<GraphStats> {
+        self.graphs.as_ref().map(|g| g.borrow().stats())
+    }
+
     fn next_frames(
         &self,
         engine: &Engine<'_, Cuda>,

@@ -11,6 +11,7 @@ use crate::backend::Backend;
 use crate::backend::cpu::Cpu;
 use std::cell::RefCell;
 
+use crate::engine::batch::GraphStats;
 use crate::engine::generate::{
     Engine, GenerateError, GenerateOptions, Generation, LoadModelError, ResidentModel, Stepped,
 };
@@ -456,6 +457,10 @@ impl<B: Backend> Synthesizer for EngineModel<'_, B> {
 
     fn prefix_cache(&self) -> Option<PrefixCacheStats> {
         self.engine.prefix_cache().map(PrefixCache::stats)
+    }
+
+    fn step_graphs(&self) -> Option<GraphStats> {
+        self.engine.device_draws().and_then(|draws| draws.graph_stats())
     }
 
     fn prefill_chunk(&self) -> usize {

@@ -27,6 +27,7 @@ pub use job::{
 };
 pub use worker::pace::{RATE_WINDOW, ReaderPolicy};
 
+use crate::engine::batch::GraphStats;
 use crate::engine::generate::{GenerateError, GenerateOptions, LoadModelError, Stepped};
 use crate::engine::prefix::{PrefixCacheStats, SharedPrefix};
 use crate::model::frame::Rows;
@@ -174,6 +175,10 @@ pub trait Synthesizer {
     fn produced(&self, id: StreamId) -> Rows;
     /// The counters of the engine's kept prompt prefixes, if it keeps them.
     fn prefix_cache(&self) -> Option<PrefixCacheStats> {
+        None
+    }
+    /// Decode steps captured as a CUDA graph and replayed, if the engine captures them.
+    fn step_graphs(&self) -> Option<GraphStats> {
         None
     }
     /// Prompt rows one [`Synthesizer::prefill`] runs at most: the budget of prompt rows the

@@ -547,6 +547,10 @@ impl Host {
         metrics::gauge!(telemetry::MEMORY_IN_USE_BYTES).set(memory.in_use as f64);
         metrics::gauge!(telemetry::MEMORY_BUDGET_BYTES).set(memory.budget as f64);
         metrics::gauge!(telemetry::ALLOCATIONS_AFTER_WARM_UP).set(memory.allocations_after_warm_up as f64);
+        if let Some(graphs) = model.step_graphs() {
+            metrics::counter!(telemetry::STEP_GRAPH_CAPTURES).absolute(graphs.captures);
+            metrics::counter!(telemetry::STEP_GRAPH_REPLAYS).absolute(graphs.replays);
+        }
         if let Some(cache) = model.prefix_cache() {
             metrics::counter!(telemetry::VOICE_CACHE_HITS).absolute(cache.hits);
             metrics::counter!(telemetry::VOICE_CACHE_MISSES).absolute(cache.misses);

@@ -22,7 +22,7 @@
 
 use std::panic::AssertUnwindSafe;
 
-use super::{CudaDraws, Stream};
+use super::{CudaDraws, GraphStats, Stream};
 use crate::backend::OutOfDeviceMemory;
 use crate::backend::cuda::Cuda;
 use crate::backend::cuda::graph::CapturedGraph;
@@ -35,13 +35,6 @@ use crate::model::backbone::LayerState;
 /// and a position (a few words of alignment per table counted separately).
 const TABLE_BYTES_PER_ROW_LAYER: usize = 32;
 const TABLE_ALIGN_BYTES_PER_LAYER: usize = 32;
-
-/// How many steps were captured and replayed.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct GraphStats {
-    pub captures: u64,
-    pub replays: u64,
-}
 
 /// The graph of the streams stepping now, if any.
 pub(super) struct StepGraphs {
