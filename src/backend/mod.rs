@@ -39,6 +39,20 @@ impl std::fmt::Display for OutOfDeviceMemory {
     }
 }
 
+/// The text of a panic payload (`panic!` with a literal or a format string, or
+/// [`OutOfDeviceMemory`]).
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else if let Some(oom) = payload.downcast_ref::<OutOfDeviceMemory>() {
+        oom.to_string()
+    } else {
+        String::from("(no message)")
+    }
+}
+
 /// Types every operation shares.
 pub trait BackendTypes {
     /// Activations: a row-major `[rows, width]` matrix, one row per sequence position.

@@ -209,7 +209,7 @@ impl<'m, B: CodecOps> Rounds<'m, B> {
         let results: Vec<Result<Vec<f32>, String>> = match decoded {
             Ok(results) => results.into_iter().map(|pcm| pcm.map_err(|e| format!("codec: {e}"))).collect(),
             Err(panic) => {
-                let message = format!("the codec panicked: {}", super::worker::panic_message(&*panic));
+                let message = format!("the codec panicked: {}", crate::backend::panic_message(&*panic));
                 keys.iter().map(|_| Err(message.clone())).collect()
             }
         };

@@ -237,8 +237,8 @@ impl<'w, B: Backend> EngineModel<'w, B> {
         self
     }
 
-    /// Runs serving's largest shapes once before the first request, in two rounds, closing every
-    /// stream after each:
+    /// Runs serving's largest shapes once before the first request, in two rounds (one with a
+    /// single slot), closing every stream after each:
     /// 1. every slot open, one stream with a prompt of a whole prefill chunk, all prefilled
     ///    together, then all stepped together until each has decoded the codec's largest group
     ///    (unless it stops first);
@@ -262,13 +262,12 @@ impl<'w, B: Backend> EngineModel<'w, B> {
         let (long, short) = (prompt(self.prefill_chunk), prompt(WARM_UP_SHORT_PROMPT));
         let mut ids = Vec::with_capacity(self.max_batch);
         let mut warm = WarmUp { streams: 0, frames: 0 };
-        let round = |late_long: bool, ids: &mut Vec<StreamId>, warm: &mut WarmUp| -> Result<(), SynthError> {
+        let round = |late: bool, ids: &mut Vec<StreamId>, warm: &mut WarmUp| -> Result<(), SynthError> {
             let opened = |rows: &Rows, ids: &mut Vec<StreamId>| -> Result<StreamId, SynthError> {
                 let id = self.open(rows, SharedPrefix::NONE, &opts(ids.len() as u64))?.id;
                 ids.push(id);
                 Ok(id)
             };
-            let late = late_long && self.max_batch > 1;
             for i in 0..self.max_batch - usize::from(late) {
                 opened(if i == 0 && !late { &long } else { &short }, ids)?;
             }
@@ -290,8 +289,10 @@ impl<'w, B: Backend> EngineModel<'w, B> {
             Ok(())
         };
         let mut result = Ok(());
-        for late_long in [false, true] {
-            result = round(late_long, &mut ids, &mut warm);
+        // One slot has no other stream to step beside the long prompt: the first round covers it.
+        let rounds = if self.max_batch > 1 { [false, true].as_slice() } else { [false].as_slice() };
+        for &late in rounds {
+            result = round(late, &mut ids, &mut warm);
             for id in ids.drain(..) {
                 self.close(id);
             }

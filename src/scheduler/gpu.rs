@@ -241,7 +241,7 @@ mod with_cuda {
         match warm {
             Ok(Ok(())) => fork.device().synchronize().map_err(|e| e.to_string())?,
             Ok(Err(e)) => return Err(e),
-            Err(panic) => return Err(crate::scheduler::worker::panic_message(&*panic)),
+            Err(panic) => return Err(crate::backend::panic_message(&*panic)),
         }
         tracing::info!(pool_bytes = fork.pool().stats().bytes, "engine: codec stream warmed up");
         Ok(())

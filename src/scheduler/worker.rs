@@ -20,7 +20,6 @@
 //! job alone. After any failure the worker asks the engine's health: a GPU fault that poisoned
 //! the context fails every job and turns readiness to failed, and `serve` exits for a restart.
 
-use std::any::Any;
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -42,6 +41,7 @@ use super::codec::CodecLink;
 use super::job::{Command, JobEvent, Queued, QueuedEncode};
 use super::{LoadState, Loader, ModelHost, ModelInfo, Opened, Shared, StreamId, Synthesizer, WorkerConfig};
 use crate::backend::OutOfDeviceMemory;
+use crate::backend::panic_message;
 use crate::engine::generate::{FinishReason, Stepped};
 use crate::telemetry;
 
@@ -559,18 +559,5 @@ impl Host {
             metrics::gauge!(telemetry::VOICE_CACHE_BYTES).set(cache.bytes as f64);
             metrics::gauge!(telemetry::VOICE_CACHE_BUDGET_BYTES).set(cache.budget as f64);
         }
-    }
-}
-
-/// The text of a panic payload (`panic!` with a literal or a format string).
-pub(super) fn panic_message(payload: &(dyn Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_owned()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else if let Some(oom) = payload.downcast_ref::<OutOfDeviceMemory>() {
-        oom.to_string()
-    } else {
-        String::from("(no message)")
     }
 }

@@ -269,9 +269,6 @@ impl Pool {
         self.inner.lock().expect("pool lock").poison = on;
     }
 
-    /// From now on every driver allocation is counted in [`PoolStats::after_seal`].
-    /// Frees every buffer the pool holds free (their bytes go back to the budget). Call it once
-    /// the stream is idle: a freed buffer may no longer be read by queued work.
     /// Takes back the buffers a dropped graph held (`CapturedGraph::release`) as free buffers.
     /// Safe in stream order: the graph's replays were queued on this pool's stream before any
     /// work of a later taker.
@@ -282,6 +279,8 @@ impl Pool {
         }
     }
 
+    /// Frees every buffer the pool holds free (their bytes go back to the budget). Call it once
+    /// the stream is idle: a freed buffer may no longer be read by queued work.
     pub fn release_free(&self) {
         let mut inner = self.inner.lock().expect("pool lock");
         let freed: u64 = inner.free.values().flatten().map(|b| b.bytes() as u64).sum();
@@ -289,6 +288,7 @@ impl Pool {
         inner.stats.bytes -= freed;
     }
 
+    /// From now on every driver allocation is counted in [`PoolStats::after_seal`].
     pub fn seal(&self) {
         self.inner.lock().expect("pool lock").sealed = true;
     }

@@ -23,11 +23,11 @@
 use std::panic::AssertUnwindSafe;
 
 use super::{CudaDraws, GraphStats, Stream};
-use crate::backend::OutOfDeviceMemory;
 use crate::backend::cuda::Cuda;
 use crate::backend::cuda::graph::CapturedGraph;
 use crate::backend::cuda::memory::MemoryError;
 use crate::backend::cuda::tables::TableArena;
+use crate::backend::{OutOfDeviceMemory, panic_message};
 use crate::engine::generate::{Engine, GenerateError};
 use crate::model::backbone::LayerState;
 
@@ -90,7 +90,7 @@ impl StepGraphs {
             assert!(streams.iter().all(|s| room_for_a_row(s)), "a replayed step past a cache's capacity");
             current.tables.advance_positions();
             current.tables.upload(cuda);
-            current.graph.replay().map_err(|e| GenerateError::Batch(format!("replaying the batch step: {e}")))?;
+            replay(&current.graph)?;
             for s in streams.iter_mut() {
                 let moved: Vec<usize> = lengths(s).iter().map(|len| len + 1).collect();
                 set_lengths(s, &moved);
@@ -146,7 +146,7 @@ impl StepGraphs {
         let why = match (outcome, recorded) {
             (Ok((Ok(graph), tables)), Some(Ok(()))) if one_row_on => {
                 tables.upload(cuda);
-                graph.replay().map_err(|e| GenerateError::Batch(format!("replaying the batch step: {e}")))?;
+                replay(&graph)?;
                 self.stats.captures += 1;
                 self.stats.replays += 1;
                 self.current = Some(Captured { streams: ids, graph, tables });
@@ -160,8 +160,7 @@ impl StepGraphs {
                     }
                     std::panic::resume_unwind(panic);
                 }
-                let message = panic.downcast_ref::<String>().cloned();
-                message.or_else(|| panic.downcast_ref::<&str>().map(|m| (*m).to_owned())).unwrap_or_default()
+                panic_message(&*panic)
             }
             (Ok((captured, tables)), recorded) => {
                 if let Ok(graph) = captured {
@@ -197,6 +196,11 @@ impl StepGraphs {
             self.spare = Some(tables);
         }
     }
+}
+
+/// Queues one replay of a captured step.
+fn replay(graph: &CapturedGraph) -> Result<(), GenerateError> {
+    graph.replay().map_err(|e| GenerateError::Batch(format!("replaying the batch step: {e}")))
 }
 
 /// Every host length a decode step moves: the backbone's position and its attention caches'

@@ -13,8 +13,9 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use tracing::{debug, warn};
 
+use super::Host;
 use super::active::Active;
-use super::{Host, panic_message};
+use crate::backend::panic_message;
 use crate::engine::generate::{FinishReason, GenerateOptions};
 use crate::scheduler::Synthesizer;
 use crate::scheduler::job::{ChunkPrompt, chunk_seed, holds_chunk, retries_chunk, retry_seed};
