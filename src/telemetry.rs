@@ -30,6 +30,9 @@ pub const QUEUE_WAIT_SECONDS: &str = "limelight_queue_wait_seconds";
 pub const STREAM_REAL_TIME_FACTOR: &str = "limelight_stream_real_time_factor";
 /// Seconds from a request's arrival to its first audio.
 pub const TIME_TO_FIRST_AUDIO_SECONDS: &str = "limelight_time_to_first_audio_seconds";
+/// Seconds a request's wait for its first audio spent in each phase inside the worker, by
+/// `phase`: `queue`, `open`, `prefill`, `first_frame`, `codec` (`scheduler::worker::first_audio`).
+pub const FIRST_AUDIO_PHASE_SECONDS: &str = "limelight_first_audio_phase_seconds";
 /// A request's wall time over the duration of the audio it produced (< 1 is faster than real time).
 pub const REAL_TIME_FACTOR: &str = "limelight_real_time_factor";
 /// Frames generated (2048 samples each); its rate is frames per second.
@@ -64,6 +67,8 @@ pub const VOICE_CACHE_BUDGET_BYTES: &str = "limelight_voice_cache_budget_bytes";
 
 /// Histogram buckets for time to first audio, in seconds.
 const TTFA_BUCKETS: &[f64] = &[0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0];
+/// Histogram buckets for a phase of the wait for first audio, in seconds (milliseconds matter).
+const PHASE_BUCKETS: &[f64] = &[0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.1, 0.25, 1.0, 5.0];
 /// Histogram buckets for the real-time factor.
 const RTF_BUCKETS: &[f64] = &[0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0, 10.0, 50.0];
 /// Histogram buckets for the decode batch's size.
@@ -116,6 +121,7 @@ pub fn metrics_handle() -> PrometheusHandle {
 fn install_recorder() -> PrometheusHandle {
     let recorder = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Full(TIME_TO_FIRST_AUDIO_SECONDS.into()), TTFA_BUCKETS)
+        .and_then(|b| b.set_buckets_for_metric(Matcher::Full(FIRST_AUDIO_PHASE_SECONDS.into()), PHASE_BUCKETS))
         .and_then(|b| b.set_buckets_for_metric(Matcher::Full(REAL_TIME_FACTOR.into()), RTF_BUCKETS))
         .and_then(|b| b.set_buckets_for_metric(Matcher::Full(STREAM_REAL_TIME_FACTOR.into()), RTF_BUCKETS))
         .and_then(|b| b.set_buckets_for_metric(Matcher::Full(BATCH_SIZE.into()), BATCH_BUCKETS))
@@ -150,6 +156,11 @@ fn describe() {
         TIME_TO_FIRST_AUDIO_SECONDS,
         metrics::Unit::Seconds,
         "Seconds from a request's arrival to its first audio."
+    );
+    metrics::describe_histogram!(
+        FIRST_AUDIO_PHASE_SECONDS,
+        metrics::Unit::Seconds,
+        "Seconds of a request's wait for its first audio in each worker phase: queue, open, prefill, first_frame, codec."
     );
     metrics::describe_histogram!(REAL_TIME_FACTOR, "Request wall time over the duration of its audio.");
     metrics::describe_counter!(FRAMES_GENERATED, "Frames generated (2048 samples each at 44.1 kHz).");

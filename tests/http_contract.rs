@@ -528,6 +528,11 @@ async fn ops_routes() {
         text.contains("limelight_requests_total{status=\"200\",format=\"pcm\",finish_reason=\"length\"}"),
         "{text}"
     );
+    // The worker split that request's wait for its first audio into its phases.
+    for phase in ["queue", "open", "prefill", "first_frame", "codec"] {
+        let series = format!("limelight_first_audio_phase_seconds_count{{phase=\"{phase}\"}}");
+        assert!(text.contains(&series), "{series} in {text}");
+    }
     // The CPU engine captures no step: it publishes no step graph counters.
     assert!(!text.contains("limelight_step_graph_replays_total"), "{text}");
 

@@ -32,10 +32,12 @@ use tracing::{debug, error, info, warn};
 
 mod active;
 mod chunks;
+mod first_audio;
 mod lane;
 pub mod pace;
 
 use self::active::Active;
+use self::first_audio::FirstAudio;
 use self::lane::CodecLane;
 use super::codec::CodecLink;
 use super::job::{Command, JobEvent, Queued, QueuedEncode};
@@ -236,6 +238,7 @@ impl Host {
             return None;
         }
         debug!(waited_ms = admitted.elapsed().as_millis() as u64, "job joins the batch");
+        let opening = Instant::now();
         let opened = catch_unwind(AssertUnwindSafe(|| model.open(&job.rows, job.prefix, &job.options)));
         let failure = match opened {
             Ok(Ok(Opened { id, restored_rows })) => {
@@ -245,6 +248,7 @@ impl Host {
                 }
                 let mut outbox = VecDeque::new();
                 outbox.push_back(JobEvent::Started { prompt_rows });
+                let joined = Instant::now();
                 return Some(Active {
                     stream: Some(id),
                     prefilled: false,
@@ -254,7 +258,7 @@ impl Host {
                     pace: Default::default(),
                     prompt_rows,
                     prompt_left: prompt_rows - restored_rows,
-                    joined: Instant::now(),
+                    joined,
                     gone: false,
                     ended: false,
                     audio_key: self.next_key.replace(self.next_key.get() + 1),
@@ -270,6 +274,7 @@ impl Host {
                     retried: false,
                     frames_before: 0,
                     cut: false,
+                    first_audio: FirstAudio::new(admitted, opening, joined),
                 });
             }
             Ok(Err(e)) => e.to_string(),
@@ -355,6 +360,9 @@ impl Host {
             match result {
                 Ok(progress) => {
                     job.prefilled = progress.done;
+                    if progress.done {
+                        job.first_audio.prefilled(Instant::now());
+                    }
                     job.prompt_left -= progress.rows.min(job.prompt_left);
                 }
                 Err(message) => {
@@ -427,6 +435,7 @@ impl Host {
             let job = &mut batch[i];
             match result {
                 Ok(stepped) => {
+                    job.first_audio.stepped(Instant::now());
                     let finished = stepped.finished;
                     self.take_audio(job, stepped);
                     let Some(mut reason) = finished else { continue };
@@ -459,9 +468,7 @@ impl Host {
 
     /// A step's audio for `job`: its PCM into the outbox, or its codes to the codec thread.
     pub(super) fn take_audio(&self, job: &mut Active, stepped: Stepped) {
-        if !stepped.pcm.is_empty() {
-            job.outbox.push_back(JobEvent::Audio(stepped.pcm));
-        }
+        job.push_audio(stepped.pcm);
         if stepped.codes.is_empty() {
             return;
         }

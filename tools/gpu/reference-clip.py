@@ -1,4 +1,4 @@
-"""A 10 s synthetic reference clip for the voice runs (tools/gpu/voices-run.sh, long-text.sh):
+"""A synthetic reference clip (10 s, or argv[2] seconds) for the voice runs (tools/gpu/voices-run.sh, long-text.sh):
 a 24 kHz 16-bit mono WAV of a gliding harmonic tone with a slow tremolo, written with Python's
 wave module only (the GPU machine has no network)."""
 import math
@@ -6,7 +6,8 @@ import struct
 import sys
 import wave
 
-rate, seconds = 24000, 10.0
+rate = 24000
+seconds = float(sys.argv[2]) if len(sys.argv) > 2 else 10.0
 with wave.open(sys.argv[1], "wb") as w:
     w.setnchannels(1)
     w.setsampwidth(2)

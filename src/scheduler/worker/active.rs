@@ -7,6 +7,7 @@ use std::time::Instant;
 use tokio::sync::mpsc::error::TrySendError;
 use tracing::{error, warn};
 
+use super::first_audio::FirstAudio;
 use super::pace::{ReaderPace, ReaderPolicy, Verdict};
 
 use crate::engine::generate::GenerateOptions;
@@ -61,6 +62,8 @@ pub(super) struct Active {
     pub(super) frames_before: usize,
     /// A chunk ended at its frame bound (`length`): so does the request.
     pub(super) cut: bool,
+    /// Where its wait for its first audio went.
+    pub(super) first_audio: FirstAudio,
 }
 
 impl Active {
@@ -102,9 +105,7 @@ impl Active {
         }
         match pcm {
             Ok(pcm) => {
-                if !pcm.is_empty() {
-                    self.outbox.push_back(JobEvent::Audio(pcm));
-                }
+                self.push_audio(pcm);
                 if self.codec_pending == 0
                     && let Some(last) = self.held_end.take()
                 {
@@ -120,6 +121,15 @@ impl Active {
                 true
             }
         }
+    }
+
+    /// Queues PCM for its client (none if empty); the first marks its first audio.
+    pub(super) fn push_audio(&mut self, pcm: Vec<f32>) {
+        if pcm.is_empty() {
+            return;
+        }
+        self.first_audio.heard(&self.span, self.prompt_rows, Instant::now());
+        self.outbox.push_back(JobEvent::Audio(pcm));
     }
 
     /// Events queued or on their way from the codec thread (the stream pauses at [`super::OUTBOX_EVENTS`]).
