@@ -88,6 +88,7 @@ pub async fn serve(
     let addr = listener.local_addr().map_err(|source| ServeError::Bind { addr: config.listen, source })?;
     let http_config = http_config(&config);
     let scheduler = Scheduler::start_with(config.worker_config(), loader(&config)?);
+    crate::audio::prepare_default_resampler();
     let metrics = telemetry::metrics_handle();
     let upkeep = tokio::spawn(async move {
         let mut tick = tokio::time::interval(METRICS_UPKEEP_INTERVAL);

@@ -172,6 +172,12 @@ pub trait Encoder: Send {
     fn finish(self: Box<Self>) -> Result<Vec<u8>, AudioError>;
 }
 
+/// Readies the resampling filter of the default `pcm` response (the most common request), so
+/// that the first request after start does not build it before its first audio (~2 ms).
+pub fn prepare_default_resampler() {
+    resample::prepare(CODEC_SAMPLE_RATE, ResponseFormat::Pcm.default_sample_rate());
+}
+
 /// Builds the encoder for one response, after checking `format` and `opts` against what this
 /// build can serve. The first three error kinds are the client's (400, see [`AudioError::param`]).
 pub fn encoder(format: ResponseFormat, opts: EncodeOptions) -> Result<Box<dyn Encoder>, AudioError> {

@@ -7,6 +7,13 @@
 //! start-up delay exactly (see [`Resampler::new`]) and, at [`Resampler::finish`], flushes the
 //! tail, so output sample `j` lies at input time `j · in_rate / out_rate` and there are exactly
 //! `ceil(n · out_rate / in_rate)` of them.
+//!
+//! Building rubato's filter (its oversampled sinc table) takes about 2 ms, paid by every
+//! response before its first audio. So a response's filter goes back to a [`FilterPool`] when
+//! it ends, and the next response at the same rates takes it, reset: rubato's `reset` restores
+//! its state to a new filter's, so the output is the same bits (tested below).
+
+use std::sync::{Mutex, PoisonError};
 
 use rubato::audioadapter_buffers::direct::{InterleavedSlice, SequentialSlice};
 use rubato::{Async, FixedAsync, Indexing, Resampler as _, SincInterpolationParameters};
@@ -20,9 +27,96 @@ const BLOCK: usize = 1024;
 /// Half the sinc filter's length in input samples (rubato's default filter has 256 taps).
 const HALF_SINC: u64 = 128;
 
+/// Idle filters kept per pair of rates: enough for a full decode batch's responses ending at
+/// once; more are dropped.
+const IDLE_PER_RATES: usize = 128;
+/// Pairs of rates whose filters are kept (`sample_rate` may be any rate from 8000 to 48000; the
+/// common few are pooled, and a response at a rarer one builds its own).
+const POOLED_RATES: usize = 8;
+
+/// An (input rate, output rate) pair's idle filters.
+type IdleFilters = ((u32, u32), Vec<Async<f32>>);
+
+/// Filters of ended responses, by (input rate, output rate), for the next responses to reuse.
+pub(super) struct FilterPool {
+    /// At most [`POOLED_RATES`] entries: a list is as quick as a map.
+    idle: Mutex<Vec<IdleFilters>>,
+}
+
+/// The pool every response's resampler uses.
+static FILTERS: FilterPool = FilterPool::new();
+
+impl FilterPool {
+    pub(super) const fn new() -> FilterPool {
+        FilterPool { idle: Mutex::new(Vec::new()) }
+    }
+
+    /// An idle filter for these rates, reset to a new one's state; `None` if none is idle.
+    fn take(&self, rates: (u32, u32)) -> Option<Async<f32>> {
+        // A panic while the lock was held cannot leave the map inconsistent: keep using it.
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut filter = idle.iter_mut().find(|(r, _)| *r == rates)?.1.pop()?;
+        filter.reset();
+        Some(filter)
+    }
+
+    /// Keeps `filter` for the next response at these rates, within the pool's bounds.
+    fn give(&self, rates: (u32, u32), filter: Async<f32>) {
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        let at = match idle.iter().position(|(r, _)| *r == rates) {
+            Some(at) => at,
+            None if idle.len() < POOLED_RATES => {
+                idle.push((rates, Vec::new()));
+                idle.len() - 1
+            }
+            None => return,
+        };
+        let kept = &mut idle[at].1;
+        if kept.len() < IDLE_PER_RATES {
+            kept.push(filter);
+        }
+    }
+
+    /// Filters idle now, over every pair of rates.
+    #[cfg(test)]
+    fn idle(&self) -> usize {
+        self.idle.lock().unwrap().iter().map(|(_, kept)| kept.len()).sum()
+    }
+}
+
+/// Builds one filter from `in_rate` to `out_rate` into the shared pool, so that even the first
+/// response at those rates takes a ready one (the server calls it at start for `pcm`'s rate).
+pub(super) fn prepare(in_rate: u32, out_rate: u32) {
+    if let Ok(filter) = new_filter(in_rate, out_rate) {
+        FILTERS.give((in_rate, out_rate), filter);
+    }
+}
+
+/// A response's filter: goes back to its pool when the response ends.
+struct PooledFilter {
+    /// Always `Some` until dropped.
+    filter: Option<Async<f32>>,
+    rates: (u32, u32),
+    pool: &'static FilterPool,
+}
+
+impl PooledFilter {
+    fn get(&mut self) -> &mut Async<f32> {
+        self.filter.as_mut().expect("a pooled filter is held until dropped")
+    }
+}
+
+impl Drop for PooledFilter {
+    fn drop(&mut self) {
+        if let Some(filter) = self.filter.take() {
+            self.pool.give(self.rates, filter);
+        }
+    }
+}
+
 /// A resampler that carries its state across pushes.
 pub(super) struct Resampler {
-    inner: Async<f32>,
+    inner: PooledFilter,
     in_rate: u64,
     out_rate: u64,
     /// Input waiting for a whole block.
@@ -47,19 +141,28 @@ impl Resampler {
     /// 19 for 24 kHz, 313 for 8 kHz, at most a second of silence for a rate sharing no factor
     /// with 44.1 kHz, which costs a few milliseconds once per response.
     pub(super) fn new(in_rate: u32, out_rate: u32, format: ResponseFormat) -> Result<Self, AudioError> {
-        // 256 taps, Blackman-Harris window, automatic cutoff, cubic interpolation of an
-        // oversampled table: rubato's documented high-quality default, equal in quality to its
-        // FFT resampler; unlike the FFT one, its delay does not grow when gcd(in, out) is small.
-        let params = SincInterpolationParameters::default();
-        let ratio = f64::from(out_rate) / f64::from(in_rate);
-        let inner = Async::<f32>::new_sinc(ratio, 1.0, &params, BLOCK, 1, FixedAsync::Input)
-            .map_err(|e| AudioError::codec(format, format!("resampler: {e}")))?;
+        Self::from_pool(in_rate, out_rate, format, &FILTERS)
+    }
+
+    /// [`Resampler::new`] with its filter from (and back to) `pool`.
+    fn from_pool(
+        in_rate: u32,
+        out_rate: u32,
+        format: ResponseFormat,
+        pool: &'static FilterPool,
+    ) -> Result<Self, AudioError> {
+        let rates = (in_rate, out_rate);
+        let filter = match pool.take(rates) {
+            Some(filter) => filter,
+            None => new_filter(in_rate, out_rate).map_err(|e| AudioError::codec(format, format!("resampler: {e}")))?,
+        };
+        let inner = PooledFilter { filter: Some(filter), rates, pool };
         let (in_rate, out_rate) = (u64::from(in_rate), u64::from(out_rate));
         let period = in_rate / gcd(in_rate, out_rate);
         let zeros = (period - HALF_SINC % period) % period;
         let lead = HALF_SINC + zeros;
         let mut r = Self {
-            scratch: vec![0.0; inner.output_frames_max()],
+            scratch: vec![0.0; inner.filter.as_ref().map_or(0, |f| f.output_frames_max())],
             inner,
             in_rate,
             out_rate,
@@ -118,6 +221,7 @@ impl Resampler {
         let indexing = (valid < BLOCK).then(|| Indexing::new().partial_len(valid));
         let (_, written) = self
             .inner
+            .get()
             .process_into_buffer(&input, &mut output, indexing.as_ref())
             .expect("buffers are sized from the resampler's own maxima");
         let skip = self.to_trim.min(written);
@@ -125,6 +229,16 @@ impl Resampler {
         out.extend_from_slice(&self.scratch[skip..written]);
         self.produced += (written - skip) as u64;
     }
+}
+
+/// A new filter from `in_rate` to `out_rate`: 256 taps, Blackman-Harris window, automatic cutoff,
+/// cubic interpolation of an oversampled table (rubato's documented high-quality default, equal
+/// in quality to its FFT resampler; unlike the FFT one, its delay does not grow when
+/// gcd(in, out) is small).
+fn new_filter(in_rate: u32, out_rate: u32) -> Result<Async<f32>, rubato::ResamplerConstructionError> {
+    let params = SincInterpolationParameters::default();
+    let ratio = f64::from(out_rate) / f64::from(in_rate);
+    Async::<f32>::new_sinc(ratio, 1.0, &params, BLOCK, 1, FixedAsync::Input)
 }
 
 fn gcd(a: u64, b: u64) -> u64 {
@@ -153,6 +267,50 @@ mod tests {
         }
         out.extend(r.finish());
         out
+    }
+
+    /// Runs `pcm` through a resampler from `pool`, in 2048-sample pushes; `finish` or abandon it.
+    fn run_pooled(pool: &'static FilterPool, out_rate: u32, pcm: &[f32], finish: bool) -> Vec<f32> {
+        let mut r = Resampler::from_pool(44_100, out_rate, ResponseFormat::Pcm, pool).unwrap();
+        let mut out: Vec<f32> = pcm.chunks(2048).flat_map(|c| r.push(c)).collect();
+        if finish {
+            out.extend(r.finish());
+        }
+        out
+    }
+
+    #[test]
+    fn a_reused_filter_gives_a_new_filters_bits() {
+        let pool: &'static FilterPool = Box::leak(Box::new(FilterPool::new()));
+        let pcm = sine(44_100, 440.0, 30_000);
+        let other = sine(44_100, 3_000.0, 12_345);
+        let fresh = run_pooled(pool, 24_000, &pcm, true);
+        assert_eq!(pool.idle(), 1, "the ended response's filter went back");
+        // Reused after a finished response, then after one abandoned mid-stream.
+        assert_eq!(run_pooled(pool, 24_000, &pcm, true), fresh);
+        let _ = run_pooled(pool, 24_000, &other, false);
+        assert_eq!(pool.idle(), 1, "an abandoned response's filter goes back too");
+        assert_eq!(run_pooled(pool, 24_000, &pcm, true), fresh);
+        // Another pair of rates has filters of its own.
+        let at_16k = run_pooled(pool, 16_000, &pcm, true);
+        assert_eq!(pool.idle(), 2);
+        assert_eq!(run_pooled(pool, 16_000, &pcm, true), at_16k);
+        assert_ne!(at_16k.len(), fresh.len());
+    }
+
+    #[test]
+    fn the_pool_keeps_a_bounded_number_of_filters() {
+        let pool: &'static FilterPool = Box::leak(Box::new(FilterPool::new()));
+        let held: Vec<Resampler> = (0..IDLE_PER_RATES + 3)
+            .map(|_| Resampler::from_pool(44_100, 24_000, ResponseFormat::Pcm, pool).unwrap())
+            .collect();
+        drop(held);
+        assert_eq!(pool.idle(), IDLE_PER_RATES);
+        for rate in 0..POOLED_RATES as u32 + 2 {
+            drop(Resampler::from_pool(44_100, 8_000 + 1_000 * rate, ResponseFormat::Pcm, pool).unwrap());
+        }
+        let rates = pool.idle.lock().unwrap().len();
+        assert_eq!(rates, POOLED_RATES, "rarer rates beyond the bound are not kept");
     }
 
     #[test]

@@ -97,6 +97,10 @@ pub async fn create_speech(
     let prefix = prompt.voice_prefix(stored_voice);
     let more = more.map(|m| Box::new(m) as Box<dyn MoreChunks>);
     let options = GenerateOptions { max_frames: first_frames, stall, ..valid.options };
+    span.in_scope(|| {
+        let ms = tracker.start.elapsed().as_secs_f64() * 1e3;
+        tracing::debug!(prompt_rows = prompt.rows.len(), ms, "prompt built");
+    });
     let job = Job { request_id, rows: prompt.rows, prefix, options, span, more };
     let stream = match state.scheduler().submit(job) {
         Ok(stream) => stream,
