@@ -30,9 +30,14 @@
 // Grid: (tiles, N / features per block), which scales with the pairs and spreads the weight
 // bytes over every SM at any batch: gate/up blocks own 16 features (one feature warp × 8 K
 // slices of 2 groups each), down blocks 128 (8 feature warps). One row (8 experts): 256 gate/up
-// blocks and 128 down blocks of 8 warps; a warp issues a group's loads together (gate/up: 8 × 16
-// B of weights per lane, down: 2 groups, 8 × 16 B), so about 4 KB per warp are in flight, 32 KB
-// per block (108 / 100 registers: two blocks per SM).
+// blocks and 128 down blocks of 8 warps. Where the block converts its tile's operand rows itself
+// (the decode step), a warp requests all its weights before that conversion, so they stream in
+// during it: gate/up 2 groups × 8 × 16 B a lane, down 4 groups × 4 × 16 B, 8 KB a warp in
+// flight, 64 KB a block (124 / 122 registers: still two gate/up blocks per SM). In series, the
+// operand's loads, its conversion and barrier, then each group's weight round trip made the
+// decode step's gate/up 10.0 µs and down 6.7 µs a layer against their 5.6 and 2.8 µs of bytes
+// (H100, run 47). The prompts' path (operand rows converted by moe_rows_operand) issues a
+// group's loads together.
 //
 // Floor (H200, 4.18 TB/s copy): a step reads the union of the experts its rows route to, each
 // 3·I·H bytes = 3·512·2048 = 3.15 MB (+ 768 B of scales), once per layer. With the spec's 40
@@ -50,6 +55,8 @@
 #define GU_KS ROWS_GATE_UP_SLICES  // gate/up: K slices per block
 #define GU_FS (8 / GU_KS)        // gate/up: feature warps per block
 #define DN_FS 8                  // down: feature warps per block
+#define GU_GPB 2                 // gate/up from the layer input: K groups per weight batch
+#define DN_GPB 4                 // down from h: K groups per weight batch
 
 // ---------------------------------------------------------------------------------------------
 // Operands
@@ -170,77 +177,133 @@ __device__ __forceinline__ void load_operand(const void* act, const void* act_lo
     }
 }
 
-// One warp's 16 features of NB weight matrices (w[m]: row f0 of an [N, K] e4m3 matrix; sw[m]:
-// its scale row f0/128) against the tile's 8 columns, over the K groups ks, ks + KS, … (GPB
-// groups' loads issued together). This lane loads column g from operand row `src`; it holds the
-// outputs of columns 2c, 2c + 1, whose operand rows are src0, src1 (-1 past the tile):
-//   total[m][0, 1] = features f0 + g, columns 2c, 2c + 1; total[m][2, 3] = feature f0 + g + 8.
-template <int NB, int FMT, int GPB, bool SMEM>
-__device__ __forceinline__ void warp_tile(const unsigned char* const (&w)[NB], const float* const (&sw)[NB],
-                                          const void* act, const void* act_lo, const float* act_scales, int src,
-                                          int src0, int src1, int K, int ks, int KS, float (&total)[NB][4]) {
-    constexpr int V = OperandVecs<FMT>::n;
+// One batch of a warp's weight loads: GPB K groups (gb, gb + KS, …: the warp's own groups, in
+// its order), each in two 64-wide halves, NB matrices, rows g and g + 8 (16 bytes each), and
+// the matrices' scales of those groups. Held in registers from their loads to their MMAs, so a
+// kernel can issue them before it waits for anything else (its tile's operand rows).
+template <int NB, int GPB>
+struct WeightBatch {
+    uint4 a[GPB][2][NB][2];
+    float sw[GPB][NB];
+};
+
+// Issues the loads of the weight batch that starts at group gb (w[m]: row f0 of an [N, K] e4m3
+// matrix; sw[m]: its scale row f0/128); groups past K are skipped.
+template <int NB, int GPB>
+__device__ __forceinline__ void load_weight_batch(const unsigned char* const (&w)[NB], const float* const (&sw)[NB],
+                                                  int K, int gb, int KS, WeightBatch<NB, GPB>& wb) {
     const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     const int groups = K >> 7;
+#pragma unroll
+    for (int j = 0; j < GPB; ++j) {
+        const int gi = gb + j * KS;
+        if (gi >= groups) break;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int k = gi * 128 + half * 64 + c * 16;
+#pragma unroll
+            for (int m = 0; m < NB; ++m) {
+                wb.a[j][half][m][0] = load_stream(reinterpret_cast<const uint4*>(w[m] + (size_t)g * K + k));
+                wb.a[j][half][m][1] = load_stream(reinterpret_cast<const uint4*>(w[m] + (size_t)(g + 8) * K + k));
+            }
+        }
+#pragma unroll
+        for (int m = 0; m < NB; ++m) wb.sw[j][m] = __ldg(sw[m] + gi);
+    }
+}
+
+// The loaded weight batch at gb against the tile's 8 columns, folded into total: per group, 8
+// k16 steps into fresh partials in k order, then total = fmaf(partial, s_x·s_w, total), groups
+// in increasing order. This lane loads column g from operand row `src`; it holds the outputs
+// of columns 2c, 2c + 1, whose operand rows are src0, src1 (-1 past the tile). Operands from
+// global memory are loaded for the whole batch at once (their latency overlaps); from shared
+// memory one group at a time (fewer registers).
+template <int NB, int FMT, int GPB, bool SMEM>
+__device__ __forceinline__ void mma_weight_batch(const WeightBatch<NB, GPB>& wb, const void* act, const void* act_lo,
+                                                 const float* act_scales, int src, int src0, int src1, int K, int gb,
+                                                 int KS, float (&total)[NB][4]) {
+    constexpr int V = OperandVecs<FMT>::n;
+    constexpr int OB = SMEM ? 1 : GPB;  // operand groups held at once
+    const int lane = threadIdx.x & 31, c = lane & 3;
+    const int groups = K >> 7;
+    uint4 b[OB][2][V];  // [group][64-wide half]
+    float sx[OB][2];
+    const auto load_group = [&](int j, int slot) {
+        const int gi = gb + j * KS;
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+            load_operand<FMT, SMEM>(act, act_lo, src, K, gi * 128 + half * 64 + c * 16, b[slot][half]);
+        sx[slot][0] = src0 >= 0 ? load_scale<SMEM>(act_scales + (size_t)src0 * groups + gi) : 0.f;
+        sx[slot][1] = src1 >= 0 ? load_scale<SMEM>(act_scales + (size_t)src1 * groups + gi) : 0.f;
+    };
+    if constexpr (!SMEM) {
+#pragma unroll
+        for (int j = 0; j < GPB; ++j)
+            if (gb + j * KS < groups) load_group(j, j);
+    }
+#pragma unroll
+    for (int j = 0; j < GPB; ++j) {
+        if (gb + j * KS >= groups) break;
+        const int slot = SMEM ? 0 : j;
+        if constexpr (SMEM) load_group(j, 0);
+        float part[NB][4];
+#pragma unroll
+        for (int m = 0; m < NB; ++m)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) part[m][i] = 0.f;
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                uint32_t b0, b1, l0 = 0u, l1 = 0u;
+                operand_frag<FMT>(b[slot][half], q, b0, b1, l0, l1);
+#pragma unroll
+                for (int m = 0; m < NB; ++m) {
+                    const uint2 ag = e4m3x4_to_f16x4(word_of(wb.a[j][half][m][0], q));
+                    const uint2 ag8 = e4m3x4_to_f16x4(word_of(wb.a[j][half][m][1], q));
+                    mma_f16_k16(part[m], ag.x, ag8.x, ag.y, ag8.y, b0, b1);
+                    if constexpr (FMT == FMT_F16X2) mma_f16_k16(part[m], ag.x, ag8.x, ag.y, ag8.y, l0, l1);
+                }
+            }
+#pragma unroll
+        for (int m = 0; m < NB; ++m) {
+            const float s0 = sx[slot][0] * wb.sw[j][m], s1 = sx[slot][1] * wb.sw[j][m];
+            total[m][0] = fmaf(part[m][0], s0, total[m][0]);
+            total[m][1] = fmaf(part[m][1], s1, total[m][1]);
+            total[m][2] = fmaf(part[m][2], s0, total[m][2]);
+            total[m][3] = fmaf(part[m][3], s1, total[m][3]);
+        }
+    }
+}
+
+// One warp's 16 features of NB weight matrices against the tile's 8 columns, over its K groups
+// ks, ks + KS, … in batches of GPB, the first batch already loaded into `first` (by
+// load_weight_batch at gb = ks, which a kernel issues before waiting for its operand rows):
+//   total[m][0, 1] = features f0 + g, columns 2c, 2c + 1; total[m][2, 3] = feature f0 + g + 8.
+template <int NB, int FMT, int GPB, bool SMEM>
+__device__ __forceinline__ void warp_tile_loaded(WeightBatch<NB, GPB>& first, const unsigned char* const (&w)[NB],
+                                                 const float* const (&sw)[NB], const void* act, const void* act_lo,
+                                                 const float* act_scales, int src, int src0, int src1, int K, int ks,
+                                                 int KS, float (&total)[NB][4]) {
 #pragma unroll
     for (int m = 0; m < NB; ++m)
 #pragma unroll
         for (int i = 0; i < 4; ++i) total[m][i] = 0.f;
-
-    for (int g0 = ks * GPB; g0 < groups; g0 += KS * GPB) {
-        uint4 a[GPB][2][NB][2], b[GPB][2][V];  // [group][64-wide half][matrix][row g, g + 8]
-        float sx[GPB][2], swg[GPB][NB];
-#pragma unroll
-        for (int j = 0; j < GPB; ++j) {
-            const int gi = g0 + j;
-            if (gi >= groups) break;
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                const int k = gi * 128 + half * 64 + c * 16;
-#pragma unroll
-                for (int m = 0; m < NB; ++m) {
-                    a[j][half][m][0] = load_stream(reinterpret_cast<const uint4*>(w[m] + (size_t)g * K + k));
-                    a[j][half][m][1] = load_stream(reinterpret_cast<const uint4*>(w[m] + (size_t)(g + 8) * K + k));
-                }
-                load_operand<FMT, SMEM>(act, act_lo, src, K, k, b[j][half]);
-            }
-            sx[j][0] = src0 >= 0 ? load_scale<SMEM>(act_scales + (size_t)src0 * groups + gi) : 0.f;
-            sx[j][1] = src1 >= 0 ? load_scale<SMEM>(act_scales + (size_t)src1 * groups + gi) : 0.f;
-#pragma unroll
-            for (int m = 0; m < NB; ++m) swg[j][m] = __ldg(sw[m] + gi);
-        }
-#pragma unroll
-        for (int j = 0; j < GPB; ++j) {
-            if (g0 + j >= groups) break;
-            float part[NB][4];
-#pragma unroll
-            for (int m = 0; m < NB; ++m)
-#pragma unroll
-                for (int i = 0; i < 4; ++i) part[m][i] = 0.f;
-#pragma unroll
-            for (int half = 0; half < 2; ++half)
-#pragma unroll
-                for (int q = 0; q < 4; ++q) {
-                    uint32_t b0, b1, l0 = 0u, l1 = 0u;
-                    operand_frag<FMT>(b[j][half], q, b0, b1, l0, l1);
-#pragma unroll
-                    for (int m = 0; m < NB; ++m) {
-                        const uint2 ag = e4m3x4_to_f16x4(word_of(a[j][half][m][0], q));
-                        const uint2 ag8 = e4m3x4_to_f16x4(word_of(a[j][half][m][1], q));
-                        mma_f16_k16(part[m], ag.x, ag8.x, ag.y, ag8.y, b0, b1);
-                        if constexpr (FMT == FMT_F16X2) mma_f16_k16(part[m], ag.x, ag8.x, ag.y, ag8.y, l0, l1);
-                    }
-                }
-#pragma unroll
-            for (int m = 0; m < NB; ++m) {
-                const float s0 = sx[j][0] * swg[j][m], s1 = sx[j][1] * swg[j][m];
-                total[m][0] = fmaf(part[m][0], s0, total[m][0]);
-                total[m][1] = fmaf(part[m][1], s1, total[m][1]);
-                total[m][2] = fmaf(part[m][2], s0, total[m][2]);
-                total[m][3] = fmaf(part[m][3], s1, total[m][3]);
-            }
-        }
+    const int groups = K >> 7;
+    for (int gb = ks; gb < groups; gb += KS * GPB) {
+        if (gb != ks) load_weight_batch<NB, GPB>(w, sw, K, gb, KS, first);
+        mma_weight_batch<NB, FMT, GPB, SMEM>(first, act, act_lo, act_scales, src, src0, src1, K, gb, KS, total);
     }
+}
+
+// warp_tile_loaded, its first batch loaded here.
+template <int NB, int FMT, int GPB, bool SMEM>
+__device__ __forceinline__ void warp_tile(const unsigned char* const (&w)[NB], const float* const (&sw)[NB],
+                                          const void* act, const void* act_lo, const float* act_scales, int src,
+                                          int src0, int src1, int K, int ks, int KS, float (&total)[NB][4]) {
+    WeightBatch<NB, GPB> first;
+    load_weight_batch<NB, GPB>(w, sw, K, ks, KS, first);
+    warp_tile_loaded<NB, FMT, GPB, SMEM>(first, w, sw, act, act_lo, act_scales, src, src0, src1, K, ks, KS, total);
 }
 
 // The block's tile: its expert and its pairs [start, end) in sorted order. False past the tile
@@ -249,10 +312,13 @@ struct RowsTile {
     int e, start, end;
 };
 
+// The grid has max_tiles blocks, so the block's own entry is in bounds even past the count: it
+// is read with the count, one round trip instead of two.
 __device__ __forceinline__ bool rows_tile(const int* tiles, const int* offsets, RowsTile& t) {
-    if ((int)blockIdx.x >= tiles[0]) return false;
+    const int count = tiles[0];
     t.e = tiles[1 + 2 * blockIdx.x];
     t.start = tiles[2 + 2 * blockIdx.x];
+    if ((int)blockIdx.x >= count) return false;
     t.end = min(offsets[t.e + 1], t.start + ROWS_PAIRS);
     return true;
 }
@@ -288,14 +354,18 @@ extern "C" __global__ void __launch_bounds__(ROWS_THREADS)
     const float* const sw[2] = {(const float*)t[T_GATE_S] + srow, (const float*)t[T_UP_S] + srow};
     float total[2][4];
     if (raw) {
+        // The warp's weights are requested first: they stream in while the block converts its
+        // operand rows (the decode step's critical path was the two in series).
+        WeightBatch<2, GU_GPB> first;
+        load_weight_batch<2, GU_GPB>(w, sw, K, ks, GU_KS, first);
         // Operand rows by slot: the tile's pair i reads slot i.
         const int n = tile.end - tile.start;
         tile_operand(raw, raw_kind, FMT_F16, K, n,
                      [&](int slot) { return (size_t)(sorted[tile.start + slot] / top_k) * K; }, rows_smem);
         const auto slot_of = [&](int i) { return tile.start + i < tile.end ? i : -1; };
         const float* scales = reinterpret_cast<const float*>(rows_smem + (size_t)ROWS_PAIRS * K * 2);
-        warp_tile<2, FMT_F16, 1, true>(w, sw, rows_smem, nullptr, scales, slot_of(g), slot_of(2 * c),
-                                       slot_of(2 * c + 1), K, ks, GU_KS, total);
+        warp_tile_loaded<2, FMT_F16, GU_GPB, true>(first, w, sw, rows_smem, nullptr, scales, slot_of(g),
+                                                    slot_of(2 * c), slot_of(2 * c + 1), K, ks, GU_KS, total);
     } else {
         const auto row_of = [&](int pos) { return pos < tile.end ? sorted[pos] / top_k : -1; };
         const int src = row_of(tile.start + g), src0 = row_of(tile.start + 2 * c),
@@ -350,6 +420,10 @@ extern "C" __global__ void __launch_bounds__(ROWS_THREADS)
     const float* const sw[1] = {(const float*)t[T_DOWN_S] + (size_t)(f0 >> 7) * (K >> 7)};
     float total[1][4];
     if (h) {
+        // The warp's weights are requested first (DN_GPB groups at once: all of them at the
+        // spec's K), streaming in while the block converts its operand rows.
+        WeightBatch<1, DN_GPB> first;
+        load_weight_batch<1, DN_GPB>(w, sw, K, 0, 1, first);
         // Operand rows by slot: the tile's position i reads slot i.
         const int n = tile.end - tile.start;
         tile_operand(h, ACT_F32, fmt, K, n, [&](int slot) { return (size_t)(tile.start + slot) * K; }, rows_smem);
@@ -358,10 +432,12 @@ extern "C" __global__ void __launch_bounds__(ROWS_THREADS)
         const float* scales = reinterpret_cast<const float*>(rows_smem + tile_operand_bytes(fmt, K) -
                                                              (size_t)ROWS_PAIRS * (K / 128) * 4);
         if (fmt == FMT_E4M3)
-            warp_tile<1, FMT_E4M3, 2, true>(w, sw, rows_smem, nullptr, scales, src, src0, src1, K, 0, 1, total);
+            warp_tile_loaded<1, FMT_E4M3, DN_GPB, true>(first, w, sw, rows_smem, nullptr, scales, src, src0, src1, K,
+                                                         0, 1, total);
         else
-            warp_tile<1, FMT_F16X2, 1, true>(w, sw, rows_smem, (const __half*)rows_smem + (size_t)ROWS_PAIRS * K,
-                                             scales, src, src0, src1, K, 0, 1, total);
+            warp_tile_loaded<1, FMT_F16X2, DN_GPB, true>(first, w, sw, rows_smem,
+                                                          (const __half*)rows_smem + (size_t)ROWS_PAIRS * K, scales,
+                                                          src, src0, src1, K, 0, 1, total);
     } else {
         // Operand rows by sorted position.
         const auto row_of = [&](int pos) { return pos < tile.end ? pos : -1; };
