@@ -10,6 +10,7 @@ pub mod parse_errors;
 pub mod request_id;
 pub mod server;
 pub mod speech;
+pub mod voice_warm;
 pub mod voices;
 pub mod write_deadline;
 

@@ -152,6 +152,9 @@ pub(crate) struct Queued {
     pub job: Job,
     pub reply: Reply,
     pub admitted: Instant,
+    /// Only the prompt's shared prefix runs, its state kept, then the job ends with no frame
+    /// ([`Scheduler::warm`](super::Scheduler::warm)).
+    pub prefix_only: bool,
 }
 
 /// A reference clip to encode into codes (voice cloning): mono samples at the codec's 44.1 kHz.

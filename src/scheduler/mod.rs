@@ -314,11 +314,24 @@ impl Scheduler {
 
     /// Admits `job` or refuses it at once; never waits.
     pub fn submit(&self, job: Job) -> Result<JobStream, SubmitError> {
+        self.queue(job, false)
+    }
+
+    /// Admits a job that runs only its prompt's shared prefix (`job.prefix`, which must be
+    /// kept), keeps the state after it in the engine's prefix cache, and ends `stop` with no
+    /// frame: a stored voice warmed before its first request, which then starts from that state
+    /// as every later one does (`engine::prefix`). It ends at once where the prefix is kept
+    /// already or the engine keeps none. Refused as [`Scheduler::submit`] is.
+    pub fn warm(&self, job: Job) -> Result<JobStream, SubmitError> {
+        self.queue(job, true)
+    }
+
+    fn queue(&self, job: Job, prefix_only: bool) -> Result<JobStream, SubmitError> {
         let shared = &self.inner.shared;
         self.admission()?;
         let (stream, reply) = job::channel();
         shared.queued.fetch_add(1, Ordering::SeqCst);
-        let queued = job::Queued { job, reply, admitted: std::time::Instant::now() };
+        let queued = job::Queued { job, reply, admitted: std::time::Instant::now(), prefix_only };
         match self.inner.commands.try_send(job::Command::Speech(queued)) {
             Ok(()) => {
                 shared.publish_gauges();

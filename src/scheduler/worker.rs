@@ -5,7 +5,8 @@
 //! 1. **admits** queued jobs into free slots, first come first served: the prompt is built and a
 //!    stream opened (a job refused here fails alone);
 //! 2. runs the oldest waiting **reference encode** (voice cloning), if any, then **prompt chunks**, oldest stream first, up to one chunk's worth of rows per turn (the
-//!    bound on how long new prompts hold up the streams already speaking);
+//!    bound on how long new prompts hold up the streams already speaking); a job that only
+//!    warms a voice (`Scheduler::warm`) ends once its prefix ran and was kept;
 //! 3. **steps** every stream that is generating and whose client is keeping up: one frame each.
 //!    Where the engine runs its codec on a thread of its own (`scheduler::codec`), the step's
 //!    frame groups go there as codes and the worker goes straight on; their PCM joins the
@@ -225,7 +226,7 @@ impl Host {
     /// A queued job into the batch: its stream opened for its prompt rows. `None` when it ends
     /// here (client gone, draining past the deadline, or refused, which it is told).
     fn join(&self, model: &dyn Synthesizer, queued: Queued) -> Option<Active> {
-        let Queued { job, reply, admitted } = queued;
+        let Queued { job, reply, admitted, prefix_only } = queued;
         let _span = job.span.enter();
         metrics::histogram!(telemetry::QUEUE_WAIT_SECONDS).record(admitted.elapsed().as_secs_f64());
         if reply.cancelled() {
@@ -245,6 +246,13 @@ impl Host {
                 let prompt_rows = job.rows.len();
                 if job.prefix.keep {
                     debug!(prefix_rows = job.prefix.rows, restored_rows, "voice prefix");
+                }
+                if prefix_only && (restored_rows >= job.prefix.rows || model.prefix_cache().is_none()) {
+                    // Nothing to keep: the prefix is kept already, or the engine keeps none.
+                    model.close(id);
+                    let end = JobEvent::Finished { reason: FinishReason::Stop, frames: 0, prompt_rows: 0 };
+                    let _ = reply.tx.try_send(end);
+                    return None;
                 }
                 let mut outbox = VecDeque::new();
                 outbox.push_back(JobEvent::Started { prompt_rows });
@@ -275,6 +283,7 @@ impl Host {
                     frames_before: 0,
                     cut: false,
                     first_audio: FirstAudio::new(admitted, opening, joined),
+                    prefix_only: prefix_only.then_some(job.prefix.rows),
                 });
             }
             Ok(Err(e)) => e.to_string(),
@@ -364,6 +373,11 @@ impl Host {
                         job.first_audio.prefilled(Instant::now());
                     }
                     job.prompt_left -= progress.rows.min(job.prompt_left);
+                    let ran = job.prompt_rows - job.prompt_left;
+                    if job.prefix_only.is_some_and(|prefix| ran >= prefix) {
+                        // Its prefix ran and was kept (a chunk never crosses the prefix's end).
+                        job.end(model, JobEvent::Finished { reason: FinishReason::Stop, frames: 0, prompt_rows: ran });
+                    }
                 }
                 Err(message) => {
                     let span = job.span.clone();

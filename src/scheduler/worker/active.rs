@@ -64,6 +64,8 @@ pub(super) struct Active {
     pub(super) cut: bool,
     /// Where its wait for its first audio went.
     pub(super) first_audio: FirstAudio,
+    /// It runs its prompt's shared prefix only (`Scheduler::warm`): it ends once this many rows ran.
+    pub(super) prefix_only: Option<usize>,
 }
 
 impl Active {
