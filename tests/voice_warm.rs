@@ -1,5 +1,5 @@
 //! A voice warmed on upload (`http::voice_warm`), in process on the CPU engine (tiny
-//! checkpoint): the upload runs the voice's prompt prefix and keeps its state, so the voice's
+//! checkpoint): the upload queues the voice's prompt prefix, whose state is kept, so the voice's
 //! first request starts from it; and that request's bytes are those of a server that keeps no
 //! prefix and runs it whole. Its own test binary: it reads the process's voice cache counters,
 //! which no other test may move meanwhile.
@@ -40,7 +40,12 @@ async fn an_uploaded_voice_is_warm_for_its_first_request_with_the_same_bytes() {
     let app = app_with(memory_store(), &[]).await;
     let (status, info) = json_of(&app, multipart(NARRATOR, Some(&clip_wav()))).await;
     assert_eq!(status, StatusCode::OK, "{info}");
-    // The upload ran the prefix (a miss) and kept it.
+    // The upload queued its prefix, which runs (a miss) and is kept.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while counter(&app, "limelight_voice_cache_entries").await < 1.0 {
+        assert!(std::time::Instant::now() < deadline, "the voice was never warmed");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     assert_eq!(counter(&app, "limelight_voice_cache_misses_total").await, 1.0);
     assert_eq!(counter(&app, "limelight_voice_cache_entries").await, 1.0);
     assert_eq!(counter(&app, "limelight_voice_cache_hits_total").await, 0.0);

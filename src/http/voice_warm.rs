@@ -5,6 +5,9 @@
 //! reference's first request took 52 ms to first audio (183 prefix rows, then its own 30, two
 //! passes over the experts) against 27 ms once kept.
 //!
+//! The upload does not wait for it: with every slot of the decode batch taken, the warming job
+//! queues like a request, and an upload must not hang on other people's audio. A request in the
+//! voice that arrives first is admitted after the warming job and usually finds the state kept.
 //! Best effort: a server that is busy, draining or keeps no prefixes skips it, and the first
 //! request runs the prefix itself, as before. The bytes are the same either way: a prompt's
 //! chunks end at its prefix whether or not the state is kept.
@@ -25,8 +28,9 @@ use crate::voice::store::Voice;
 /// and none of them runs.
 const PLACEHOLDER_TEXT: &str = ".";
 
-/// Runs `voice`'s prompt prefix on the worker and waits until its state is kept.
-pub async fn warm(state: &AppState, request_id: &str, voice: &Voice) {
+/// Queues `voice`'s prompt prefix on the worker, its state to be kept; a task follows the job
+/// to its end and logs it.
+pub fn warm(state: &AppState, request_id: &str, voice: &Voice) {
     let Ok(vocabulary) = state.scheduler().vocabulary() else { return };
     // The references a request in this voice gets (`voices::references`).
     let references = [Reference::from_frames(voice.ref_text.clone(), &voice.codes, voice.codebooks)];
@@ -55,18 +59,22 @@ pub async fn warm(state: &AppState, request_id: &str, voice: &Voice) {
             return;
         }
     };
-    while let Some(event) = stream.next().await {
-        match event {
-            JobEvent::Finished { prompt_rows, .. } => {
-                let ms = started.elapsed().as_secs_f64() * 1e3;
-                info!(request_id, voice = %voice.name, prefix_rows = prompt_rows, ms, "voice warmed");
-                return;
+    // The stream is held to the job's end: dropping it would cancel the job.
+    let (request_id, name) = (request_id.to_owned(), voice.name.clone());
+    tokio::spawn(async move {
+        while let Some(event) = stream.next().await {
+            match event {
+                JobEvent::Finished { prompt_rows, .. } => {
+                    let ms = started.elapsed().as_secs_f64() * 1e3;
+                    info!(request_id, voice = %name, prefix_rows = prompt_rows, ms, "voice warmed");
+                    return;
+                }
+                JobEvent::Failed { message } | JobEvent::Refused { message } => {
+                    warn!(request_id, voice = %name, error = %message, "warming the voice failed; its first request runs its prefix");
+                    return;
+                }
+                JobEvent::Started { .. } | JobEvent::Audio(_) => {}
             }
-            JobEvent::Failed { message } | JobEvent::Refused { message } => {
-                warn!(request_id, voice = %voice.name, error = %message, "warming the voice failed; its first request runs its prefix");
-                return;
-            }
-            JobEvent::Started { .. } | JobEvent::Audio(_) => {}
         }
-    }
+    });
 }

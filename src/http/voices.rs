@@ -4,8 +4,8 @@
 //!
 //! An upload is checked field by field (name, consent, transcript, then the audio: decoded,
 //! mixed down and resampled in a child process, `voice::isolated`), encoded by the worker's
-//! codec encoder (one clip per turn, beside the decode batch), then stored, and its prompt
-//! prefix warmed (`voice_warm`) before the upload is answered.
+//! codec encoder (one clip per turn, beside the decode batch), then stored; its prompt prefix
+//! is then warmed on the worker (`voice_warm`) while the upload is answered.
 
 use axum::Json;
 use axum::extract::{FromRequest, Multipart, Path, Request, State};
@@ -159,7 +159,7 @@ async fn create(state: &AppState, request_id: &str, req: Request) -> Result<Voic
     match inserted {
         Ok(voice) => {
             info!(request_id, voice = %name, frames = voice.frames(), audio_secs = voice.audio_seconds, "voice created");
-            super::voice_warm::warm(state, request_id, &voice).await;
+            super::voice_warm::warm(state, request_id, &voice);
             Ok(info(&voice))
         }
         Err(StoreError::Exists(name)) => Err(ApiError::VoiceExists { name }),
