@@ -18,7 +18,7 @@ use tracing::{error, info, warn};
 use crate::cli::ServeArgs;
 use crate::config::{ConfigError, EngineChoice, ModelSource, ServeConfig};
 use crate::http::server::ServerLimits;
-use crate::http::{self, AppState, HttpConfig};
+use crate::http::{self, AppState, HttpConfig, voice_warm};
 use crate::request::validate::SpeechPolicy;
 use crate::scheduler::{BatchLimits, Loader, Scheduler, cpu_loader, cuda_loader};
 use crate::service;
@@ -98,7 +98,8 @@ pub async fn serve(
         }
     });
     let voices = open_voices(&config)?;
-    let app = http::router(AppState::with_voices(scheduler.clone(), http_config, voices));
+    let state = AppState::with_voices(scheduler.clone(), http_config, voices);
+    let app = http::router(state.clone());
     let limits = ServerLimits {
         max_connections: config.max_connections,
         header_timeout: config.header_timeout,
@@ -115,6 +116,8 @@ pub async fn serve(
             Ok(()) => {
                 service::ready(&format!("serving {} on {addr}", config.served_model_name));
                 info!(%addr, model = %config.served_model_name, "ready");
+                // Stored voices warmed beside the first requests, which queue with them.
+                tokio::spawn(async move { voice_warm::warm_stored(&state, voice_warm::WARM_AT_START).await });
                 tokio::select! {
                     _ = shutdown.recv() => {
                         drain(&scheduler, config.drain_timeout, &mut shutdown).await;

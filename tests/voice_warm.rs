@@ -17,6 +17,8 @@ use serde_json::json;
 
 use fixtures::*;
 use limelight::engine::generate::PREFILL_CHUNK;
+use limelight::http::router;
+use limelight::http::voice_warm::{WARM_AT_START, warm_stored};
 use limelight::scheduler::{BatchLimits, Scheduler, cpu_loader};
 use voice_fixtures::*;
 
@@ -60,9 +62,11 @@ async fn an_uploaded_voice_is_warm_for_its_first_request_with_the_same_bytes() {
     let config = worker_config(8);
     let cold = Scheduler::start_with(config.clone(), cpu_loader(config.model_dir.clone(), MAX_FRAMES, limits));
     cold.loaded().await.expect("the tiny model loads");
-    let cold_app = app_on(cold, memory_store(), &[]);
+    let cold_state = state_on(cold, memory_store(), &[]);
+    let cold_app = router(cold_state.clone());
     let (status, info) = json_of(&cold_app, multipart(NARRATOR, Some(&clip_wav()))).await;
     assert_eq!(status, StatusCode::OK, "{info}");
+    assert_eq!(warm_stored(&cold_state, WARM_AT_START).await, 0, "it keeps no voice state");
     assert_eq!(speak_as_narrator(&cold_app).await, warmed, "warm or cold, the same bytes");
     assert_eq!(counter(&app, "limelight_voice_cache_hits_total").await, 1.0, "the cold server kept nothing");
 }

@@ -321,7 +321,7 @@ impl Scheduler {
     /// kept), keeps the state after it in the engine's prefix cache, and ends `stop` with no
     /// frame: a stored voice warmed before its first request, which then starts from that state
     /// as every later one does (`engine::prefix`). It ends at once where the prefix is kept
-    /// already or the engine keeps none. Refused as [`Scheduler::submit`] is.
+    /// already (`stop`) or the engine keeps none (`cancelled`). Refused as [`Scheduler::submit`] is.
     pub fn warm(&self, job: Job) -> Result<JobStream, SubmitError> {
         self.queue(job, true)
     }

@@ -247,10 +247,14 @@ impl Host {
                 if job.prefix.keep {
                     debug!(prefix_rows = job.prefix.rows, restored_rows, "voice prefix");
                 }
-                if prefix_only && (restored_rows >= job.prefix.rows || model.prefix_cache().is_none()) {
-                    // Nothing to keep: the prefix is kept already, or the engine keeps none.
+                let keeps_none = model.prefix_cache().is_none_or(|cache| cache.budget == 0);
+                if prefix_only && (restored_rows >= job.prefix.rows || keeps_none) {
+                    // Nothing to run: the prefix is kept already (`stop`), or the engine keeps
+                    // none (`cancelled`).
                     model.close(id);
-                    let end = JobEvent::Finished { reason: FinishReason::Stop, frames: 0, prompt_rows: 0 };
+                    let kept = restored_rows >= job.prefix.rows;
+                    let reason = if kept { FinishReason::Stop } else { FinishReason::Cancelled };
+                    let end = JobEvent::Finished { reason, frames: 0, prompt_rows: 0 };
                     let _ = reply.tx.try_send(end);
                     return None;
                 }

@@ -37,6 +37,15 @@ pub async fn app_with(store: Arc<VoiceStore>, aliases: &[(&str, &str)]) -> Route
 }
 
 pub fn app_on(scheduler: limelight::scheduler::Scheduler, store: Arc<VoiceStore>, aliases: &[(&str, &str)]) -> Router {
+    router(state_on(scheduler, store, aliases))
+}
+
+/// The app's state around `scheduler` and `store` (`aliases`: `--voice-alias` pairs).
+pub fn state_on(
+    scheduler: limelight::scheduler::Scheduler,
+    store: Arc<VoiceStore>,
+    aliases: &[(&str, &str)],
+) -> AppState {
     let config = HttpConfig {
         policy: SpeechPolicy {
             served_model: MODEL.into(),
@@ -53,7 +62,7 @@ pub fn app_on(scheduler: limelight::scheduler::Scheduler, store: Arc<VoiceStore>
         clip_decoder: limelight::voice::isolated::ClipDecoder::new(env!("CARGO_BIN_EXE_limelight"), 2048),
         clip_decoders: 2,
     };
-    router(AppState::with_voices(scheduler, config, store))
+    AppState::with_voices(scheduler, config, store)
 }
 
 pub fn memory_store() -> Arc<VoiceStore> {
