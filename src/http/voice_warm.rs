@@ -1,5 +1,6 @@
-//! A new voice warmed on upload: its prompt prefix (the system message holding its reference)
-//! runs on the worker once and its state is kept (`engine::prefix`), so that the voice's first
+//! Voices warmed, on upload and (the most recent stored ones) once the server is ready: a
+//! voice's prompt prefix (the system message holding its reference) runs on the worker once
+//! and its state is kept (`engine::prefix`), so that the voice's first
 //! request starts from that state as every later one does, and its first audio waits on the
 //! request's own rows only. Measured on an H100 (run 17, `tools/gpu/first-audio.sh`): a 5 s
 //! reference's first request took 52 ms to first audio (183 prefix rows, then its own 30, two
