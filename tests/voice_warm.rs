@@ -22,14 +22,6 @@ use limelight::http::voice_warm::{WARM_AT_START, warm_stored};
 use limelight::scheduler::{BatchLimits, Scheduler, cpu_loader};
 use voice_fixtures::*;
 
-/// The value of a counter in the app's `/metrics` (0 when not yet published).
-async fn counter(app: &Router, name: &str) -> f64 {
-    let text = String::from_utf8(bytes_of(send(app, get("/metrics")).await).await).unwrap();
-    text.lines()
-        .find_map(|line| line.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
-        .map_or(0.0, |v| v.parse().unwrap())
-}
-
 async fn speak_as_narrator(app: &Router) -> Vec<u8> {
     let req = speech(body(json!({"voice": "narrator", "response_format": "pcm", "stream": false, "seed": 11})));
     let resp = send(app, req).await;

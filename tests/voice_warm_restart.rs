@@ -10,7 +10,6 @@ mod fixtures;
 #[path = "http_contract/voice_fixtures.rs"]
 mod voice_fixtures;
 
-use axum::Router;
 use axum::http::StatusCode;
 use serde_json::json;
 
@@ -21,13 +20,6 @@ use limelight::model::load::Checkpoint;
 use limelight::model::vocabulary::Vocabulary;
 use limelight::voice::store::Voice;
 use voice_fixtures::*;
-
-async fn counter(app: &Router, name: &str) -> f64 {
-    let text = String::from_utf8(bytes_of(send(app, get("/metrics")).await).await).unwrap();
-    text.lines()
-        .find_map(|line| line.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
-        .map_or(0.0, |v| v.parse().unwrap())
-}
 
 /// A stored voice of `frames` frames of made-up codes, created at `created_at`.
 fn voice(name: &str, frames: usize, created_at: u64, vocabulary: &Vocabulary) -> Voice {

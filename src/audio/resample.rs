@@ -156,13 +156,14 @@ impl Resampler {
             Some(filter) => filter,
             None => new_filter(in_rate, out_rate).map_err(|e| AudioError::codec(format, format!("resampler: {e}")))?,
         };
+        let scratch = vec![0.0; filter.output_frames_max()];
         let inner = PooledFilter { filter: Some(filter), rates, pool };
         let (in_rate, out_rate) = (u64::from(in_rate), u64::from(out_rate));
         let period = in_rate / gcd(in_rate, out_rate);
         let zeros = (period - HALF_SINC % period) % period;
         let lead = HALF_SINC + zeros;
         let mut r = Self {
-            scratch: vec![0.0; inner.filter.as_ref().map_or(0, |f| f.output_frames_max())],
+            scratch,
             inner,
             in_rate,
             out_rate,

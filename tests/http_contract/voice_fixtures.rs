@@ -114,3 +114,11 @@ pub async fn json_of(app: &Router, req: Request<Body>) -> (StatusCode, Value) {
 
 pub const NARRATOR: &[(&str, &str)] =
     &[("name", "narrator"), ("consent", "I recorded this myself"), ("ref_text", "A quiet evening by the river.")];
+
+/// The value of a counter in the app's `/metrics` (0 when not yet published).
+pub async fn counter(app: &Router, name: &str) -> f64 {
+    let text = String::from_utf8(bytes_of(send(app, get("/metrics")).await).await).unwrap();
+    text.lines()
+        .find_map(|line| line.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
+        .map_or(0.0, |v| v.parse().unwrap())
+}
