@@ -2,7 +2,8 @@
 //   attn_prep            q/gate split, zero-centred q/k norms, partial NeoX RoPE, K/V cache append;
 //   attn_prefill_hd*     causal GQA attention of many rows (kernels/attention_prefill.cu);
 //   attn_decode_hd*      one split of the keys for each query row (flash-decoding), partials in fp32;
-//   attn_decode_combine  merges the splits, · sigmoid(gate), bf16.
+//                        the last split of a (row, kv head) to finish merges them, · sigmoid(gate),
+//                        bf16 (no second launch: the merge ends the decode kernel).
 //
 // Layouts (row-major): qg [T, H·2·HD] bf16 (per head: HD query columns, then HD gate columns);
 // k, v [T, Hkv·HD] bf16; q [T, H, HD] f32, already multiplied by scale·log2(e) so that scores are in
@@ -62,6 +63,51 @@ __device__ __forceinline__ void load_kv_tile(const bf16* __restrict__ kc, const 
     }
 }
 
+// The merge of row t's nonempty splits for kv head kvh's G heads, into out [T, H·HD] bf16:
+// out[t, head·HD + d] = bf16(Σ_s 2^(m_s − M) o_s[d] / Σ_s 2^(m_s − M) l_s · sigmoid(gate[d])), the
+// sums over s in order. Split 0 always holds key 0, so M is finite and the denominator positive.
+// Partials other CTAs wrote are read through L2 (__ldcg): this SM's L1 may hold none of them, but
+// nothing says so. A thread loads its o of every split at once (one memory round trip) before
+// summing. `ml` is shared memory for the G heads' (m, l) pairs, [G][nonempty][2].
+template <int HD>
+__device__ __forceinline__ void merge_splits(const float* part_o, const float* part_ml, const bf16* __restrict__ qg,
+                                             bf16* __restrict__ out, int heads, int group, int kvh, int t,
+                                             int splits, int nonempty, float* ml) {
+    const int tid = threadIdx.x;
+    const size_t base = ((size_t)t * heads + kvh * group) * splits;  // split 0 of the group's first head
+    for (int i = tid; i < group * 2 * nonempty; i += NT) {
+        const int g = i / (2 * nonempty), r = i % (2 * nonempty);
+        ml[i] = __ldcg(part_ml + (base + (size_t)g * splits) * 2 + r);
+    }
+    __syncthreads();
+    constexpr int MAXO = MAXG * HD / NT;
+#pragma unroll 1
+    for (int j = 0; j < MAXO; ++j) {
+        const int e = tid + j * NT;
+        if (e >= group * HD) break;
+        const int g = e / HD, d = e % HD, head = kvh * group + g;
+        const float* po = part_o + (base + (size_t)g * splits) * HD + d;
+        float o[ATTN_MAX_SPLITS];
+#pragma unroll
+        for (int s = 0; s < ATTN_MAX_SPLITS; ++s) o[s] = s < nonempty ? __ldcg(po + (size_t)s * HD) : 0.f;
+        const float gate = to_f32(qg[(size_t)t * 2 * heads * HD + (size_t)head * 2 * HD + HD + d]);
+        const float* hml = ml + g * 2 * nonempty;
+        float mx = -INFINITY;
+        for (int s = 0; s < nonempty; ++s) mx = fmaxf(mx, hml[2 * s]);
+        float acc = 0.f, l = 0.f;
+#pragma unroll
+        for (int s = 0; s < ATTN_MAX_SPLITS; ++s) {
+            if (s >= nonempty) break;
+            const float m = hml[2 * s];
+            if (m == -INFINITY) continue;  // no key scored (cannot happen in a nonempty split)
+            const float w = exp2f(m - mx);
+            l += w * hml[2 * s + 1];
+            acc += w * o[s];
+        }
+        out[((size_t)t * heads + head) * HD + d] = to_bf16(acc / l * sigmoidf_(gate));
+    }
+}
+
 }  // namespace
 
 // One block per (head slot, row): grid (H + Hkv, T), blockDim = HD (a multiple of 32, ≤ 1024).
@@ -115,7 +161,10 @@ extern "C" __global__ void attn_prep(const bf16* __restrict__ qg, const bf16* __
 // Decode attention, one split: CTA (s, kvh, t) takes keys [s·chunk, min((s+1)·chunk, visible)) of
 // query row t (visible = start + t + 1, chunk = ceil(visible / splits) rounded up to a tile) for the
 // G q heads of kv head kvh, and writes unnormalised partials: part_o [T, H, splits, HD] (Σ p·v) and
-// part_ml [T, H, splits, 2] (max in log2 units, Σ p); an empty split writes (0, −inf, 0).
+// part_ml [T, H, splits, 2] (max in log2 units, Σ p). Splits past the last key (s ≥ nonempty) have
+// nothing to do and return at once. The last of a (row, kv head)'s nonempty splits to finish —
+// counted in merge_counts[t·Hkv + kvh], which it resets to 0 for the next launch — merges them
+// (`merge_splits`) into out [T, H·HD] bf16.
 // grid (splits, Hkv, T), NT threads, dynamic shared memory decode_smem_bytes(HD) (attention.rs).
 // Scores: lane = key of the tile, warp w takes heads w, w + 8, .. (and runs their softmax).
 // Output element e = tid + 256j (j < MAXG·HD/256) is (head e / HD, dim e % HD).
@@ -125,11 +174,13 @@ extern "C" __global__ void attn_prep(const bf16* __restrict__ qg, const bf16* __
 // seq.pos[t] keys before this row).
 template <int HD>
 __device__ __forceinline__ void attn_decode(const float* __restrict__ q, const bf16* kc, const bf16* vc,
-                                            float* __restrict__ part_o, float* __restrict__ part_ml, int heads,
-                                            int kv_heads, int start, const int* __restrict__ dev_start, int splits,
-                                            DecodeRows seq) {
+                                            float* __restrict__ part_o, float* __restrict__ part_ml,
+                                            const bf16* __restrict__ qg, bf16* __restrict__ out,
+                                            unsigned* __restrict__ merge_counts, int heads, int kv_heads, int start,
+                                            const int* __restrict__ dev_start, int splits, DecodeRows seq) {
     pdl_begin();
     static_assert(HD % 32 == 0 && (MAXG * HD) % NT == 0, "head_dim must be a multiple of 32");
+    static_assert(BK * (2 * HD + 4) >= MAXG * ATTN_MAX_SPLITS * 2, "the merge's (m, l) pairs fit in Ks and Vs");
     constexpr int QS = HD + 4;
     constexpr int MAXO = MAXG * HD / NT;
     extern __shared__ float4 smem4[];
@@ -146,18 +197,11 @@ __device__ __forceinline__ void attn_decode(const float* __restrict__ q, const b
     const int visible = seq.row_position(t, first_position(start, dev_start) + t) + 1;
     seq.row_cache(t, kc, vc);
     const int chunk = ((visible + splits - 1) / splits + BK - 1) / BK * BK;
+    const int nonempty = (visible + chunk - 1) / chunk;  // splits s with s·chunk < visible
+    if (s >= nonempty) return;
     const int kbeg = s * chunk, kend = min(visible, kbeg + chunk);
     // Partial of (head kvh·G + g, split s) of row t.
     const size_t part0 = ((size_t)t * heads + kvh * group) * splits + s;
-
-    if (kbeg >= kend) {
-        for (int e = tid; e < nout; e += NT) part_o[(part0 + (size_t)(e / HD) * splits) * HD + e % HD] = 0.f;
-        if (tid < group) {
-            part_ml[(part0 + (size_t)tid * splits) * 2] = -INFINITY;
-            part_ml[(part0 + (size_t)tid * splits) * 2 + 1] = 0.f;
-        }
-        return;
-    }
 
     // The G heads of this kv head are contiguous in q.
     const float* qrow = q + ((size_t)t * heads + kvh * group) * HD;
@@ -221,6 +265,21 @@ __device__ __forceinline__ void attn_decode(const float* __restrict__ q, const b
         part_ml[(part0 + (size_t)tid * splits) * 2] = row_m[tid];
         part_ml[(part0 + (size_t)tid * splits) * 2 + 1] = row_l[tid];
     }
+
+    // The last nonempty split of (t, kvh) to get here merges them all. Every thread's partials are
+    // made visible device-wide before the block's count (the threadfence reduction pattern).
+    __shared__ bool merges;
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+        unsigned* count = merge_counts + (size_t)t * kv_heads + kvh;
+        merges = atomicAdd(count, 1u) == (unsigned)nonempty - 1;
+        if (merges) *count = 0u;  // every split of this launch has counted
+    }
+    __syncthreads();
+    if (!merges) return;
+    __threadfence();
+    merge_splits<HD>(part_o, part_ml, qg, out, heads, group, kvh, t, splits, nonempty, Ks);
 }
 
 // One decode entry point per compiled head_dim (attention.rs HEAD_DIMS); the prefill's are
@@ -229,46 +288,14 @@ __device__ __forceinline__ void attn_decode(const float* __restrict__ q, const b
 #define ATTN_VARIANTS(HD)                                                                                              \
     extern "C" __global__ void __launch_bounds__(NT, 1) attn_decode_hd##HD(                                            \
         const float* __restrict__ q, const bf16* kc, const bf16* vc, float* __restrict__ part_o,                       \
-        float* __restrict__ part_ml, int heads, int kv_heads, int start, const int* __restrict__ dev_start,            \
+        float* __restrict__ part_ml, const bf16* __restrict__ qg, bf16* __restrict__ out,                              \
+        unsigned* __restrict__ merge_counts, int heads, int kv_heads, int start, const int* __restrict__ dev_start,     \
         int splits, DECODE_ROWS_PARAMS) {                                                                              \
-        attn_decode<HD>(q, kc, vc, part_o, part_ml, heads, kv_heads, start, dev_start, splits, DECODE_ROWS);           \
+        attn_decode<HD>(q, kc, vc, part_o, part_ml, qg, out, merge_counts, heads, kv_heads, start, dev_start, splits,  \
+                        DECODE_ROWS);                                                                                  \
     }
 
 ATTN_VARIANTS(32)
 ATTN_VARIANTS(64)
 ATTN_VARIANTS(128)
 ATTN_VARIANTS(256)
-
-// Merges the decode splits of one (head, row): grid (H, T), HD threads (one output each, HD ≤ 1024,
-// a multiple of 32), dynamic shared memory 2 · splits floats; splits ≤ ATTN_MAX_SPLITS.
-// out[t, head·HD + d] = bf16(Σ_s 2^(m_s − M) o_s[d] / Σ_s 2^(m_s − M) l_s · sigmoid(gate[d])).
-// Split 0 always holds key 0, so M is finite and the denominator positive. The splits' (m, l)
-// are read once into shared memory (a thread each), and a thread loads its o of every split at
-// once (one memory round trip, not one per few splits) before summing over s in order.
-extern "C" __global__ void attn_decode_combine(const float* __restrict__ part_o, const float* __restrict__ part_ml,
-                                               const bf16* __restrict__ qg, bf16* __restrict__ out, int heads,
-                                               int head_dim, int splits) {
-    pdl_begin();
-    extern __shared__ float combine_ml[];  // [splits][m, l]
-    const int head = blockIdx.x, t = blockIdx.y, d = threadIdx.x;
-    const size_t base = ((size_t)t * heads + head) * splits;
-    for (int i = d; i < 2 * splits; i += blockDim.x) combine_ml[i] = part_ml[base * 2 + i];
-    float o[ATTN_MAX_SPLITS];
-#pragma unroll
-    for (int s = 0; s < ATTN_MAX_SPLITS; ++s) o[s] = s < splits ? part_o[(base + s) * head_dim + d] : 0.f;
-    const float g = to_f32(qg[(size_t)t * 2 * heads * head_dim + (size_t)head * 2 * head_dim + head_dim + d]);
-    __syncthreads();
-    float mx = -INFINITY;
-    for (int s = 0; s < splits; ++s) mx = fmaxf(mx, combine_ml[2 * s]);
-    float acc = 0.f, l = 0.f;
-#pragma unroll
-    for (int s = 0; s < ATTN_MAX_SPLITS; ++s) {
-        if (s >= splits) break;
-        const float m = combine_ml[2 * s];
-        if (m == -INFINITY) continue;  // an empty split
-        const float w = exp2f(m - mx);
-        l += w * combine_ml[2 * s + 1];
-        acc += w * o[s];
-    }
-    out[((size_t)t * heads + head) * head_dim + d] = to_bf16(acc / l * sigmoidf_(g));
-}

@@ -322,7 +322,7 @@ pub struct ServeArgs {
     pub no_codec_thread: bool,
     /// Streams the engine steps together, one frame each per step. Default: on the GPU as many
     /// as the memory budget holds at `--context-length` (at most 256; 1 while the CUDA-graph
-    /// step serves one stream at a time, see `--no-cuda-graph`); on the CPU 8.
+    /// step serves one stream at a time, see `--no-cuda-graph`); on the CPU 8. At most 4096.
     #[arg(long, env = "LIMELIGHT_MAX_BATCH")]
     pub max_batch: Option<usize>,
     /// Prompt rows run between two steps of the batch: bounds how long a new request's prompt

@@ -188,6 +188,9 @@ impl ServeConfig {
         }
         if let Some(n) = args.max_batch {
             at_least("max-batch", 1, n)?;
+            if n > MAX_BATCH {
+                return Err(ConfigError::TooLarge { flag: "max-batch", value: n });
+            }
         }
         let served_model_name = args.served_model_name.trim().to_owned();
         if served_model_name.is_empty() {
@@ -322,6 +325,9 @@ const MIN_CLIP_DECODE_MIB: usize = 256;
 /// The largest `--max-connections`: far above any descriptor limit, and within what the accept
 /// loop counts (`u32` permits).
 const MAX_CONNECTIONS: usize = 1 << 20;
+/// The most streams one step may take (`--max-batch`): the GPU's attention decode keeps a count
+/// per (row, kv head) of a step in a fixed table (`backend::cuda::attention::MERGE_COUNTS`).
+pub const MAX_BATCH: usize = 4096;
 
 fn at_least(flag: &'static str, min: usize, value: usize) -> Result<(), ConfigError> {
     if value < min { Err(ConfigError::TooSmall { flag, min, value }) } else { Ok(()) }
@@ -485,6 +491,8 @@ mod tests {
         assert!(refused(&["--model", "/m", "--clip-decoders", "0"]).contains("--clip-decoders"));
         assert!(refused(&["--model", "/m", "--clip-decode-memory-mib", "64"]).contains("--clip-decode-memory-mib"));
         assert!(refused(&["--model", "/m", "--max-connections", "99999999999"]).contains("--max-connections"));
+        assert!(refused(&["--model", "/m", "--max-batch", "0"]).contains("--max-batch"));
+        assert!(refused(&["--model", "/m", "--max-batch", "4097"]).contains("--max-batch"));
         assert!(refused(&["--model", "/m", "--header-timeout", "0"]).contains("--header-timeout"));
         assert!(refused(&["--model", "/m", "--body-timeout", "0"]).contains("--body-timeout"));
         assert!(refused(&["--model", "/m", "--served-model-name", " "]).contains("--served-model-name"));

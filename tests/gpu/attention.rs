@@ -183,7 +183,8 @@ fn check_decode(
 }
 
 /// Decode 2 rows after a cache of `case.long` random positions (the same bf16 values on both
-/// sides): RoPE at large positions and the split/combine over many CTAs.
+/// sides): RoPE at large positions and the split/merge over many CTAs. Then every split count is
+/// back at 0: each launch's last split reset its own.
 fn check_long_decode(
     ctx: &mut Ctx,
     case: &Case,
@@ -219,6 +220,8 @@ fn check_long_decode(
         &tail(&cpu_cache.values),
         BOUND,
     );
+    let left = attention::merge_counts_left(ctx.cuda);
+    ctx.exact(format!("attention decode split counts left non-zero [{name}]"), &[left], &[0]);
 }
 
 /// Rows past the capacity are refused before any launch.

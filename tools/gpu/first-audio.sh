@@ -53,6 +53,9 @@ say() {  # case round voice text
 say warm 0 default "$short"
 for round in $(seq 1 "$rounds"); do
     upload "v5r$round" 5 && upload "v10r$round" 10
+    # Each upload warms its voice (the prefix prefilled on the engine, ~20 ms of GPU work): let
+    # that finish, or the short case measures the wait behind it.
+    sleep 0.5
     say short "$round" default "$short"
     say one-chunk "$round" default "$long"
     say voice5-first "$round" "v5r$round" "$short"

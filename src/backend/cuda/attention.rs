@@ -19,13 +19,14 @@ use cudarc::driver::CudaContext;
 use half::bf16;
 
 use super::Cuda;
+use super::budget::Budget;
 use super::kernel_constants::{
     ATTN_MAX_GROUP, ATTN_MAX_SPLITS, ATTN_PREFILL_KEYS, ATTN_PREFILL_ROWS, ATTN_PREFILL_THREADS, ATTN_THREADS,
     ATTN_TILE_KEYS,
 };
 use super::launch::{Arg, Dims, Kernel, KernelError, Module, embedded};
 use super::linear::{linear, linear_many, linear_rows, linear_rows_many};
-use super::memory::PoolBuf;
+use super::memory::{DeviceBuffer, MemoryError, PoolBuf};
 use super::tables::StagedTable;
 use super::tensor::{DType, GpuMatrix, GpuWeight};
 use crate::backend::backbone::AttentionShape;
@@ -52,6 +53,33 @@ const MAX_SPLITS: usize = ATTN_MAX_SPLITS;
 const KEYS_PER_SPLIT: usize = 64;
 /// Head dims with a compiled prefill/decode kernel.
 const HEAD_DIMS: [usize; 4] = [32, 64, 128, 256];
+/// Entries of [`MergeCounts`]: rows × kv heads of one decode launch (`--max-batch` ≤ 4096 rows of
+/// up to 16 kv heads).
+pub const MERGE_COUNTS: usize = 1 << 16;
+
+/// How many splits of each (row, kv head) of a decode launch have finished, u32: the last one
+/// merges them all (kernels/attention.cu) and resets its count, so every count is 0 between
+/// launches. One table per stream handle ([`Cuda`]): launches on one stream run in order, and no
+/// two streams share a table.
+pub struct MergeCounts(DeviceBuffer);
+
+impl MergeCounts {
+    pub fn new(budget: &Arc<Budget>) -> Result<MergeCounts, MemoryError> {
+        Ok(MergeCounts(DeviceBuffer::zeroed(budget, "attention merge counts", MERGE_COUNTS * 4)?))
+    }
+
+    /// The table's address for a launch of `entries` (row, kv head) pairs.
+    pub(super) fn for_entries(&self, entries: usize) -> u64 {
+        assert!(entries <= MERGE_COUNTS, "attention decode of {entries} (row, kv head) pairs: at most {MERGE_COUNTS}");
+        self.0.ptr()
+    }
+}
+
+/// The split counts of `cuda`'s handle that are not 0 (after a sync): none, unless a decode
+/// launch left a merge undone.
+pub fn merge_counts_left(cuda: &Cuda) -> usize {
+    cuda.copy_to_host::<u32>(cuda.merge_counts.0.ptr(), MERGE_COUNTS).iter().filter(|&&c| c != 0).count()
+}
 
 /// Dynamic shared memory of `attn_prefill_mma<HD>` (kernels/attention_prefill.cu): Q as hi and lo
 /// halves, one K and one V tile, bf16 rows padded by 8.
@@ -75,7 +103,6 @@ struct Variant {
 
 pub struct AttentionKernels {
     prep: Kernel,
-    combine: Kernel,
     variants: Vec<Variant>,
 }
 
@@ -99,7 +126,7 @@ impl AttentionKernels {
             let decode = m.kernel_with_shared(decode_name, decode_smem_bytes(head_dim))?;
             variants.push(Variant { head_dim, prefill, prefill_ready, decode });
         }
-        Ok(AttentionKernels { prep: m.kernel("attn_prep")?, combine: m.kernel("attn_decode_combine")?, variants })
+        Ok(AttentionKernels { prep: m.kernel("attn_prep")?, variants })
     }
 
     fn variant(&self, head_dim: usize) -> &Variant {
@@ -553,9 +580,10 @@ pub(super) fn attend_decode_into(
     attend_decode_seq(cuda, shape, q.ptr(), qg, cache, rows, start, out, ONE_SEQUENCE);
 }
 
-/// The split decode kernel and the combine over `rows` rows: of one sequence (`seq` =
-/// [`ONE_SEQUENCE`], its cache `cache` at `start`), or the decode batch's (`seq` from
-/// [`RowCaches`], each row its own cache; `cache` then only gives the split count).
+/// The split decode kernel over `rows` rows, its last split of each (row, kv head) merging them
+/// into `out`: of one sequence (`seq` = [`ONE_SEQUENCE`], its cache `cache` at `start`), or the
+/// decode batch's (`seq` from [`RowCaches`], each row its own cache; `cache` then only gives the
+/// split count).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn attend_decode_seq(
     cuda: &Cuda,
@@ -569,6 +597,7 @@ pub(super) fn attend_decode_seq(
     seq: [Arg; 3],
 ) {
     let (h, hkv, hd, t, splits) = (shape.heads, shape.kv_heads, shape.head_dim, rows, cache.splits);
+    let merge_counts = cuda.merge_counts.for_entries(t * hkv);
     let part_o = cuda.scratch(t * h * splits * hd * 4);
     let part_ml = cuda.scratch(t * h * splits * 2 * 4);
     let dims = Dims::grid((splits as u32, hkv as u32, t as u32), THREADS).with_shared(decode_smem_bytes(hd) as u32);
@@ -580,6 +609,9 @@ pub(super) fn attend_decode_seq(
         cache.values.ptr().into(),
         part_o.ptr().into(),
         part_ml.ptr().into(),
+        qg.into(),
+        out.into(),
+        merge_counts.into(),
         h.into(),
         hkv.into(),
         start.into(),
@@ -590,7 +622,4 @@ pub(super) fn attend_decode_seq(
         sp,
     ];
     cuda.kernels.attention.variant(hd).decode.launch(cuda.stream(), dims, &args);
-    let args = [part_o.ptr().into(), part_ml.ptr().into(), qg.into(), out.into(), h.into(), hd.into(), splits.into()];
-    let dims = Dims::grid((h as u32, t as u32, 1), hd as u32).with_shared((2 * splits * 4) as u32);
-    cuda.kernels.attention.combine.launch(cuda.stream(), dims, &args);
 }

@@ -51,8 +51,8 @@ pub const ROWS_WIDE_DOWN_STAGES: usize = 3;
 pub const ATTN_THREADS: usize = 256;
 pub const ATTN_TILE_KEYS: usize = 32;
 pub const ATTN_MAX_GROUP: usize = 16;
-/// The most splits of the keys a decode row's attention takes (flash-decoding): the combine
-/// holds one partial of each in registers.
+/// The most splits of the keys a decode row's attention takes (flash-decoding): the merge of the
+/// splits holds one partial of each in registers.
 pub const ATTN_MAX_SPLITS: usize = 64;
 pub const ATTN_PREFILL_THREADS: usize = 128;
 pub const ATTN_PREFILL_ROWS: usize = 64;

@@ -36,6 +36,19 @@ impl DeviceBuffer {
         Ok(DeviceBuffer { ptr, bytes, held: Some(held), budget: Arc::clone(budget) })
     }
 
+    /// [`DeviceBuffer::alloc`], filled with zero bytes before it is returned.
+    pub fn zeroed(budget: &Arc<Budget>, what: &str, bytes: usize) -> Result<DeviceBuffer, MemoryError> {
+        let buffer = DeviceBuffer::alloc(budget, what, bytes)?;
+        // SAFETY: the whole of a live allocation this function owns; the fill completes before
+        // the call returns (nothing else can see the buffer yet).
+        unsafe { result::memset_d8_sync(buffer.ptr, 0, buffer.bytes) }.map_err(|source| MemoryError::Driver {
+            what: what.to_owned(),
+            bytes: buffer.bytes as u64,
+            source,
+        })?;
+        Ok(buffer)
+    }
+
     pub fn ptr(&self) -> u64 {
         self.ptr
     }

@@ -139,6 +139,8 @@ pub struct Cuda {
     side: Option<beside::SideStream>,
     /// The arena [`Cuda::stage_table`] fills while a batch step is recorded (`tables`).
     tables: Mutex<Option<tables::TableArena>>,
+    /// The attention decode's per-launch split counts (this handle's stream alone).
+    merge_counts: attention::MergeCounts,
 }
 
 impl Cuda {
@@ -160,6 +162,7 @@ impl Cuda {
         let stager = Some(Mutex::new(staging::Stager::new(&pinned, &device.stream)?));
         let blas = linear::Blas::open(&device, &budget);
         let side = Some(beside::SideStream::new(&device.stream)?);
+        let merge_counts = attention::MergeCounts::new(&budget)?;
         Ok(Cuda {
             device,
             budget,
@@ -174,6 +177,7 @@ impl Cuda {
             saved: Mutex::new(None),
             side,
             tables: Mutex::new(None),
+            merge_counts,
         })
     }
 
@@ -188,6 +192,7 @@ impl Cuda {
         let device = Device { ctx: Arc::clone(&self.device.ctx), stream, info: self.device.info.clone() };
         let pool = Pool::new(Arc::clone(&self.budget), Arc::clone(&device.stream));
         Ok(Cuda {
+            merge_counts: attention::MergeCounts::new(&self.budget)?,
             kernels: Kernels::load(&device)?,
             blas: None,
             budget: Arc::clone(&self.budget),

@@ -486,7 +486,7 @@ impl Cuda {
     }
 
     /// [`Cuda::attend`] of one decode row per request: row r of `qkv` at position `starts[r]` of
-    /// `kvs[r]`'s cache (one prep, one split decode and one combine over all rows).
+    /// `kvs[r]`'s cache (one prep and one split decode, ending in its merge, over all rows).
     fn attend_rows(
         &self,
         s: &TowerShape,
