@@ -328,6 +328,9 @@ const MAX_CONNECTIONS: usize = 1 << 20;
 /// The most streams one step may take (`--max-batch`): the GPU's attention decode keeps a count
 /// per (row, kv head) of a step in a fixed table (`backend::cuda::attention::MERGE_COUNTS`).
 pub const MAX_BATCH: usize = 4096;
+// Checked when the crate compiles: that table holds MAX_BATCH rows of up to 16 kv heads.
+#[cfg(feature = "cuda")]
+const _: () = assert!(MAX_BATCH * 16 <= crate::backend::cuda::attention::MERGE_COUNTS);
 
 fn at_least(flag: &'static str, min: usize, value: usize) -> Result<(), ConfigError> {
     if value < min { Err(ConfigError::TooSmall { flag, min, value }) } else { Ok(()) }
