@@ -17,7 +17,7 @@ import statistics
 import sys
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
-from trace_table import read, replays_of  # noqa: E402
+from trace_table import read, step_replays  # noqa: E402
 
 
 def overlap(a0, a1, b0, b1):
@@ -30,13 +30,7 @@ def main():
     ap.add_argument("--skip", type=int, default=8)
     args = ap.parse_args()
     rows = read(args.trace)
-    by_graph = replays_of(rows)
-    if not by_graph:
-        sys.exit("no graph replays in the trace")
-    graph = max(by_graph, key=lambda g: (max(len(r) for r in by_graph[g]), len(by_graph[g])))
-    replays = sorted(by_graph[graph], key=lambda r: r[0]["start_ns"])
-    size = statistics.mode(len(r) for r in replays)
-    replays = [r for r in replays if len(r) == size][args.skip :]
+    graph, size, replays = step_replays(rows, args.skip)
     if len(replays) < 2:
         sys.exit("fewer than two replays left after --skip")
     windows = [(r[0]["start_ns"], max(k["end_ns"] for k in r)) for r in replays]

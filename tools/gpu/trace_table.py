@@ -44,6 +44,21 @@ def replays_of(rows):
     return by_graph
 
 
+def step_replays(rows, skip):
+    """The step graph (the most kernels in one replay: the codec's graphs are smaller), its usual
+    replay size and its replays of that size in start order, the first `skip` dropped."""
+    by_graph = replays_of(rows)
+    if not by_graph:
+        sys.exit("no graph replays in the trace")
+    graph = max(by_graph, key=lambda g: (max(len(r) for r in by_graph[g]), len(by_graph[g])))
+    replays = sorted(by_graph[graph], key=lambda r: r[0]["start_ns"])
+    size = statistics.mode(len(r) for r in replays)
+    replays = [r for r in replays if len(r) == size][skip:]
+    if not replays:
+        sys.exit("no replays left after --skip")
+    return graph, size, replays
+
+
 def timeline(kernels):
     """Span, busy time, and per kernel the idle gap before it and its critical time, in ns."""
     start = kernels[0]["start_ns"]
@@ -64,16 +79,7 @@ def main():
     ap.add_argument("--skip", type=int, default=8)
     args = ap.parse_args()
     rows = read(args.trace)
-    by_graph = replays_of(rows)
-    if not by_graph:
-        sys.exit("no graph replays in the trace")
-    # The step graph: the most kernels in one replay (the codec's graphs are smaller).
-    graph = max(by_graph, key=lambda g: (max(len(r) for r in by_graph[g]), len(by_graph[g])))
-    replays = sorted(by_graph[graph], key=lambda r: r[0]["start_ns"])
-    size = statistics.mode(len(r) for r in replays)
-    replays = [r for r in replays if len(r) == size][args.skip :]
-    if not replays:
-        sys.exit("no replays left after --skip")
+    graph, size, replays = step_replays(rows, args.skip)
 
     spans, busies = [], []
     per_name = defaultdict(lambda: {"launches": 0, "time": [], "gap": [], "critical": []})
