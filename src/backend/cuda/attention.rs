@@ -19,20 +19,21 @@ use cudarc::driver::CudaContext;
 use half::bf16;
 
 use super::Cuda;
-use super::budget::Budget;
 use super::kernel_constants::{
     ATTN_MAX_GROUP, ATTN_MAX_SPLITS, ATTN_PREFILL_KEYS, ATTN_PREFILL_ROWS, ATTN_PREFILL_THREADS, ATTN_THREADS,
     ATTN_TILE_KEYS,
 };
 use super::launch::{Arg, Dims, Kernel, KernelError, Module, embedded};
 use super::linear::{linear, linear_many, linear_rows, linear_rows_many};
-use super::memory::{DeviceBuffer, MemoryError, PoolBuf};
+use super::memory::PoolBuf;
 use super::tables::StagedTable;
 use super::tensor::{DType, GpuMatrix, GpuWeight};
 use crate::backend::backbone::AttentionShape;
 use crate::model::weights::AttentionWeights;
 
+mod merge_counts;
 mod segments;
+pub use merge_counts::{MERGE_COUNTS, MergeCounts, merge_counts_left};
 pub use segments::prefill_many;
 pub(super) use segments::{PrefillSegments, attend_prefill_segments, first_rows};
 
@@ -53,34 +54,6 @@ const MAX_SPLITS: usize = ATTN_MAX_SPLITS;
 const KEYS_PER_SPLIT: usize = 64;
 /// Head dims with a compiled prefill/decode kernel.
 const HEAD_DIMS: [usize; 4] = [32, 64, 128, 256];
-/// Entries of [`MergeCounts`]: rows × kv heads of one decode launch (`--max-batch` ≤ 4096 rows of
-/// up to 16 kv heads).
-pub const MERGE_COUNTS: usize = 1 << 16;
-
-/// How many splits of each (row, kv head) of a decode launch have finished, u32: the last one
-/// merges them all (kernels/attention.cu) and resets its count, so every count is 0 between
-/// launches. One table per stream handle ([`Cuda`]): launches on one stream run in order, and no
-/// two streams share a table.
-pub struct MergeCounts(DeviceBuffer);
-
-impl MergeCounts {
-    pub fn new(budget: &Arc<Budget>) -> Result<MergeCounts, MemoryError> {
-        Ok(MergeCounts(DeviceBuffer::zeroed(budget, "attention merge counts", MERGE_COUNTS * 4)?))
-    }
-
-    /// The table's address for a launch of `entries` (row, kv head) pairs.
-    pub(super) fn for_entries(&self, entries: usize) -> u64 {
-        assert!(entries <= MERGE_COUNTS, "attention decode of {entries} (row, kv head) pairs: at most {MERGE_COUNTS}");
-        self.0.ptr()
-    }
-}
-
-/// The split counts of `cuda`'s handle that are not 0 (after a sync): none, unless a decode
-/// launch left a merge undone.
-pub fn merge_counts_left(cuda: &Cuda) -> usize {
-    cuda.copy_to_host::<u32>(cuda.merge_counts.0.ptr(), MERGE_COUNTS).iter().filter(|&&c| c != 0).count()
-}
-
 /// Dynamic shared memory of `attn_prefill_mma<HD>` (kernels/attention_prefill.cu): Q as hi and lo
 /// halves, one K and one V tile, bf16 rows padded by 8.
 fn prefill_smem_bytes(hd: usize) -> usize {
