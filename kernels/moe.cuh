@@ -20,27 +20,6 @@ enum { FMT_E4M3 = 0, FMT_F16 = 1, FMT_F16X2 = 2 };
 // Expert pointer table: 6 addresses per expert (gate w, gate scale, up w, up scale, down w, down scale).
 enum { T_GATE_W = 0, T_GATE_S = 1, T_UP_W = 2, T_UP_S = 3, T_DOWN_W = 4, T_DOWN_S = 5, T_STRIDE = 6 };
 
-// L2 prefetch of the experts a decode step routes to (`moe_route_group` asks for their gate and
-// up matrices, `moe_rows_gate_up` for their down matrices): a hint that changes no value. Each
-// request covers at most L2_PREFETCH_CHUNK bytes; `at` 16-byte aligned, `n` a multiple of 16
-// (cp.async.bulk.prefetch, sm_90; nothing before). Nothing waits for it: the kernels that read
-// the weights find them in L2, or on their way there, instead of asking HBM one block at a time.
-#define L2_PREFETCH_CHUNK 65536u
-__device__ __forceinline__ void prefetch_l2(const void* at, unsigned n) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(at), "r"(n) : "memory");
-#endif
-}
-
-// Chunk c of the range [at, at + bytes), for c = first, first + stride, … (bytes a multiple of 16).
-__device__ __forceinline__ void prefetch_l2_range(const unsigned char* at, size_t bytes, int first, int stride) {
-    const size_t chunks = (bytes + L2_PREFETCH_CHUNK - 1) / L2_PREFETCH_CHUNK;
-    for (size_t c = first; c < chunks; c += stride) {
-        const size_t off = c * L2_PREFETCH_CHUNK;
-        prefetch_l2(at + off, (unsigned)min((size_t)L2_PREFETCH_CHUNK, bytes - off));
-    }
-}
-
 // The dynamic quantiser's group scale, as the CPU `quantise`: max(amax, 1e-10) / 448 in f32.
 __device__ __forceinline__ float quant_scale(float amax) { return fmaxf(amax, 1e-10f) / E4M3_MAX; }
 

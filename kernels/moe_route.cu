@@ -407,17 +407,12 @@ __device__ __forceinline__ void group_pairs_small(const int* ids, int pairs, int
 // fewer. Each warp routes rows warp, warp + 32, … with moe_route's arithmetic (in registers where
 // E ≤ 256), the block waits, then groups the pairs with moe_group_pairs' results (by
 // group_pairs_small where they are few). 1024 threads; dynamic shared max(32·E floats, 2·E ints).
-// With prefetch_bytes > 0 (the host's choice: the step's pairs' experts fit in L2), once the ids
-// are known the block asks L2 for every pair's gate and up matrices (prefetch_bytes each, from
-// the expert table), before grouping: the gate/up kernel after it then reads them from L2.
 constexpr int ROUTE_REGISTERS_PER_LANE = 8;
 extern "C" __global__ void moe_route_group(const float* __restrict__ logits, int rows, int E, int top_k,
                                            int* __restrict__ ids, float* __restrict__ weights,
                                            float* __restrict__ shared_gate, int tile_rows,
                                            int* __restrict__ offsets, int* __restrict__ sorted,
-                                           int* __restrict__ tiles, int max_tiles,
-                                           const unsigned long long* __restrict__ table,
-                                           unsigned long long prefetch_bytes) {
+                                           int* __restrict__ tiles, int max_tiles) {
     pdl_begin();
     extern __shared__ float route_group_smem[];
     const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
@@ -428,19 +423,6 @@ extern "C" __global__ void moe_route_group(const float* __restrict__ logits, int
             route_row(logits, row, E, top_k, route_group_smem + warp * E, ids, weights, shared_gate);
     }
     __syncthreads();  // the ids are written; the shared memory is free for the grouping
-    if (prefetch_bytes) {
-        // Work item j: chunk j / lanes of lane j % lanes, lane = 2·pair + (0 gate, 1 up), so every
-        // pair's first chunks go out first.
-        const int lanes = 2 * rows * top_k;
-        const size_t chunks = (prefetch_bytes + L2_PREFETCH_CHUNK - 1) / L2_PREFETCH_CHUNK;
-        for (size_t j = threadIdx.x; j < chunks * lanes; j += blockDim.x) {
-            const int lane = (int)(j % lanes);
-            const size_t off = j / lanes * L2_PREFETCH_CHUNK;
-            const unsigned long long* t = table + (size_t)ids[lane >> 1] * T_STRIDE;
-            const unsigned char* m = (const unsigned char*)t[(lane & 1) ? T_UP_W : T_GATE_W];
-            prefetch_l2(m + off, (unsigned)min((size_t)L2_PREFETCH_CHUNK, (size_t)prefetch_bytes - off));
-        }
-    }
     if (rows * top_k <= GROUP_SMALL_PAIRS)
         group_pairs_small(ids, rows * top_k, E, tile_rows, offsets, sorted, tiles, max_tiles);
     else

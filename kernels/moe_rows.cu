@@ -333,16 +333,12 @@ __device__ __forceinline__ bool rows_tile(const int* tiles, const int* offsets, 
 //   - raw the layer input itself ([rows, K] of raw_kind, fmt FMT_F16): the block converts its
 //     tile's rows into dynamic shared memory (tile_operand_bytes(FMT_F16, K)) with
 //     moe_rows_operand's arithmetic, which saves that kernel's launch in the decode step.
-// With prefetch_down > 0 (the bytes of an expert's down matrix; the host's choice: the step's
-// experts fit in L2) each block first asks L2 for its share of its expert's down matrix, which
-// the down kernel reads next (moe.cuh, prefetch_l2).
 // Grid (max_tiles, N/16), 256 threads (ROWS_THREADS); blocks past tiles[0] exit.
 extern "C" __global__ void __launch_bounds__(ROWS_THREADS)
     moe_rows_gate_up(const void* __restrict__ act, const float* __restrict__ act_scales, int fmt,
                      const void* __restrict__ raw, int raw_kind, const int* __restrict__ sorted,
                      const int* __restrict__ tiles, const int* __restrict__ offsets,
-                     const unsigned long long* __restrict__ table, int top_k, int K, int N, float* __restrict__ h,
-                     unsigned long long prefetch_down) {
+                     const unsigned long long* __restrict__ table, int top_k, int K, int N, float* __restrict__ h) {
     pdl_begin();
     extern __shared__ __align__(16) unsigned char rows_smem[];
     __shared__ float slices[GU_KS][GU_FS][8][32];  // [K slice][feature warp][total][lane]
@@ -352,11 +348,6 @@ extern "C" __global__ void __launch_bounds__(ROWS_THREADS)
     const int fs = warp / GU_KS, ks = warp % GU_KS;
     const int f0 = blockIdx.y * (16 * GU_FS) + 16 * fs;
     const unsigned long long* t = table + (size_t)tile.e * T_STRIDE;
-    if (prefetch_down && threadIdx.x == 0) {
-        const size_t share = (prefetch_down / gridDim.y + 15) / 16 * 16, off = blockIdx.y * share;
-        if (off < prefetch_down)
-            prefetch_l2_range((const unsigned char*)t[T_DOWN_W] + off, min(share, (size_t)prefetch_down - off), 0, 1);
-    }
     const size_t srow = (size_t)(f0 >> 7) * (K >> 7);
     const unsigned char* const w[2] = {(const unsigned char*)t[T_GATE_W] + (size_t)f0 * K,
                                        (const unsigned char*)t[T_UP_W] + (size_t)f0 * K};

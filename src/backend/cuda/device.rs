@@ -74,8 +74,6 @@ pub struct DeviceInfo {
     pub name: String,
     pub compute_capability: (i32, i32),
     pub multiprocessors: i32,
-    /// Bytes of L2 cache.
-    pub l2_bytes: u64,
     pub total_memory: u64,
     pub free_memory_at_open: u64,
 }
@@ -114,9 +112,6 @@ impl Device {
         let multiprocessors = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(driver("reading the multiprocessor count"))?;
-        let l2_bytes = ctx
-            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)
-            .map_err(driver("reading the L2 cache size"))?;
         let (free, total) = ctx.mem_get_info().map_err(driver("reading free memory"))?;
         let stream = ctx.new_stream().map_err(driver("creating the stream"))?;
         let info = DeviceInfo {
@@ -124,7 +119,6 @@ impl Device {
             name,
             compute_capability: (major, minor),
             multiprocessors,
-            l2_bytes: l2_bytes.max(0) as u64,
             total_memory: total as u64,
             free_memory_at_open: free as u64,
         };

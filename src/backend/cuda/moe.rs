@@ -484,15 +484,6 @@ impl Job<'_> {
         }
     }
 
-    /// Whether a pass of `pairs` (row, slot) pairs asks L2 ahead for its experts' weights
-    /// (`moe_route_group` the gate and up matrices, `moe_rows_gate_up` the down matrices): when
-    /// every pair's expert (e4m3, 3·hidden·I bytes) fits in half the L2, as at one decode row,
-    /// so that what arrives early stays until it is read. Timing only: no value changes.
-    fn l2_prefetch(&self, pairs: usize) -> bool {
-        let expert_bytes = 3 * self.hidden * self.s.intermediate;
-        (pairs * expert_bytes) as u64 <= self.cuda.info().l2_bytes / 2
-    }
-
     /// Sorts the pairs of rows `r0..r0 + rows` by expert into `g` (`moe_group_pairs`); returns the
     /// bound on their tile count (the grid of the tile kernels).
     fn group(&self, g: &Grouping, r0: usize, rows: usize) -> usize {
@@ -515,8 +506,6 @@ impl Job<'_> {
                 g.sorted.ptr().into(),
                 g.tiles.ptr().into(),
                 max_tiles.into(),
-                self.table.into(),
-                (if self.l2_prefetch(pairs) { (self.hidden * self.s.intermediate) as u64 } else { 0 }).into(),
             ];
             let smem = (e * 4 * (GROUP_THREADS as usize / 32)).max(2 * e * 4);
             let dims = Dims::linear(1, GROUP_THREADS).with_shared(smem as u32);

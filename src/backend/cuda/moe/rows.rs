@@ -223,7 +223,7 @@ impl Job<'_> {
             let tiles = TileList { grouping: &grouping, max_tiles };
             match wide {
                 Some(wide) => self.wide_gate_up(wide, &tiles, &gate_up_operand, hbuf.ptr()),
-                None => self.narrow_gate_up(&tiles, &gate_up_operand, hbuf.ptr(), pairs),
+                None => self.narrow_gate_up(&tiles, &gate_up_operand, hbuf.ptr()),
             }
             let down_operand = match &h_operand {
                 Some(operand) => {
@@ -241,11 +241,10 @@ impl Job<'_> {
     }
 
     /// `moe_rows_gate_up`: h [pairs, I] f32 by sorted position.
-    fn narrow_gate_up(&self, tiles: &TileList, x: &TileOperand, h_out: u64, pairs: usize) {
+    fn narrow_gate_up(&self, tiles: &TileList, x: &TileOperand, h_out: u64) {
         let (cuda, k, h, i) = (self.cuda, self.s.top_k, self.hidden, self.s.intermediate);
         let g = tiles.grouping;
-        let prefetch_down: u64 = if self.l2_prefetch(pairs) { (h * i) as u64 } else { 0 };
-        let args: [Arg; 14] = [
+        let args: [Arg; 13] = [
             x.codes.into(),
             x.scales.into(),
             (x.fmt as i32).into(),
@@ -259,7 +258,6 @@ impl Job<'_> {
             h.into(),
             i.into(),
             h_out.into(),
-            prefetch_down.into(),
         ];
         let dims = Dims::grid((tiles.max_tiles as u32, (i / GATE_UP_FEATURES) as u32, 1), THREADS)
             .with_shared(x.shared_bytes as u32);
