@@ -67,44 +67,73 @@ __device__ __forceinline__ void load_kv_tile(const bf16* __restrict__ kc, const 
 // out[t, head·HD + d] = bf16(Σ_s 2^(m_s − M) o_s[d] / Σ_s 2^(m_s − M) l_s · sigmoid(gate[d])), the
 // sums over s in order. Split 0 always holds key 0, so M is finite and the denominator positive.
 // Partials other CTAs wrote are read through L2 (__ldcg): this SM's L1 may hold none of them, but
-// nothing says so. A thread loads its o of every split at once (one memory round trip) before
-// summing. `ml` is shared memory for the G heads' (m, l) pairs, [G][nonempty][2].
+// nothing says so. A head's weights 2^(m_s − M) and denominator are computed once (warp g), then
+// each thread sums 4 consecutive output elements over the splits, MERGE_BATCH splits' float4 loads
+// in flight at a time: the merge is a chain of L2 round trips at the end of the decode, so it
+// issues as few as it can. `ml` is shared memory for the G heads' (m, l) pairs, [G][nonempty][2];
+// `wl` for their weights, [G][ATTN_MAX_SPLITS + 1] (the denominator last).
+constexpr int MERGE_BATCH = 16;
+constexpr int MERGE_WS = ATTN_MAX_SPLITS + 1;
 template <int HD>
 __device__ __forceinline__ void merge_splits(const float* part_o, const float* part_ml, const bf16* __restrict__ qg,
                                              bf16* __restrict__ out, int heads, int group, int kvh, int t,
-                                             int splits, int nonempty, float* ml) {
-    const int tid = threadIdx.x;
+                                             int splits, int nonempty, float* ml, float* wl) {
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const size_t base = ((size_t)t * heads + kvh * group) * splits;  // split 0 of the group's first head
     for (int i = tid; i < group * 2 * nonempty; i += NT) {
         const int g = i / (2 * nonempty), r = i % (2 * nonempty);
         ml[i] = __ldcg(part_ml + (base + (size_t)g * splits) * 2 + r);
     }
     __syncthreads();
-    constexpr int MAXO = MAXG * HD / NT;
-#pragma unroll 1
-    for (int j = 0; j < MAXO; ++j) {
-        const int e = tid + j * NT;
-        if (e >= group * HD) break;
-        const int g = e / HD, d = e % HD, head = kvh * group + g;
-        const float* po = part_o + (base + (size_t)g * splits) * HD + d;
-        float o[ATTN_MAX_SPLITS];
-#pragma unroll
-        for (int s = 0; s < ATTN_MAX_SPLITS; ++s) o[s] = s < nonempty ? __ldcg(po + (size_t)s * HD) : 0.f;
-        const float gate = to_f32(qg[(size_t)t * 2 * heads * HD + (size_t)head * 2 * HD + HD + d]);
+    for (int g = warp; g < group; g += NT / 32) {
         const float* hml = ml + g * 2 * nonempty;
+        float* w = wl + g * MERGE_WS;
         float mx = -INFINITY;
-        for (int s = 0; s < nonempty; ++s) mx = fmaxf(mx, hml[2 * s]);
-        float acc = 0.f, l = 0.f;
-#pragma unroll
-        for (int s = 0; s < ATTN_MAX_SPLITS; ++s) {
-            if (s >= nonempty) break;
-            const float m = hml[2 * s];
-            if (m == -INFINITY) continue;  // no key scored (cannot happen in a nonempty split)
-            const float w = exp2f(m - mx);
-            l += w * hml[2 * s + 1];
-            acc += w * o[s];
+        for (int s = lane; s < nonempty; s += 32) mx = fmaxf(mx, hml[2 * s]);
+        mx = warp_max(mx);
+        for (int s = lane; s < nonempty; s += 32) w[s] = exp2f(hml[2 * s] - mx);
+        __syncwarp();
+        if (lane == 0) {
+            float l = 0.f;
+            for (int s = 0; s < nonempty; ++s)
+                if (hml[2 * s] != -INFINITY) l += w[s] * hml[2 * s + 1];  // (cannot be −∞ in a nonempty split)
+            w[ATTN_MAX_SPLITS] = l;
         }
-        out[((size_t)t * heads + head) * HD + d] = to_bf16(acc / l * sigmoidf_(gate));
+    }
+    __syncthreads();
+    for (int e4 = tid; e4 < group * HD / 4; e4 += NT) {
+        const int g = e4 * 4 / HD, d = e4 * 4 % HD, head = kvh * group + g;
+        const float4* po = reinterpret_cast<const float4*>(part_o + (base + (size_t)g * splits) * HD + d);
+        const float* hml = ml + g * 2 * nonempty;
+        const float* w = wl + g * MERGE_WS;
+        const uint2 gate_raw =
+            *reinterpret_cast<const uint2*>(qg + (size_t)t * 2 * heads * HD + (size_t)head * 2 * HD + HD + d);
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int s0 = 0; s0 < nonempty; s0 += MERGE_BATCH) {
+            float4 o[MERGE_BATCH];
+#pragma unroll
+            for (int i = 0; i < MERGE_BATCH; ++i)
+                o[i] = s0 + i < nonempty ? __ldcg(po + (size_t)(s0 + i) * (HD / 4)) : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+            for (int i = 0; i < MERGE_BATCH; ++i) {
+                const int s = s0 + i;
+                if (s >= nonempty) break;
+                if (hml[2 * s] == -INFINITY) continue;
+                const float ws = w[s];
+                acc.x += ws * o[i].x;
+                acc.y += ws * o[i].y;
+                acc.z += ws * o[i].z;
+                acc.w += ws * o[i].w;
+            }
+        }
+        const float l = w[ATTN_MAX_SPLITS];
+        const __nv_bfloat162* gate = reinterpret_cast<const __nv_bfloat162*>(&gate_raw);
+        const float2 g01 = __bfloat1622float2(gate[0]), g23 = __bfloat1622float2(gate[1]);
+        bf16* dst = out + ((size_t)t * heads + head) * HD + d;
+        dst[0] = to_bf16(acc.x / l * sigmoidf_(g01.x));
+        dst[1] = to_bf16(acc.y / l * sigmoidf_(g01.y));
+        dst[2] = to_bf16(acc.z / l * sigmoidf_(g23.x));
+        dst[3] = to_bf16(acc.w / l * sigmoidf_(g23.y));
     }
 }
 
@@ -269,6 +298,7 @@ __device__ __forceinline__ void attn_decode(const float* __restrict__ q, const b
     // The last nonempty split of (t, kvh) to get here merges them all. Every thread's partials are
     // made visible device-wide before the block's count (the threadfence reduction pattern).
     __shared__ bool merges;
+    __shared__ float merge_weights[MAXG * MERGE_WS];
     __threadfence();
     __syncthreads();
     if (tid == 0) {
@@ -279,7 +309,7 @@ __device__ __forceinline__ void attn_decode(const float* __restrict__ q, const b
     __syncthreads();
     if (!merges) return;
     __threadfence();
-    merge_splits<HD>(part_o, part_ml, qg, out, heads, group, kvh, t, splits, nonempty, Ks);
+    merge_splits<HD>(part_o, part_ml, qg, out, heads, group, kvh, t, splits, nonempty, Ks, merge_weights);
 }
 
 // One decode entry point per compiled head_dim (attention.rs HEAD_DIMS); the prefill's are
