@@ -2,10 +2,11 @@
 # One launch of each named kernel of a prompt, under ncu's full set, ON THE GPU MACHINE from the
 # repository root (after tools/gpu/build.sh here; the .gpu pack travelled):
 #
-#   tools/gpu/kernel-detail.sh REPORT_DIR PROMPT_ROWS KERNEL_REGEX...
+#   tools/gpu/kernel-detail.sh REPORT_DIR PROMPT_ROWS KERNEL_REGEX...     RANGE=step: a frame step's
 #
 # Where step-ncu.sh says which kernels cost the most, this says why: for the first launch whose
-# name matches each regex inside `bench engine --profiler-range prompt`, ncu's full sections
+# name matches each regex inside `bench engine --profiler-range prompt` (RANGE=step: inside the
+# graph frame steps `--profiler-range step` brackets, each kernel node profiled alone), ncu's full sections
 # (throughputs of DRAM, L2, shared memory and the pipes; occupancy; warp stall reasons) and the
 # per-instruction samples of the source page. --clock-control none, caches flushed.
 #
@@ -22,7 +23,7 @@ source tools/gpu/cuda-libs.sh
 ckpt=$(tools/gpu/full-ckpt.sh "$report_dir")
 echo "build: $(cat .gpu/bin/BUILD)"
 bench=(.gpu/bin/limelight bench engine --model "$ckpt" --prompt-rows "$rows" --context-length 2048
-    --prefill-chunk 1024 --frames 2 --profiler-range prompt)
+    --prefill-chunk 1024 --frames "${FRAMES:-16}" --profiler-range "${RANGE:-prompt}")
 i=0
 for regex in "$@"; do
     rep="$report_dir/detail-$i"

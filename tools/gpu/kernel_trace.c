@@ -7,6 +7,11 @@
 // Built here by tools/gpu/build.sh (gcc, the pinned CUPTI wheel's headers), run there by
 // tools/gpu/kernel-trace.sh:  CUDA_INJECTION64_PATH=.../libkernel_trace.so LIMELIGHT_TRACE=out.tsv
 // Columns: start_ns end_ns graph_id graph_node_id correlation_id stream_id grid block name.
+// With LIMELIGHT_TRACE_API=api.tsv it also records the host's driver calls and the copies and
+// fills (tools/gpu/serve-trace.sh: where the host's time between two replays goes). Columns:
+// kind (api, memcpy, memset) start_ns end_ns thread (the OS thread of a call, the stream of a
+// copy) correlation_id name (the call's, or the copy's direction and bytes). A graph replay's
+// kernels carry its cuGraphLaunch's correlation id.
 #include <cupti.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -16,6 +21,28 @@
 #define BUFFER_BYTES (8u << 20)
 
 static FILE* trace_out;
+static FILE* api_out;
+
+// An API, copy or fill record as a line of api_out.
+static void write_api_record(const CUpti_Activity* record) {
+    if (record->kind == CUPTI_ACTIVITY_KIND_DRIVER) {
+        const CUpti_ActivityAPI* a = (const CUpti_ActivityAPI*)record;
+        const char* name = "?";
+        cuptiGetCallbackName(CUPTI_CB_DOMAIN_DRIVER_API, a->cbid, &name);
+        fprintf(api_out, "api\t%llu\t%llu\t%u\t%u\t%s\n", (unsigned long long)a->start, (unsigned long long)a->end,
+                a->threadId, a->correlationId, name);
+    } else if (record->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
+        const CUpti_ActivityMemcpy6* m = (const CUpti_ActivityMemcpy6*)record;
+        static const char* kinds[] = {"?", "HtoD", "DtoH", "HtoA", "AtoH", "AtoA", "AtoD", "DtoA", "DtoD", "HtoH", "PtoP"};
+        const char* kind = m->copyKind < sizeof kinds / sizeof *kinds ? kinds[m->copyKind] : "?";
+        fprintf(api_out, "memcpy\t%llu\t%llu\t%u\t%u\t%s %llu B\n", (unsigned long long)m->start,
+                (unsigned long long)m->end, m->streamId, m->correlationId, kind, (unsigned long long)m->bytes);
+    } else if (record->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
+        const CUpti_ActivityMemset4* m = (const CUpti_ActivityMemset4*)record;
+        fprintf(api_out, "memset\t%llu\t%llu\t%u\t%u\t%llu B\n", (unsigned long long)m->start,
+                (unsigned long long)m->end, m->streamId, m->correlationId, (unsigned long long)m->bytes);
+    }
+}
 
 static void check(CUptiResult r, const char* what) {
     if (r == CUPTI_SUCCESS) return;
@@ -37,8 +64,10 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t* b
     (void)size;
     CUpti_Activity* record = NULL;
     while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
-        if (record->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && record->kind != CUPTI_ACTIVITY_KIND_KERNEL)
+        if (record->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && record->kind != CUPTI_ACTIVITY_KIND_KERNEL) {
+            if (api_out) write_api_record(record);
             continue;
+        }
         const CUpti_ActivityKernel10* k = (const CUpti_ActivityKernel10*)record;
         if (trace_out)
             fprintf(trace_out, "%llu\t%llu\t%u\t%llu\t%u\t%u\t%dx%dx%d\t%dx%dx%d\t%s\n", (unsigned long long)k->start,
@@ -56,6 +85,8 @@ static void flush_at_exit(void) {
     check(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "cuptiActivityFlushAll");
     if (trace_out) fclose(trace_out);
     trace_out = NULL;
+    if (api_out) fclose(api_out);
+    api_out = NULL;
 }
 
 // Called by the CUDA driver at cuInit when CUDA_INJECTION64_PATH names this library.
@@ -69,6 +100,18 @@ int InitializeInjection(void) {
     fprintf(trace_out, "start_ns\tend_ns\tgraph_id\tgraph_node_id\tcorrelation_id\tstream_id\tgrid\tblock\tname\n");
     check(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed), "cuptiActivityRegisterCallbacks");
     check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "cuptiActivityEnable");
+    const char* api_path = getenv("LIMELIGHT_TRACE_API");
+    if (api_path && *api_path) {
+        api_out = fopen(api_path, "w");
+        if (!api_out) {
+            perror("kernel_trace: open LIMELIGHT_TRACE_API");
+        } else {
+            fprintf(api_out, "kind\tstart_ns\tend_ns\tthread\tcorrelation_id\tname\n");
+            check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_DRIVER), "cuptiActivityEnable(DRIVER)");
+            check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY), "cuptiActivityEnable(MEMCPY)");
+            check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET), "cuptiActivityEnable(MEMSET)");
+        }
+    }
     atexit(flush_at_exit);
     return 1;
 }

@@ -11,8 +11,9 @@
 # (default 256) frames, alone; curl's timings beside it. tools/gpu/serve_trace_table.py then
 # gives, per step replay: the GPU's frame period, the replay's span, the host's gap before the
 # next replay, and the codec's kernels inside and between replays (and the spans of replays that
-# overlap codec work against those that do not). REPORT_DIR gets trace.tsv.xz,
-# serve-trace.md, curl.txt and serve.log.
+# overlap codec work against those that do not), and the host's side of the gap between
+# replays from the driver calls the tracer records too (LIMELIGHT_TRACE_API). REPORT_DIR gets
+# trace.tsv.xz, api.tsv.xz, serve-trace.md, curl.txt and serve.log.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 tools/gpu/unpack.sh
@@ -26,7 +27,7 @@ ckpt=$(tools/gpu/full-ckpt.sh "$report_dir")
 tracer=$PWD/.gpu/bin/libkernel_trace.so
 [[ -f $tracer ]] || { echo "no $tracer: tools/gpu/build.sh builds it" >&2; exit 1; }
 port=${LIMELIGHT_PORT:-18080}
-CUDA_INJECTION64_PATH=$tracer LIMELIGHT_TRACE="$report_dir/trace.tsv" \
+CUDA_INJECTION64_PATH=$tracer LIMELIGHT_TRACE="$report_dir/trace.tsv" LIMELIGHT_TRACE_API="$report_dir/api.tsv" \
     .gpu/bin/limelight serve --model "$ckpt" --device cuda --port "$port" --log-format json \
     ${SERVE_FLAGS:-} >"$report_dir/serve.log" 2>&1 &
 server=$!
@@ -44,5 +45,5 @@ curl -sS -o /dev/null -H 'Content-Type: application/json' \
 kill -TERM $server
 wait $server || true
 trap - EXIT
-python3 tools/gpu/serve_trace_table.py "$report_dir/trace.tsv" | tee "$report_dir/serve-trace.md"
-xz -T0 -6 "$report_dir/trace.tsv"
+python3 tools/gpu/serve_trace_table.py "$report_dir/trace.tsv" --api "$report_dir/api.tsv" | tee "$report_dir/serve-trace.md"
+xz -T0 -6 "$report_dir/trace.tsv" "$report_dir/api.tsv"

@@ -4,8 +4,9 @@
     trace_table.py TRACE.tsv [--skip N]
 
 A CUDA graph replay is the kernels sharing one correlation id (the graph launch's) and a graph
-id. The step's graph is the graph id with the most kernels a replay; its first N replays (default
-8) are dropped as warm-up. For each kernel name: launches a replay, the median over replays of
+id. The step's graph is the step graph (one with `step_embed_recipe`, which every frame step launches once) replayed the
+most times (a server's start-up warming captures step graphs of other batch sizes, replayed a
+few times); its first N replays (default 8) are dropped as warm-up. For each kernel name: launches a replay, the median over replays of
 its summed in-graph time (start to end: with programmatic dependent launch a kernel starts early
 and waits for its predecessor inside, so this overlaps), its critical time (end minus the later
 of its start and the previous kernels' last end: what it adds to the replay's span; these sum
@@ -13,6 +14,7 @@ to the busy time), and the idle time just before its launches (the gap since the
 kernel running). Then a replay's span, busy time (the union of kernel intervals) and idle time.
 """
 import argparse
+import lzma
 import statistics
 import sys
 from collections import defaultdict
@@ -20,7 +22,8 @@ from collections import defaultdict
 
 def read(path):
     rows = []
-    with open(path) as f:
+    opener = lzma.open if path.endswith(".xz") else open  # the scripts keep their traces xz'd
+    with opener(path, "rt") as f:
         header = f.readline().rstrip("\n").split("\t")
         for line in f:
             parts = line.rstrip("\n").split("\t")
@@ -44,13 +47,17 @@ def replays_of(rows):
     return by_graph
 
 
+STEP_KERNEL = "step_embed_recipe"  # kernels/embed.cu: in every frame step (graph or decode batch), once
+
+
 def step_replays(rows, skip):
-    """The step graph (the most kernels in one replay: the codec's graphs are smaller), its usual
-    replay size and its replays of that size in start order, the first `skip` dropped."""
+    """The step graph replayed most (see the module doc), its usual replay size and its replays of
+    that size in start order, the first `skip` dropped."""
     by_graph = replays_of(rows)
-    if not by_graph:
-        sys.exit("no graph replays in the trace")
-    graph = max(by_graph, key=lambda g: (max(len(r) for r in by_graph[g]), len(by_graph[g])))
+    steps = {g: r for g, r in by_graph.items() if any(k["name"] == STEP_KERNEL for k in r[0])}
+    if not steps:
+        sys.exit(f"no replays of a step graph (one with {STEP_KERNEL}) in the trace")
+    graph = max(steps, key=lambda g: len(steps[g]))
     replays = sorted(by_graph[graph], key=lambda r: r[0]["start_ns"])
     size = statistics.mode(len(r) for r in replays)
     replays = [r for r in replays if len(r) == size][skip:]
