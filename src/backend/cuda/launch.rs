@@ -53,8 +53,6 @@ pub struct Module {
     module: Arc<CudaModule>,
     /// Its kernels are launched overlapping their predecessor (see [`Module::load_overlapping`]).
     overlapping: bool,
-    /// Its kernels ask for the SM's largest shared-memory carveout (see [`Module::load_overlapping`]).
-    max_carveout: bool,
 }
 
 impl Module {
@@ -64,7 +62,7 @@ impl Module {
         let module = ctx
             .load_module(cudarc::nvrtc::Ptx::from_binary(image.to_vec()))
             .map_err(|source| KernelError { module: name, kernel: None, source })?;
-        Ok(Module { name, module, overlapping: false, max_carveout: false })
+        Ok(Module { name, module, overlapping: false })
     }
 
     /// [`Module::load`] for a module whose kernels all begin with `pdl_begin()` (or, the decode
@@ -74,18 +72,10 @@ impl Module {
     /// that kernel's tail. Compute capability 9.0
     /// and newer; elsewhere plain launches. `LIMELIGHT_NO_PDL=1` in the environment keeps plain
     /// launches (to measure the gain, or should a driver mishandle it): the bits are the same.
-    ///
-    /// Its kernels also prefer the SM's largest shared-memory carveout. An SM runs blocks of one
-    /// carveout at a time, so a kernel whose configuration differs from its predecessor's cannot
-    /// start on an SM until that SM has drained, and the early start above is lost there; with
-    /// every decode kernel asking for the same (largest) carveout, a block fits beside the blocks
-    /// before it wherever their shared memory leaves room. `LIMELIGHT_DEFAULT_CARVEOUT=1` leaves
-    /// the choice to the driver (to measure the gain): the bits are the same.
     pub fn load_overlapping(ctx: &Arc<CudaContext>, name: &'static str, image: &[u8]) -> Result<Module, KernelError> {
         let mut module = Module::load(ctx, name, image)?;
         let disabled = std::env::var_os("LIMELIGHT_NO_PDL").is_some_and(|v| v == "1");
         module.overlapping = !disabled && ctx.compute_capability().is_ok_and(|cc| cc >= (9, 0));
-        module.max_carveout = std::env::var_os("LIMELIGHT_DEFAULT_CARVEOUT").is_none_or(|v| v != "1");
         Ok(module)
     }
 
@@ -95,14 +85,6 @@ impl Module {
             kernel: Some(name),
             source,
         })?;
-        if self.max_carveout {
-            function
-                .set_attribute(
-                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-                    sys::CUshared_carveout::CU_SHAREDMEM_CARVEOUT_MAX_SHARED as i32,
-                )
-                .map_err(|source| KernelError { module: self.name, kernel: Some(name), source })?;
-        }
         Ok(Kernel { name, function, overlapping: self.overlapping })
     }
 
