@@ -285,6 +285,21 @@ __device__ __forceinline__ void attn_decode(const float* __restrict__ q, const b
         }
     }
 
+    if (nonempty == 1) {
+        // The only split holds every key: its partial is the result, with the bits the merge of
+        // one split gives (its weight 2^0 = 1, l and o times 1 exactly; o is never −0). No
+        // partials, no count, no merge: the tower's attention (a few keys) always ends here.
+#pragma unroll
+        for (int j = 0; j < MAXO; ++j) {
+            const int e = tid + j * NT;
+            if (e < nout) {
+                const int g = e / HD, d = e % HD, head = kvh * group + g;
+                const float gate = to_f32(qg[(size_t)t * 2 * heads * HD + (size_t)head * 2 * HD + HD + d]);
+                out[((size_t)t * heads + head) * HD + d] = to_bf16(o[j] / row_l[g] * sigmoidf_(gate));
+            }
+        }
+        return;
+    }
 #pragma unroll
     for (int j = 0; j < MAXO; ++j) {
         const int e = tid + j * NT;
