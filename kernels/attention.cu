@@ -3,7 +3,8 @@
 //   attn_prefill_hd*     causal GQA attention of many rows (kernels/attention_prefill.cu);
 //   attn_decode_hd*      one split of the keys for each query row (flash-decoding), partials in fp32;
 //                        the last split of a (row, kv head) to finish merges them, · sigmoid(gate),
-//                        bf16 (no second launch: the merge ends the decode kernel).
+//                        bf16 (no second launch: the merge ends the decode kernel); where the
+//                        keys fit one split (the tower, a stream's first frames) it writes at once.
 //
 // Layouts (row-major): qg [T, H·2·HD] bf16 (per head: HD query columns, then HD gate columns);
 // k, v [T, Hkv·HD] bf16; q [T, H, HD] f32, already multiplied by scale·log2(e) so that scores are in
