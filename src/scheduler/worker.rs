@@ -243,6 +243,8 @@ impl Host {
         let opened = catch_unwind(AssertUnwindSafe(|| model.open(&job.rows, job.prefix, &job.options)));
         let failure = match opened {
             Ok(Ok(Opened { id, restored_rows })) => {
+                // The open looked the prefix up: the cache's counters move before any event.
+                self.publish_memory(model);
                 let prompt_rows = job.rows.len();
                 if job.prefix.keep {
                     debug!(prefix_rows = job.prefix.rows, restored_rows, "voice prefix");
@@ -380,6 +382,9 @@ impl Host {
                     let ran = job.prompt_rows - job.prompt_left;
                     if job.prefix_only.is_some_and(|prefix| ran >= prefix) {
                         // Its prefix ran and was kept (a chunk never crosses the prefix's end).
+                        // The cache's gauges count it before its caller hears it is done (they
+                        // are otherwise published when a job retires, after its last event).
+                        self.publish_memory(model);
                         job.end(model, JobEvent::Finished { reason: FinishReason::Stop, frames: 0, prompt_rows: ran });
                     }
                 }
