@@ -47,3 +47,6 @@ tools/fuzz.sh --smoke
 echo "== python cross-checks (safetensors, mlx-audio, the OpenAI SDK, python-soundfile, Chromium)"
 cargo build --locked --bin limelight
 LIMELIGHT_BIN="$PWD/target/debug/limelight" .venv/bin/python -m pytest tools/compat -q
+
+echo "== the GPU trace tables' rules on synthetic traces"
+.venv/bin/python -m pytest tools/gpu/test_trace_tables.py -q
