@@ -3,13 +3,14 @@
 
     serve_trace_table.py TRACE.tsv [--api API.tsv] [--skip N]
 
-The step graph is trace_table.py's (the step graph replayed most); its replays in start order, the first N (default 8) dropped as warm-up and the prompt's. Between two
-consecutive replays: the period (start to start: the GPU's frame time), the span (first kernel's
-start to last kernel's end), the gap (the host's time between a replay's end and the next one's
-start). Codec kernels (`codec_*`, on the codec thread's stream) are split into the time they run
-inside a replay's span and in the gaps, and the replays are split into those that overlap codec
-work and those that do not: the difference of their spans is what the codec's kernels cost the
-step they share the GPU with.
+The step graph is trace_table.py's (the step graph replayed most); its replays in start order,
+the first N (default 8) dropped as warm-up and the prompt's. Between two consecutive replays:
+the period (start to start: the GPU's frame time), the span (first kernel's start to last
+kernel's end), the gap (the host's time between a replay's end and the next one's start). Codec
+kernels (`codec_*`, on the codec thread's stream) are split into the time they run inside a
+replay's span and in the gaps, and the replays are split into those that overlap codec work and
+those that do not: the difference of their spans is what the codec's kernels cost the step they
+share the GPU with.
 
 With --api (kernel_trace.c's driver calls and copies) the gap is taken apart on the host: from
 the replay's end to the return of the worker's call that waited for it (the wake), the worker's
@@ -18,19 +19,18 @@ return to the replay's first kernel. The worker's calls are those of the thread 
 the next replay (its cuGraphLaunch carries the replay's correlation id).
 """
 import argparse
+import bisect
+import csv
 import statistics
 import sys
+from collections import defaultdict
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
-from trace_table import read, step_replays  # noqa: E402
+from trace_table import open_text, read, step_replays  # noqa: E402
 
 
 def read_api(path):
-    import csv
-    import lzma
-
-    opener = lzma.open if path.endswith(".xz") else open
-    with opener(path, "rt") as f:
+    with open_text(path) as f:
         rows = list(csv.DictReader(f, delimiter="\t"))
     for r in rows:
         for key in ("start_ns", "end_ns", "thread", "correlation_id"):
@@ -41,9 +41,6 @@ def read_api(path):
 def host_gaps(api, windows, replays):
     """Per gap between consecutive replays: wake, host work, calls by name, launch call, launch
     to first kernel (ns), from the worker's driver calls."""
-    import bisect
-    from collections import defaultdict
-
     calls = sorted((r for r in api if r["kind"] == "api"), key=lambda r: r["start_ns"])
     launch_of = {r["correlation_id"]: r for r in calls if r["name"].startswith("cuGraphLaunch")}
     by_thread = defaultdict(list)

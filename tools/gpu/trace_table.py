@@ -4,14 +4,15 @@
     trace_table.py TRACE.tsv [--skip N]
 
 A CUDA graph replay is the kernels sharing one correlation id (the graph launch's) and a graph
-id. The step's graph is the step graph (one with `step_embed_recipe`, which every frame step launches once) replayed the
-most times (a server's start-up warming captures step graphs of other batch sizes, replayed a
-few times); its first N replays (default 8) are dropped as warm-up. For each kernel name: launches a replay, the median over replays of
-its summed in-graph time (start to end: with programmatic dependent launch a kernel starts early
-and waits for its predecessor inside, so this overlaps), its critical time (end minus the later
-of its start and the previous kernels' last end: what it adds to the replay's span; these sum
-to the busy time), and the idle time just before its launches (the gap since the GPU last had a
-kernel running). Then a replay's span, busy time (the union of kernel intervals) and idle time.
+id. The step's graph is the step graph (one with `step_embed_recipe`, which every frame step
+launches once) replayed the most times (a server's start-up warming captures step graphs of
+other batch sizes, replayed a few times); its first N replays (default 8) are dropped as
+warm-up. For each kernel name: launches a replay, the median over replays of its summed in-graph
+time (start to end: with programmatic dependent launch a kernel starts early and waits for its
+predecessor inside, so this overlaps), its critical time (end minus the later of its start and
+the previous kernels' last end: what it adds to the replay's span; these sum to the busy time),
+and the idle time just before its launches (the gap since the GPU last had a kernel running).
+Then a replay's span, busy time (the union of kernel intervals) and idle time.
 """
 import argparse
 import lzma
@@ -20,10 +21,14 @@ import sys
 from collections import defaultdict
 
 
+def open_text(path):
+    """A trace for reading as text, xz'd (as the scripts keep them) or not."""
+    return lzma.open(path, "rt") if path.endswith(".xz") else open(path)
+
+
 def read(path):
     rows = []
-    opener = lzma.open if path.endswith(".xz") else open  # the scripts keep their traces xz'd
-    with opener(path, "rt") as f:
+    with open_text(path) as f:
         header = f.readline().rstrip("\n").split("\t")
         for line in f:
             parts = line.rstrip("\n").split("\t")
@@ -47,7 +52,7 @@ def replays_of(rows):
     return by_graph
 
 
-STEP_KERNEL = "step_embed_recipe"  # kernels/embed.cu: in every frame step (graph or decode batch), once
+STEP_KERNEL = "step_embed_recipe"  # kernels/step.cu: once in every frame step (graph or decode batch)
 
 
 def step_replays(rows, skip):
