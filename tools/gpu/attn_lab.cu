@@ -30,8 +30,10 @@ static size_t decode_smem() {
                 3 * ATTN_MAX_GROUP);
 }
 
+// Empty kernels, one function per tag so that each has its own shared-memory attributes.
+template <int TAG>
 __global__ void __launch_bounds__(ATTN_THREADS, 1) empty_probe(int* sink) {
-    if (sink && threadIdx.x == 0 && blockIdx.x == 1 << 30) sink[0] = 1;
+    if (sink && threadIdx.x == 0 && blockIdx.x == 1 << 30) sink[0] = TAG;
 }
 
 static float bf2f(uint16_t v) {
@@ -101,7 +103,8 @@ int main() {
     CK(cudaMemcpy(values, &vp, 8, cudaMemcpyHostToDevice));
     const size_t smem = decode_smem();
     CK(cudaFuncSetAttribute(attn_decode_hd256, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    CK(cudaFuncSetAttribute(empty_probe, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    CK(cudaFuncSetAttribute(empty_probe<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    CK(cudaFuncSetAttribute(empty_probe<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, 143 << 10));
     cudaFuncAttributes fa;
     CK(cudaFuncGetAttributes(&fa, attn_decode_hd256));
     printf("variant NT=%d MAXG=%d: %d registers, %zu local bytes, %zu B dynamic shared\n", ATTN_THREADS, ATTN_MAX_GROUP,
@@ -109,8 +112,18 @@ int main() {
 
     const dim3 grid(SPLITS, HKV, 1);
     printf("empty kernel, grid 64 x %d threads: %.2f us a launch with %zu B dynamic shared, %.2f us with none\n",
-           ATTN_THREADS, time_us([&] { empty_probe<<<64, ATTN_THREADS, smem>>>(sink); }, 500), smem,
-           time_us([&] { empty_probe<<<64, ATTN_THREADS, 0>>>(sink); }, 500));
+           ATTN_THREADS, time_us([&] { empty_probe<0><<<64, ATTN_THREADS, smem>>>(sink); }, 500), smem,
+           time_us([&] { empty_probe<1><<<64, ATTN_THREADS, 0>>>(sink); }, 500));
+    // Alternating kernels whose shared memory needs differ (the SM's carveout may change).
+    printf("empty kernel pairs: %.2f us (none, %zu B), %.2f us (143 KiB, %zu B)\n",
+           time_us([&] {
+               empty_probe<1><<<64, ATTN_THREADS, 0>>>(sink);
+               empty_probe<0><<<64, ATTN_THREADS, smem>>>(sink);
+           }, 250), smem,
+           time_us([&] {
+               empty_probe<2><<<128, ATTN_THREADS, 143 << 10>>>(sink);
+               empty_probe<0><<<64, ATTN_THREADS, smem>>>(sink);
+           }, 250), smem);
 
     uint64_t hash = 1469598103934665603ull;
     bool ok = true;
