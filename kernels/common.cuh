@@ -19,6 +19,8 @@ __device__ __forceinline__ bf16 to_bf16(float v) { return __float2bfloat16_rn(v)
 // only then `pdl_launch_dependents()` lets the next kernel start. The exceptions fetch weights,
 // which no kernel writes, before waiting: the decode GEMVs (kernels/linear.cu), the decode router
 // (`moe_router_logits`), and the norms' gains (norm.cu, `moe_combine_add_norm`, `gdn_gated_norm`).
+// `moe_rows_down` with h (the decode step) also reads its tile from the grouping two launches
+// back: its predecessor, gate/up, let it launch only after waiting for that grouping.
 __device__ __forceinline__ void pdl_launch_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

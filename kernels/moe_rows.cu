@@ -322,6 +322,16 @@ __device__ __forceinline__ bool rows_tile(const int* tiles, const int* offsets, 
     t.end = min(offsets[t.e + 1], t.start + ROWS_PAIRS);
     return true;
 }
+// rows_tile read through L2 (ld.global.cg), for a block that reads the tiles before its
+// pdl_wait: nothing this SM's L1 may hold from an earlier layer's tiles is used.
+__device__ __forceinline__ bool rows_tile_l2(const int* tiles, const int* offsets, RowsTile& t) {
+    const int count = __ldcg(tiles);
+    t.e = __ldcg(tiles + 1 + 2 * blockIdx.x);
+    t.start = __ldcg(tiles + 2 + 2 * blockIdx.x);
+    if ((int)blockIdx.x >= count) return false;
+    t.end = min(__ldcg(offsets + t.e + 1), t.start + ROWS_PAIRS);
+    return true;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Kernels
@@ -409,10 +419,17 @@ extern "C" __global__ void __launch_bounds__(ROWS_THREADS)
                   const float* __restrict__ h, int fmt, const int* __restrict__ sorted,
                   const int* __restrict__ tiles, const int* __restrict__ offsets,
                   const unsigned long long* __restrict__ table, int K, int N, float* __restrict__ y) {
-    pdl_begin();
+    // With h (the decode step) the tiles come from the grouping two launches back, which had
+    // finished before gate/up (the launch before this one) passed its pdl_wait: they are read
+    // (through L2) and the tile's weights requested before this kernel's own wait, while gate/up
+    // still runs. Only h, gate/up's output, waits for it.
+    if (!h) pdl_begin();
     extern __shared__ __align__(16) unsigned char rows_smem[];
     RowsTile tile;
-    if (!rows_tile(tiles, offsets, tile)) return;
+    if (!(h ? rows_tile_l2(tiles, offsets, tile) : rows_tile(tiles, offsets, tile))) {
+        if (h) pdl_begin();
+        return;
+    }
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     const int f0 = blockIdx.y * (16 * DN_FS) + 16 * warp;
     const unsigned long long* t = table + (size_t)tile.e * T_STRIDE;
@@ -421,9 +438,11 @@ extern "C" __global__ void __launch_bounds__(ROWS_THREADS)
     float total[1][4];
     if (h) {
         // The warp's weights are requested first (DN_GPB groups at once: all of them at the
-        // spec's K), streaming in while the block converts its operand rows.
+        // spec's K), streaming in during gate/up's tail and while the block converts its
+        // operand rows.
         WeightBatch<1, DN_GPB> first;
         load_weight_batch<1, DN_GPB>(w, sw, K, 0, 1, first);
+        pdl_begin();
         // Operand rows by slot: the tile's position i reads slot i.
         const int n = tile.end - tile.start;
         tile_operand(h, ACT_F32, fmt, K, n, [&](int slot) { return (size_t)(tile.start + slot) * K; }, rows_smem);
