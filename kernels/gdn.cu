@@ -42,14 +42,23 @@ extern "C" __global__ void gdn_zero_f32(float* __restrict__ p, int n) {
 // one block (a decode row spreads over C / block_channels SMs instead of one); blocks (t, 0) also
 // write row t's gates. Each channel's conv and each head's norm are computed as one block per row
 // computed them (taps in order; a warp per head, lanes striding key_dim, then warp_sum), so the
-// bits do not depend on block_channels. qkv: [rows, C] bf16 projection; conv_state: [K−1, C] f32 (read
-// only; gdn_conv_state_update advances it afterwards); conv_w: [C, 1, K] bf16, tap K−1 multiplies
-// the current row; b, a: [rows, Hv] bf16; a_log, dt_bias: [Hv] f32.
+// bits do not depend on block_channels. qkv: [rows, C] bf16 projection; conv_state: [K−1, C] f32;
+// conv_w: [C, 1, K] bf16, tap K−1 multiplies the current row; b, a: [rows, Hv] bf16; a_log,
+// dt_bias: [Hv] f32.
 // `prep` is written, then re-read by other threads of the block after the barrier (hence no
 // __restrict__: its loads must see this block's stores).
 // The decode batch (`states` given: one conv state per row): row t is its own sequence of one row,
 // its history from states[t].
-extern "C" __global__ void gdn_conv_prepare(const bf16* __restrict__ qkv, const float* conv_state,
+// Where every sequence has one row (the decode batch, or one sequence of one row: no row_seq, and
+// `states` or rows == 1) the thread that reads a channel's window is the only one that reads it,
+// so it also advances it (`advances_window`, the values gdn_conv_state_update would write): the
+// decode step's launch fewer. Otherwise the window is read only, and gdn_conv_state_update
+// advances it afterwards.
+__device__ __forceinline__ bool advances_window(int rows, const unsigned long long* states, const int* row_seq) {
+    return !row_seq && (states || rows == 1);
+}
+
+extern "C" __global__ void gdn_conv_prepare(const bf16* __restrict__ qkv, float* conv_state,
                                             const bf16* __restrict__ conv_w, const bf16* __restrict__ b,
                                             const bf16* __restrict__ a, const float* __restrict__ a_log,
                                             const float* __restrict__ dt_bias, float* prep, float* __restrict__ gates,
@@ -68,7 +77,8 @@ extern "C" __global__ void gdn_conv_prepare(const bf16* __restrict__ qkv, const 
     const int start = states ? (row_seq ? seq_starts[seq] : t) : 0;
     const int own = t - start;
     const bf16* seq_qkv = qkv + (size_t)start * channels;
-    if (states) conv_state = reinterpret_cast<const float*>(states[seq]);
+    if (states) conv_state = reinterpret_cast<float*>(states[seq]);
+    const bool advance = advances_window(rows, states, row_seq);
     for (int c = c0 + threadIdx.x; c < c1; c += blockDim.x) {
         float acc = 0.f;
         for (int i = 0; i < kernel; ++i) {
@@ -77,6 +87,8 @@ extern "C" __global__ void gdn_conv_prepare(const bf16* __restrict__ qkv, const 
             const float x = r >= 0 ? to_f32(seq_qkv[(size_t)r * channels + c])
                                    : conv_state[(size_t)(history + r) * channels + c];
             acc = fmaf(to_f32(conv_w[(size_t)c * kernel + i]), x, acc);
+            // The window after this row: inputs 1..K−1 of this one (own = 0, as advance implies).
+            if (advance && i > 0) conv_state[(size_t)(i - 1) * channels + c] = x;
         }
         out[c] = siluf_(acc);
     }
@@ -104,7 +116,8 @@ extern "C" __global__ void gdn_conv_prepare(const bf16* __restrict__ qkv, const 
     }
 }
 
-// Conv state ← the last K−1 rows of [state; qkv] (run after gdn_conv_prepare). One thread per
+// Conv state ← the last K−1 rows of [state; qkv] (run after gdn_conv_prepare, where it did not
+// advance the window itself: `advances_window`). One thread per
 // channel; row i of the new state is row rows + i of that window, which lies ahead of i, so the
 // in-place shift reads each old row before overwriting it.
 // Several sequences (`states` given): grid.y = sequences, sequence y's state at states[y]; its

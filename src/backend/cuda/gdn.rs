@@ -354,19 +354,25 @@ fn run_core(
     let rows_grid = u32::try_from(rows).expect("rows fit the grid");
     cuda.kernels.gdn.conv_prepare.launch(cuda.stream(), Dims::grid((rows_grid, blocks, 1), THREADS), &args);
     // The window advances by each sequence's rows: all of them for one, one per row in the
-    // decode batch, each prompt's own (from seq_starts) for several.
-    let seq_rows = if tables.is_some() { 1 } else { rows };
-    let args = [
-        conv.into(),
-        p.qkv.ptr().into(),
-        seq_rows.into(),
-        channels.into(),
-        (shape.conv_kernel - 1).into(),
-        conv_table.into(),
-        seq_starts.into(),
-    ];
-    let blocks = channels.div_ceil(THREADS as usize) as u32;
-    cuda.kernels.gdn.conv_state_update.launch(cuda.stream(), Dims::grid((blocks, sequences as u32, 1), THREADS), &args);
+    // decode batch, each prompt's own (from seq_starts) for several. Where every sequence has one
+    // row, gdn_conv_prepare advanced it (its `advances_window`: no row table, and address tables
+    // or one row).
+    let advanced = spans.is_none() && (tables.is_some() || rows == 1);
+    if !advanced {
+        let seq_rows = if tables.is_some() { 1 } else { rows };
+        let args = [
+            conv.into(),
+            p.qkv.ptr().into(),
+            seq_rows.into(),
+            channels.into(),
+            (shape.conv_kernel - 1).into(),
+            conv_table.into(),
+            seq_starts.into(),
+        ];
+        let blocks = channels.div_ceil(THREADS as usize) as u32;
+        let dims = Dims::grid((blocks, sequences as u32, 1), THREADS);
+        cuda.kernels.gdn.conv_state_update.launch(cuda.stream(), dims, &args);
+    }
 
     match core {
         Core::Chunked => {
