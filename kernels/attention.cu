@@ -1,10 +1,11 @@
 // Gated full attention (`backbone.md` §2) around the bf16 projections `linear.cu` computes:
 //   attn_prep            q/gate split, zero-centred q/k norms, partial NeoX RoPE, K/V cache append;
 //   attn_prefill_hd*     causal GQA attention of many rows (kernels/attention_prefill.cu);
-//   attn_decode_hd*      one split of the keys for each query row (flash-decoding), partials in fp32;
-//                        the last split of a (row, kv head) to finish merges them, · sigmoid(gate),
-//                        bf16 (no second launch: the merge ends the decode kernel); where the
-//                        keys fit one split (the tower, a stream's first frames) it writes at once.
+//   attn_decode_hd*      one split of the keys for a few q heads of each query row
+//                        (flash-decoding), partials in fp32; the last split of a (row, head set)
+//                        to finish merges them, · sigmoid(gate), bf16 (no second launch: the merge
+//                        ends the decode kernel); where the keys fit one split (the tower, a
+//                        stream's first frames) it writes at once.
 //
 // Layouts (row-major): qg [T, H·2·HD] bf16 (per head: HD query columns, then HD gate columns);
 // k, v [T, Hkv·HD] bf16; q [T, H, HD] f32, already multiplied by scale·log2(e) so that scores are in
@@ -18,7 +19,7 @@ namespace {
 
 constexpr int NT = ATTN_THREADS;        // threads of the decode kernel
 constexpr int BK = ATTN_TILE_KEYS;      // keys per tile: one lane per key in the softmax
-constexpr int MAXG = ATTN_MAX_GROUP;    // most q heads per kv head the decode kernel takes
+constexpr int MAXH = ATTN_CTA_HEADS;    // most q heads (of one kv head) a decode CTA takes
 
 __device__ __forceinline__ float dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
 
@@ -64,29 +65,29 @@ __device__ __forceinline__ void load_kv_tile(const bf16* __restrict__ kc, const 
     }
 }
 
-// The merge of row t's nonempty splits for kv head kvh's G heads, into out [T, H·HD] bf16:
+// The merge of row t's nonempty splits for its heads head0 .. head0 + nh, into out [T, H·HD] bf16:
 // out[t, head·HD + d] = bf16(Σ_s 2^(m_s − M) o_s[d] / Σ_s 2^(m_s − M) l_s · sigmoid(gate[d])), the
 // sums over s in order. Split 0 always holds key 0, so M is finite and the denominator positive.
 // Partials other CTAs wrote are read through L2 (__ldcg): this SM's L1 may hold none of them, but
 // nothing says so. A head's weights 2^(m_s − M) and denominator are computed once (warp g), then
 // each thread sums 4 consecutive output elements over the splits, MERGE_BATCH splits' float4 loads
 // in flight at a time: the merge is a chain of L2 round trips at the end of the decode, so it
-// issues as few as it can. `ml` is shared memory for the G heads' (m, l) pairs, [G][nonempty][2];
-// `wl` for their weights, [G][ATTN_MAX_SPLITS + 1] (the denominator last).
+// issues as few as it can. `ml` is shared memory for the nh heads' (m, l) pairs, [nh][nonempty][2];
+// `wl` for their weights, [nh][ATTN_MAX_SPLITS + 1] (the denominator last).
 constexpr int MERGE_BATCH = 16;
 constexpr int MERGE_WS = ATTN_MAX_SPLITS + 1;
 template <int HD>
 __device__ __forceinline__ void merge_splits(const float* part_o, const float* part_ml, const bf16* __restrict__ qg,
-                                             bf16* __restrict__ out, int heads, int group, int kvh, int t,
+                                             bf16* __restrict__ out, int heads, int nh, int head0, int t,
                                              int splits, int nonempty, float* ml, float* wl) {
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    const size_t base = ((size_t)t * heads + kvh * group) * splits;  // split 0 of the group's first head
-    for (int i = tid; i < group * 2 * nonempty; i += NT) {
+    const size_t base = ((size_t)t * heads + head0) * splits;  // split 0 of the first head
+    for (int i = tid; i < nh * 2 * nonempty; i += NT) {
         const int g = i / (2 * nonempty), r = i % (2 * nonempty);
         ml[i] = __ldcg(part_ml + (base + (size_t)g * splits) * 2 + r);
     }
     __syncthreads();
-    for (int g = warp; g < group; g += NT / 32) {
+    for (int g = warp; g < nh; g += NT / 32) {
         const float* hml = ml + g * 2 * nonempty;
         float* w = wl + g * MERGE_WS;
         float mx = -INFINITY;
@@ -102,8 +103,8 @@ __device__ __forceinline__ void merge_splits(const float* part_o, const float* p
         }
     }
     __syncthreads();
-    for (int e4 = tid; e4 < group * HD / 4; e4 += NT) {
-        const int g = e4 * 4 / HD, d = e4 * 4 % HD, head = kvh * group + g;
+    for (int e4 = tid; e4 < nh * HD / 4; e4 += NT) {
+        const int g = e4 * 4 / HD, d = e4 * 4 % HD, head = head0 + g;
         const float4* po = reinterpret_cast<const float4*>(part_o + (base + (size_t)g * splits) * HD + d);
         const float* hml = ml + g * 2 * nonempty;
         const float* w = wl + g * MERGE_WS;
@@ -188,16 +189,22 @@ extern "C" __global__ void attn_prep(const bf16* __restrict__ qg, const bf16* __
     }
 }
 
-// Decode attention, one split: CTA (s, kvh, t) takes keys [s·chunk, min((s+1)·chunk, visible)) of
-// query row t (visible = start + t + 1, chunk = ceil(visible / splits) rounded up to a tile) for the
-// G q heads of kv head kvh, and writes unnormalised partials: part_o [T, H, splits, HD] (Σ p·v) and
-// part_ml [T, H, splits, 2] (max in log2 units, Σ p). Splits past the last key (s ≥ nonempty) have
-// nothing to do and return at once. The last of a (row, kv head)'s nonempty splits to finish —
-// counted in merge_counts[t·Hkv + kvh], which it resets to 0 for the next launch — merges them
-// (`merge_splits`) into out [T, H·HD] bf16.
-// grid (splits, Hkv, T), NT threads, dynamic shared memory decode_smem_bytes(HD) (attention.rs).
+// Decode attention, one split: CTA (s, y, t) takes keys [s·chunk, min((s+1)·chunk, visible)) of
+// query row t (visible = start + t + 1, chunk = ceil(visible / splits) rounded up to a tile) for
+// `cta_heads` consecutive q heads of one kv head (its group of G = H / Hkv split into G / cta_heads
+// head sets: kv head y / sets, set y % sets), and writes unnormalised partials: part_o [T, H,
+// splits, HD] (Σ p·v) and part_ml [T, H, splits, 2] (max in log2 units, Σ p). Splits past the last
+// key (s ≥ nonempty) have nothing to do and return at once. The last of a (row, head set)'s
+// nonempty splits to finish — counted in merge_counts[t·gridDim.y + y], which it resets to 0 for the
+// next launch — merges them (`merge_splits`) into out [T, H·HD] bf16.
+// grid (splits, Hkv · G / cta_heads, T), NT threads, dynamic shared memory decode_smem_bytes(HD)
+// (attention.rs); cta_heads ≤ MAXH divides G.
+// A head's arithmetic is the same whichever CTA takes it and with whichever heads: its scores, its
+// softmax and each output's sum over the keys in key order. The head sets only spread a row's work
+// over more SMs: with the whole group in one CTA, a tower layer's attention (a few keys, one split)
+// ran on two SMs, each thread summing 8 outputs' products from shared memory (13 µs a launch, run 24).
 // Scores: lane = key of the tile, warp w takes heads w, w + 8, .. (and runs their softmax).
-// Output element e = tid + 256j (j < MAXG·HD/256) is (head e / HD, dim e % HD).
+// Output element e = tid + NT·j (j < MAXO) is (head e / HD, dim e % HD).
 // `start` is the cache length before this call (plus *dev_start when a captured step reads its
 // position from device memory; the grid is independent of it).
 // The decode batch (`seq` given): row t is its own sequence (cache seq.keys[t] / seq.values[t],
@@ -206,38 +213,40 @@ template <int HD>
 __device__ __forceinline__ void attn_decode(const float* __restrict__ q, const bf16* kc, const bf16* vc,
                                             float* __restrict__ part_o, float* __restrict__ part_ml,
                                             const bf16* __restrict__ qg, bf16* __restrict__ out,
-                                            unsigned* __restrict__ merge_counts, int heads, int kv_heads, int start,
-                                            const int* __restrict__ dev_start, int splits, DecodeRows seq) {
+                                            unsigned* __restrict__ merge_counts, int heads, int kv_heads,
+                                            int cta_heads, int start, const int* __restrict__ dev_start, int splits,
+                                            DecodeRows seq) {
     pdl_begin();
-    static_assert(HD % 32 == 0 && (MAXG * HD) % NT == 0, "head_dim must be a multiple of 32");
-    static_assert(BK * (2 * HD + 4) >= MAXG * ATTN_MAX_SPLITS * 2, "the merge's (m, l) pairs fit in Ks and Vs");
+    static_assert(HD % 32 == 0, "head_dim must be a multiple of 32");
+    static_assert(BK * (2 * HD + 4) >= MAXH * ATTN_MAX_SPLITS * 2, "the merge's (m, l) pairs fit in Ks and Vs");
     constexpr int QS = HD + 4;
-    constexpr int MAXO = MAXG * HD / NT;
+    constexpr int MAXO = (MAXH * HD + NT - 1) / NT;
     extern __shared__ float4 smem4[];
-    float* Qs = reinterpret_cast<float*>(smem4);  // [MAXG][HD]
-    float* Ks = Qs + MAXG * HD;                   // [BK][QS]
+    float* Qs = reinterpret_cast<float*>(smem4);  // [MAXH][HD]
+    float* Ks = Qs + MAXH * HD;                   // [BK][QS]
     float* Vs = Ks + BK * QS;                     // [BK][HD]
-    float* Ps = Vs + BK * HD;                     // [MAXG][BK]
-    float* row_m = Ps + MAXG * BK;
-    float* row_l = row_m + MAXG;
-    float* row_a = row_l + MAXG;
+    float* Ps = Vs + BK * HD;                     // [MAXH][BK]
+    float* row_m = Ps + MAXH * BK;
+    float* row_l = row_m + MAXH;
+    float* row_a = row_l + MAXH;
 
-    const int group = heads / kv_heads, s = blockIdx.x, kvh = blockIdx.y, t = blockIdx.z, tid = threadIdx.x;
-    const int warp = tid / 32, lane = tid % 32, nout = group * HD;
+    const int sets = heads / kv_heads / cta_heads, s = blockIdx.x, kvh = blockIdx.y / sets, t = blockIdx.z;
+    const int head0 = kvh * sets * cta_heads + blockIdx.y % sets * cta_heads, tid = threadIdx.x;
+    const int warp = tid / 32, lane = tid % 32, nout = cta_heads * HD;
     const int visible = seq.row_position(t, first_position(start, dev_start) + t) + 1;
     seq.row_cache(t, kc, vc);
     const int chunk = ((visible + splits - 1) / splits + BK - 1) / BK * BK;
     const int nonempty = (visible + chunk - 1) / chunk;  // splits s with s·chunk < visible
     if (s >= nonempty) return;
     const int kbeg = s * chunk, kend = min(visible, kbeg + chunk);
-    // Partial of (head kvh·G + g, split s) of row t.
-    const size_t part0 = ((size_t)t * heads + kvh * group) * splits + s;
+    // Partial of (head head0 + g, split s) of row t.
+    const size_t part0 = ((size_t)t * heads + head0) * splits + s;
 
-    // The G heads of this kv head are contiguous in q.
-    const float* qrow = q + ((size_t)t * heads + kvh * group) * HD;
+    // The CTA's heads are contiguous in q.
+    const float* qrow = q + ((size_t)t * heads + head0) * HD;
     for (int e = tid * 4; e < nout; e += NT * 4)
         *reinterpret_cast<float4*>(Qs + e) = *reinterpret_cast<const float4*>(qrow + e);
-    if (tid < group) {
+    if (tid < cta_heads) {
         row_m[tid] = -INFINITY;
         row_l[tid] = 0.f;
     }
@@ -251,7 +260,7 @@ __device__ __forceinline__ void attn_decode(const float* __restrict__ q, const b
         load_kv_tile<HD>(kc, vc, kv_heads, kvh, k0, kend, Ks, Vs);
         __syncthreads();
 
-        for (int g = warp; g < group; g += NT / 32) {
+        for (int g = warp; g < cta_heads; g += NT / 32) {
             float acc = 0.f;
 #pragma unroll 8
             for (int d = 0; d < HD; d += 4)
@@ -294,7 +303,7 @@ __device__ __forceinline__ void attn_decode(const float* __restrict__ q, const b
         for (int j = 0; j < MAXO; ++j) {
             const int e = tid + j * NT;
             if (e < nout) {
-                const int g = e / HD, d = e % HD, head = kvh * group + g;
+                const int g = e / HD, d = e % HD, head = head0 + g;
                 const float gate = to_f32(qg[(size_t)t * 2 * heads * HD + (size_t)head * 2 * HD + HD + d]);
                 out[((size_t)t * heads + head) * HD + d] = to_bf16(o[j] / row_l[g] * sigmoidf_(gate));
             }
@@ -306,26 +315,26 @@ __device__ __forceinline__ void attn_decode(const float* __restrict__ q, const b
         const int e = tid + j * NT;
         if (e < nout) part_o[(part0 + (size_t)(e / HD) * splits) * HD + e % HD] = o[j];
     }
-    if (tid < group) {
+    if (tid < cta_heads) {
         part_ml[(part0 + (size_t)tid * splits) * 2] = row_m[tid];
         part_ml[(part0 + (size_t)tid * splits) * 2 + 1] = row_l[tid];
     }
 
-    // The last nonempty split of (t, kvh) to get here merges them all. Every thread's partials are
-    // made visible device-wide before the block's count (the threadfence reduction pattern).
+    // The last nonempty split of (t, head set) to get here merges them all. Every thread's partials
+    // are made visible device-wide before the block's count (the threadfence reduction pattern).
     __shared__ bool merges;
-    __shared__ float merge_weights[MAXG * MERGE_WS];
+    __shared__ float merge_weights[MAXH * MERGE_WS];
     __threadfence();
     __syncthreads();
     if (tid == 0) {
-        unsigned* count = merge_counts + (size_t)t * kv_heads + kvh;
+        unsigned* count = merge_counts + (size_t)t * gridDim.y + blockIdx.y;
         merges = atomicAdd(count, 1u) == (unsigned)nonempty - 1;
         if (merges) *count = 0u;  // every split of this launch has counted
     }
     __syncthreads();
     if (!merges) return;
     __threadfence();
-    merge_splits<HD>(part_o, part_ml, qg, out, heads, group, kvh, t, splits, nonempty, Ks, merge_weights);
+    merge_splits<HD>(part_o, part_ml, qg, out, heads, cta_heads, head0, t, splits, nonempty, Ks, merge_weights);
 }
 
 // One decode entry point per compiled head_dim (attention.rs HEAD_DIMS); the prefill's are
@@ -335,10 +344,10 @@ __device__ __forceinline__ void attn_decode(const float* __restrict__ q, const b
     extern "C" __global__ void __launch_bounds__(NT, 1) attn_decode_hd##HD(                                            \
         const float* __restrict__ q, const bf16* kc, const bf16* vc, float* __restrict__ part_o,                       \
         float* __restrict__ part_ml, const bf16* __restrict__ qg, bf16* __restrict__ out,                              \
-        unsigned* __restrict__ merge_counts, int heads, int kv_heads, int start, const int* __restrict__ dev_start,     \
-        int splits, DECODE_ROWS_PARAMS) {                                                                              \
-        attn_decode<HD>(q, kc, vc, part_o, part_ml, qg, out, merge_counts, heads, kv_heads, start, dev_start, splits,  \
-                        DECODE_ROWS);                                                                                  \
+        unsigned* __restrict__ merge_counts, int heads, int kv_heads, int cta_heads, int start,                        \
+        const int* __restrict__ dev_start, int splits, DECODE_ROWS_PARAMS) {                                           \
+        attn_decode<HD>(q, kc, vc, part_o, part_ml, qg, out, merge_counts, heads, kv_heads, cta_heads, start,          \
+                        dev_start, splits, DECODE_ROWS);                                                               \
     }
 
 ATTN_VARIANTS(32)

@@ -2,9 +2,10 @@
 // the step runs it (16 q heads, 2 kv heads, one row of the decode batch, its cache and position
 // given by device arrays), timed on its own for a tower-sized and backbone-sized key count, and
 // checked against an fp64 reference. The script builds it once per variant of the kernel's
-// constants (threads, largest group); each prints the bits of its outputs (a hash), which every
-// variant must share. Two empty kernels with the decode kernel's launch shape (its dynamic shared
-// memory, and none) time the launch alone.
+// constants (threads, q heads a CTA), or against an older attention.cu (whose CTAs took a kv
+// head's whole group: no ATTN_CTA_HEADS); each prints the bits of its outputs (a hash), which
+// every variant must share. Empty kernels with the decode kernel's launch shape (its dynamic
+// shared memory, and none) time the launch alone.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -24,10 +25,17 @@
     } while (0)
 
 constexpr int H = 16, HKV = 2, HD = 256, CAP = 2048, SPLITS = 32;
+#ifdef ATTN_CTA_HEADS
+constexpr int CTA_HEADS = ATTN_CTA_HEADS;  // q heads a CTA takes (it divides the group of 8)
+constexpr int HEAD_SETS = H / CTA_HEADS;   // the grid's y
+#else
+constexpr int CTA_HEADS = ATTN_MAX_GROUP;  // the older kernel: a kv head's whole group
+constexpr int HEAD_SETS = HKV;
+#endif
 
 static size_t decode_smem() {
-    return 4 * (ATTN_MAX_GROUP * HD + ATTN_TILE_KEYS * (HD + 4) + ATTN_TILE_KEYS * HD + ATTN_MAX_GROUP * ATTN_TILE_KEYS +
-                3 * ATTN_MAX_GROUP);
+    return 4 * (CTA_HEADS * HD + ATTN_TILE_KEYS * (HD + 4) + ATTN_TILE_KEYS * HD + CTA_HEADS * ATTN_TILE_KEYS +
+                3 * CTA_HEADS);
 }
 
 // Empty kernels, one function per tag so that each has its own shared-memory attributes.
@@ -88,7 +96,7 @@ int main() {
     CK(cudaMalloc(&dout, H * HD * 2));
     CK(cudaMalloc(&part_o, (size_t)H * SPLITS * HD * 4));
     CK(cudaMalloc(&part_ml, (size_t)H * SPLITS * 2 * 4));
-    CK(cudaMalloc(&counts, 64 * 4));
+    CK(cudaMalloc(&counts, 64 * 4));  // one per head set of the row
     CK(cudaMalloc(&keys, 8));
     CK(cudaMalloc(&values, 8));
     CK(cudaMalloc(&pos, 4));
@@ -107,10 +115,10 @@ int main() {
     CK(cudaFuncSetAttribute(empty_probe<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, 143 << 10));
     cudaFuncAttributes fa;
     CK(cudaFuncGetAttributes(&fa, attn_decode_hd256));
-    printf("variant NT=%d MAXG=%d: %d registers, %zu local bytes, %zu B dynamic shared\n", ATTN_THREADS, ATTN_MAX_GROUP,
-           fa.numRegs, (size_t)fa.localSizeBytes, smem);
+    printf("variant NT=%d, %d q heads a CTA: %d registers, %zu local bytes, %zu B dynamic shared\n", ATTN_THREADS,
+           CTA_HEADS, fa.numRegs, (size_t)fa.localSizeBytes, smem);
 
-    const dim3 grid(SPLITS, HKV, 1);
+    const dim3 grid(SPLITS, HEAD_SETS, 1);
     printf("empty kernel, grid 64 x %d threads: %.2f us a launch with %zu B dynamic shared, %.2f us with none\n",
            ATTN_THREADS, time_us([&] { empty_probe<0><<<64, ATTN_THREADS, smem>>>(sink); }, 500), smem,
            time_us([&] { empty_probe<1><<<64, ATTN_THREADS, 0>>>(sink); }, 500));
@@ -132,9 +140,15 @@ int main() {
         CK(cudaMemcpy(pos, &p, 4, cudaMemcpyHostToDevice));
         CK(cudaMemset(dout, 0xFF, H * HD * 2));  // NaN-poisoned
         auto launch = [&] {
+#ifdef ATTN_CTA_HEADS
+            attn_decode_hd256<<<grid, ATTN_THREADS, smem>>>(dq, (const bf16*)dk, (const bf16*)dv, part_o, part_ml,
+                                                           (const bf16*)dqg, (bf16*)dout, counts, H, HKV, CTA_HEADS,
+                                                           0, nullptr, SPLITS, keys, values, pos);
+#else
             attn_decode_hd256<<<grid, ATTN_THREADS, smem>>>(dq, (const bf16*)dk, (const bf16*)dv, part_o, part_ml,
                                                            (const bf16*)dqg, (bf16*)dout, counts, H, HKV, 0, nullptr,
                                                            SPLITS, keys, values, pos);
+#endif
         };
         launch();
         CK(cudaDeviceSynchronize());

@@ -20,7 +20,7 @@ use half::bf16;
 
 use super::Cuda;
 use super::kernel_constants::{
-    ATTN_MAX_GROUP, ATTN_MAX_SPLITS, ATTN_PREFILL_KEYS, ATTN_PREFILL_ROWS, ATTN_PREFILL_THREADS, ATTN_THREADS,
+    ATTN_CTA_HEADS, ATTN_MAX_SPLITS, ATTN_PREFILL_KEYS, ATTN_PREFILL_ROWS, ATTN_PREFILL_THREADS, ATTN_THREADS,
     ATTN_TILE_KEYS,
 };
 use super::launch::{Arg, Dims, Kernel, KernelError, Module, embedded};
@@ -45,12 +45,12 @@ const PREFILL_ROWS: usize = ATTN_PREFILL_ROWS;
 const PREFILL_KEYS: usize = ATTN_PREFILL_KEYS;
 /// Keys per shared-memory tile of the decode kernel.
 const TILE_KEYS: usize = ATTN_TILE_KEYS;
-/// Most q heads per kv head the decode kernel holds.
-const MAX_GROUP: usize = ATTN_MAX_GROUP;
-/// Decode splits the keys over at most this many CTAs per (kv head, row) (flash-decoding) ...
+/// Most q heads (of one kv head) a decode CTA takes.
+const CTA_HEADS: usize = ATTN_CTA_HEADS;
+/// Decode splits the keys over at most this many CTAs per (head set, row) (flash-decoding) ...
 const MAX_SPLITS: usize = ATTN_MAX_SPLITS;
 /// ... and over one more per this many positions of cache capacity (so a full 16k cache is read
-/// by 64 × kv_heads CTAs, each streaming 256 keys).
+/// by 64 CTAs per head set, each streaming 256 keys).
 const KEYS_PER_SPLIT: usize = 64;
 /// Head dims with a compiled prefill/decode kernel.
 const HEAD_DIMS: [usize; 4] = [32, 64, 128, 256];
@@ -62,7 +62,14 @@ fn prefill_smem_bytes(hd: usize) -> usize {
 
 /// Dynamic shared memory of `attn_decode<HD>` (Qs, Ks, Vs, Ps, three head statistics).
 fn decode_smem_bytes(hd: usize) -> usize {
-    4 * (MAX_GROUP * hd + TILE_KEYS * (hd + 4) + TILE_KEYS * hd + MAX_GROUP * TILE_KEYS + 3 * MAX_GROUP)
+    4 * (CTA_HEADS * hd + TILE_KEYS * (hd + 4) + TILE_KEYS * hd + CTA_HEADS * TILE_KEYS + 3 * CTA_HEADS)
+}
+
+/// The q heads a decode CTA takes: the largest divisor of the group (q heads per kv head) that is
+/// at most `CTA_HEADS`. A row's attention spreads over `heads / cta_heads` CTAs a split.
+fn cta_heads(s: &AttentionShape) -> usize {
+    let group = s.heads / s.kv_heads;
+    (1..=CTA_HEADS.min(group)).rev().find(|d| group.is_multiple_of(*d)).unwrap_or(1)
 }
 
 /// The kernels of one head dim. The prefill kernel's shared memory (132 KiB at head_dim 256) is
@@ -237,11 +244,6 @@ pub(super) fn check_shape(s: &AttentionShape) {
         s.head_dim
     );
     assert!(HEAD_DIMS.contains(&s.head_dim), "attention head_dim {} has no GPU kernel ({HEAD_DIMS:?})", s.head_dim);
-    assert!(
-        s.heads / s.kv_heads <= MAX_GROUP,
-        "{} q heads per kv head: the decode kernel takes at most {MAX_GROUP}",
-        s.heads / s.kv_heads
-    );
 }
 
 fn check_weights(s: &AttentionShape, w: &AttentionWeights<GpuWeight>, hidden: usize) {
@@ -470,7 +472,7 @@ pub(super) fn attend_prefill(
 }
 
 /// Gated attention for decode rows (one, or a few): the keys are split over `cache.splits` CTAs
-/// per (kv head, row), then merged. Same contract as [`prefill`]. Makes no host sync, and its
+/// per (head set, row), then merged. Same contract as [`prefill`]. Makes no host sync, and its
 /// pool requests have the same sizes every step (so none reaches the driver after warm-up).
 pub fn decode(
     cuda: &Cuda,
@@ -523,7 +525,7 @@ pub fn decode_rows(
 }
 
 /// [`attend_prefill`]'s contract for one or a few rows: the keys split over `cache.splits` CTAs
-/// per (kv head, row), then merged. No host sync; pool requests of the same sizes every step.
+/// per (head set, row), then merged. No host sync; pool requests of the same sizes every step.
 pub(super) fn attend_decode(
     cuda: &Cuda,
     shape: &AttentionShape,
@@ -553,7 +555,8 @@ pub(super) fn attend_decode_into(
     attend_decode_seq(cuda, shape, q.ptr(), qg, cache, rows, start, out, ONE_SEQUENCE);
 }
 
-/// The split decode kernel over `rows` rows, its last split of each (row, kv head) merging them
+/// The split decode kernel over `rows` rows (a CTA per split and set of [`cta_heads`] q heads),
+/// its last split of each (row, head set) merging them
 /// into `out`: of one sequence (`seq` = [`ONE_SEQUENCE`], its cache `cache` at `start`), or the
 /// decode batch's (`seq` from [`RowCaches`], each row its own cache; `cache` then only gives the
 /// split count).
@@ -570,10 +573,13 @@ pub(super) fn attend_decode_seq(
     seq: [Arg; 3],
 ) {
     let (h, hkv, hd, t, splits) = (shape.heads, shape.kv_heads, shape.head_dim, rows, cache.splits);
-    let merge_counts = cuda.merge_counts.for_entries(t * hkv);
+    let per_cta = cta_heads(shape);
+    let head_sets = h / per_cta;
+    let merge_counts = cuda.merge_counts.for_entries(t * head_sets);
     let part_o = cuda.scratch(t * h * splits * hd * 4);
     let part_ml = cuda.scratch(t * h * splits * 2 * 4);
-    let dims = Dims::grid((splits as u32, hkv as u32, t as u32), THREADS).with_shared(decode_smem_bytes(hd) as u32);
+    let grid = (splits as u32, head_sets as u32, t as u32);
+    let dims = Dims::grid(grid, THREADS).with_shared(decode_smem_bytes(hd) as u32);
     let (counter, start) = cache.position_args(start);
     let [sk, sv, sp] = seq;
     let args = [
@@ -587,6 +593,7 @@ pub(super) fn attend_decode_seq(
         merge_counts.into(),
         h.into(),
         hkv.into(),
+        per_cta.into(),
         start.into(),
         counter.into(),
         splits.into(),

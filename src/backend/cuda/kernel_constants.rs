@@ -46,11 +46,11 @@ pub const ROWS_WIDE_GATE_UP_STAGES: usize = 4;
 pub const ROWS_WIDE_DOWN_STAGES: usize = 3;
 
 // kernels/attention.cu: threads of the decode kernel, keys per shared-memory tile, the most q
-// heads per kv head it holds. kernels/attention_prefill.cu: threads of the prefill kernel (four
-// warps of 16 query rows), query rows per CTA, keys per tile.
+// heads (of one kv head) a decode CTA takes. kernels/attention_prefill.cu: threads of the prefill
+// kernel (four warps of 16 query rows), query rows per CTA, keys per tile.
 pub const ATTN_THREADS: usize = 256;
 pub const ATTN_TILE_KEYS: usize = 32;
-pub const ATTN_MAX_GROUP: usize = 16;
+pub const ATTN_CTA_HEADS: usize = 2;
 /// The most splits of the keys a decode row's attention takes (flash-decoding): the merge of the
 /// splits holds one partial of each in registers.
 pub const ATTN_MAX_SPLITS: usize = 64;

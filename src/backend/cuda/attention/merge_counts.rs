@@ -1,4 +1,4 @@
-//! The attention decode's split counts: per (row, kv head) of a launch, how many of its splits
+//! The attention decode's split counts: per (row, head set) of a launch, how many of its splits
 //! have finished (`kernels/attention.cu`: the last one merges them).
 
 use std::sync::Arc;
@@ -7,11 +7,11 @@ use crate::backend::cuda::Cuda;
 use crate::backend::cuda::budget::Budget;
 use crate::backend::cuda::memory::{DeviceBuffer, MemoryError};
 
-/// Entries of [`MergeCounts`]: rows × kv heads of one decode launch (`--max-batch` ≤ 4096 rows of
-/// up to 16 kv heads).
+/// Entries of [`MergeCounts`]: rows × head sets of one decode launch (`--max-batch` ≤ 4096 rows of
+/// up to 16 head sets: Drama 3's 16 q heads two a CTA make 8).
 pub const MERGE_COUNTS: usize = 1 << 16;
 
-/// How many splits of each (row, kv head) of a decode launch have finished, u32: the last one
+/// How many splits of each (row, head set) of a decode launch have finished, u32: the last one
 /// merges them all (kernels/attention.cu) and resets its count, so every count is 0 between
 /// launches. One table per stream handle ([`Cuda`]): launches on one stream run in order, and no
 /// two streams share a table.
@@ -22,9 +22,9 @@ impl MergeCounts {
         Ok(MergeCounts(DeviceBuffer::zeroed(budget, "attention merge counts", MERGE_COUNTS * 4)?))
     }
 
-    /// The table's address for a launch of `entries` (row, kv head) pairs.
+    /// The table's address for a launch of `entries` (row, head set) pairs.
     pub(in crate::backend::cuda) fn for_entries(&self, entries: usize) -> u64 {
-        assert!(entries <= MERGE_COUNTS, "attention decode of {entries} (row, kv head) pairs: at most {MERGE_COUNTS}");
+        assert!(entries <= MERGE_COUNTS, "attention decode of {entries} (row, head set) pairs: at most {MERGE_COUNTS}");
         self.0.ptr()
     }
 }
