@@ -406,7 +406,10 @@ __device__ __forceinline__ void group_pairs_small(const int* ids, int pairs, int
 // moe_route then moe_group_pairs in one block, for a decode step's few rows: one launch a layer
 // fewer. Each warp routes rows warp, warp + 32, … with moe_route's arithmetic (in registers where
 // E ≤ 256), the block waits, then groups the pairs with moe_group_pairs' results (by
-// group_pairs_small where they are few). 1024 threads; dynamic shared max(32·E floats, 2·E ints).
+// group_pairs_small where they are few). A multiple of 32 threads, ≥ 64 (moe.rs `route_group_threads`:
+// a warp a row, 8 warps at least); dynamic shared max(warps·E floats, 2·E ints). At 63 registers
+// a 1024-thread block took a whole SM's register file, so it waited for an SM with nothing on it
+// while the router and the shared expert still ran (run 24: it ended 5 µs after the router).
 constexpr int ROUTE_REGISTERS_PER_LANE = 8;
 extern "C" __global__ void moe_route_group(const float* __restrict__ logits, int rows, int E, int top_k,
                                            int* __restrict__ ids, float* __restrict__ weights,

@@ -119,6 +119,13 @@ pub const DECODE_MAX_ROWS: usize = 4;
 /// Rows per pass of the grouped path: bounds the per-pair scratch (`rows·top_k·hidden` f32).
 const CHUNK_ROWS: usize = 1024;
 const GROUP_THREADS: u32 = 1024;
+
+/// Threads of `moe_route_group` for `rows` rows: a warp a row, between 8 and 32 warps. The
+/// block needs that many threads' registers free on one SM; at 1024 (a whole register file) it
+/// waited for an empty SM while the router and the shared expert ran.
+fn route_group_threads(rows: usize) -> u32 {
+    32 * rows.clamp(8, GROUP_THREADS as usize / 32) as u32
+}
 /// Output columns per block of the GEMV kernels (2 per warp for gate/up, 4 per warp for down).
 const GEMV_GATE_UP_COLS: usize = 16;
 const GEMV_DOWN_COLS: usize = 32;
@@ -507,8 +514,9 @@ impl Job<'_> {
                 g.tiles.ptr().into(),
                 max_tiles.into(),
             ];
-            let smem = (e * 4 * (GROUP_THREADS as usize / 32)).max(2 * e * 4);
-            let dims = Dims::linear(1, GROUP_THREADS).with_shared(smem as u32);
+            let threads = route_group_threads(rows);
+            let smem = (e * 4 * (threads as usize / 32)).max(2 * e * 4);
+            let dims = Dims::linear(1, threads).with_shared(smem as u32);
             cuda.kernels.moe.route_group.launch(cuda.stream(), dims, &args);
             return max_tiles;
         }
