@@ -407,9 +407,9 @@ __device__ __forceinline__ void group_pairs_small(const int* ids, int pairs, int
 // fewer. Each warp routes rows warp, warp + 32, … with moe_route's arithmetic (in registers where
 // E ≤ 256), the block waits, then groups the pairs with moe_group_pairs' results (by
 // group_pairs_small where they are few). A multiple of 32 threads, ≥ 64 (moe.rs `route_group_threads`:
-// a warp a row, 8 warps at least); dynamic shared max(warps·E floats, 2·E ints). At 63 registers
-// a 1024-thread block took a whole SM's register file, so it waited for an SM with nothing on it
-// while the router and the shared expert still ran (run 24: it ended 5 µs after the router).
+// a warp a row, 8 warps at least); dynamic shared max(warps·E floats, 2·E ints). At one row the
+// launch ends ~5 µs after the router whatever its width (runs 24 and 33): warp 0's routing, the
+// 8 picks' dependent shuffle chains, is most of it, and the other warps wait at the barrier.
 constexpr int ROUTE_REGISTERS_PER_LANE = 8;
 extern "C" __global__ void moe_route_group(const float* __restrict__ logits, int rows, int E, int top_k,
                                            int* __restrict__ ids, float* __restrict__ weights,
