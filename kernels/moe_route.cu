@@ -124,17 +124,17 @@ extern "C" __global__ void moe_router_logits_tiled(const bf16* __restrict__ x, c
 // shared_gate: [rows]. top_k ≤ 32 and ≤ E (checked by the wrapper).
 // One pick of a row's routing: the warp's best (bv, bi) over every lane's own best (ties to the
 // lower index), its probability added to `kept`, and lane j keeps it as the row's pick j.
+// A lane's best is -1 (nothing left to pick) or an exp ≥ 0, never NaN (a NaN fails the lanes'
+// `v > bv`), so the key bits(bv) + 1 (0 for -1) orders the bests as floats do, and equal keys
+// are equal values: the warp's largest key, then the least index among the lanes that hold it,
+// is the (value, lower index) maximum — in two `redux.sync` instead of five dependent rounds of
+// two shuffles (a row's 8 picks are most of `moe_route_group`'s time: ncu, run 33).
 __device__ __forceinline__ void route_pick(float& bv, int& bi, float total, int j, float& kept, float& my_p,
                                            int& my_id) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (ov > bv || (ov == bv && oi < bi)) {
-            bv = ov;
-            bi = oi;
-        }
-    }
+    const unsigned key = bv >= 0.f ? __float_as_uint(bv) + 1u : 0u;
+    const unsigned best = __reduce_max_sync(0xffffffffu, key);
+    bi = (int)__reduce_min_sync(0xffffffffu, key == best ? (unsigned)bi : 0xFFFFFFFFu);
+    bv = best ? __uint_as_float(best - 1u) : -1.f;
     const float p = bv / total;
     kept += p;
     if ((int)(threadIdx.x & 31) == j) {
@@ -409,9 +409,10 @@ __device__ __forceinline__ void group_pairs_small(const int* ids, int pairs, int
 // group_pairs_small where they are few). A multiple of 32 threads, ≥ 64 (moe.rs `route_group_threads`:
 // a warp a row, 8 warps at least); dynamic shared max(warps·E floats, 2·E ints). At one row the
 // launch ends ~5 µs after the router whatever its width (runs 24 and 33): warp 0's routing, the
-// 8 picks' dependent shuffle chains, is most of it, and the other warps wait at the barrier.
+// 8 picks, is most of it, and the other warps wait at the barrier. Up to 1024 threads
+// (__launch_bounds__: at most 64 registers a thread, or the widest launch is refused).
 constexpr int ROUTE_REGISTERS_PER_LANE = 8;
-extern "C" __global__ void moe_route_group(const float* __restrict__ logits, int rows, int E, int top_k,
+extern "C" __global__ void __launch_bounds__(1024) moe_route_group(const float* __restrict__ logits, int rows, int E, int top_k,
                                            int* __restrict__ ids, float* __restrict__ weights,
                                            float* __restrict__ shared_gate, int tile_rows,
                                            int* __restrict__ offsets, int* __restrict__ sorted,

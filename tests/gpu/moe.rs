@@ -128,6 +128,78 @@ pub fn run(ctx: &mut Ctx) {
         rows_skewed(ctx, REAL, &real, activations, 24);
         rows_skewed(ctx, REAL, &real, activations, 160);
     }
+
+    for (d, mut w) in [(TINY, tiny), (REAL, real)] {
+        tie_router(ctx, d, &mut w);
+        tied_routing(ctx, d, &w);
+    }
+}
+
+/// The layer's router replaced by one whose rows come in identical threes (3i, 3i + 1, 3i + 2),
+/// so every input's logits tie bit for bit within each three.
+fn tie_router(ctx: &mut Ctx, d: Dims, w: &mut Layer) {
+    let h = d.hidden;
+    let scale = 3.0 / (h as f32).sqrt();
+    let mut bytes = Vec::with_capacity(d.experts * h * 2);
+    let mut three = Vec::new();
+    for e in 0..d.experts {
+        if e % 3 == 0 {
+            three = (0..h).flat_map(|_| bf16::from_f32(ctx.rng.uniform(-scale, scale)).to_le_bytes()).collect();
+        }
+        bytes.extend_from_slice(&three);
+    }
+    let (c, g) = upload_both(ctx, &TensorSpec::linear("mlp.gate.weight", d.experts, h), Dtype::BF16, &bytes);
+    w.cpu.router = c;
+    w.gpu.router = g;
+}
+
+/// Exact ties at the top-k boundary (`tie_router`): top-k ends inside a three (top-2: two of the
+/// best three; top-8: two whole threes and two of the third), where the lower indices must win,
+/// as in the CPU `route`. Every routing site: `moe_route`'s ids in order against the CPU's, on
+/// the rows whose distinct logits near the boundary are clear of near-ties at fp32; and the
+/// Rows path (`moe_route_group`) against the CPU `moe` (a tie broken the other way picks another
+/// expert, far outside the bound) at 1, 9 and 64 rows, the 9 rows each bit for bit the row alone.
+fn tied_routing(ctx: &mut Ctx, d: Dims, w: &Layer) {
+    let s = d.shape(ExpertActivations::Fp8Dynamic);
+    let (rows, k) = (64, d.top_k);
+    let x = ctx.random_bf16(rows, d.hidden, 1.0);
+    let r = moe::route(ctx.cuda, &s, &w.gpu, &ctx.cuda.upload_matrix(&x));
+    let ids: Vec<i32> = ctx.cuda.copy_to_host(r.ids.ptr(), rows * k);
+    let (mut got, mut want, mut clear) = (vec![], vec![], 0);
+    for t in 0..rows {
+        let logits: Vec<f64> = (0..d.experts).map(|e| dot(x.row(t), w.cpu.router.row(e))).collect();
+        // The threes' logits, largest first: those that decide the top-k (and the next one)
+        // must differ by more than fp32 resolves.
+        let mut threes: Vec<f64> = logits.iter().step_by(3).copied().collect();
+        threes.sort_by(|a, b| b.total_cmp(a));
+        let deciding = &threes[..(k / 3 + 2).min(threes.len())];
+        if deciding.windows(2).any(|p| p[0] - p[1] <= 1e-4 * p[0].abs().max(1.0)) {
+            continue;
+        }
+        clear += 1;
+        got.extend_from_slice(&ids[t * k..(t + 1) * k]);
+        want.extend(route(&s, &logits).iter().map(|&(e, _)| e as i32));
+    }
+    let label = format!("{} ({clear} of {rows} rows clear of near-ties)", d.label(rows));
+    ctx.check(
+        format!("moe_route tied router: rows clear of near-ties [{}]", d.label(rows)),
+        "rows",
+        format!(">= {}", rows / 2),
+        clear.to_string(),
+        clear >= rows / 2,
+    );
+    ctx.exact(format!("moe_route tied router: top-k ids in order [{label}]"), &got, &want);
+    for rows in [1, 9, 64] {
+        let label = format!("tied router, {}", d.label(rows));
+        let x = ctx.random_bf16(rows, d.hidden, 1.0);
+        let want = ctx.cpu.moe(&s, &w.cpu, &x);
+        let together = rows_path(ctx, &s, w, &x);
+        ctx.rel_l2(format!("moe Fp8Dynamic rows [{label}]"), &together, &want.data, 1e-2);
+        if rows == 9 {
+            let alone = rows_alone(ctx, &s, w, &x);
+            ctx.exact(format!("moe Fp8Dynamic rows, each row alone [{label}]"), &bits(&together), &bits(&alone));
+        }
+    }
 }
 
 /// The dynamic quantiser (`moe_rows_operand`, e4m3) vs the CPU `quantise` on identical bf16 rows
