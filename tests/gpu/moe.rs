@@ -153,12 +153,13 @@ fn tie_router(ctx: &mut Ctx, d: Dims, w: &mut Layer) {
     w.gpu.router = g;
 }
 
-/// Exact ties at the top-k boundary (`tie_router`): top-k ends inside a three (top-2: two of the
-/// best three; top-8: two whole threes and two of the third), where the lower indices must win,
-/// as in the CPU `route`. Every routing site: `moe_route`'s ids in order against the CPU's, on
-/// the rows whose distinct logits near the boundary are clear of near-ties at fp32; and the
-/// Rows path (`moe_route_group`) against the CPU `moe` (a tie broken the other way picks another
-/// expert, far outside the bound) at 1, 9 and 64 rows, the 9 rows each bit for bit the row alone.
+/// Exact ties at the top-k boundary (`tie_router`): top-k mostly ends inside a three (top-2: two
+/// of the best three, unless that is the last, partial one; top-8: two whole threes and two of
+/// the third), where the lower indices must win, as in the CPU `route`. Every routing site:
+/// `moe_route`'s ids in order against the CPU's, on the rows whose distinct logits near the
+/// boundary are clear of near-ties at fp32; and the Rows path (`moe_route_group`) against the
+/// CPU `moe` (a tie broken the other way picks another expert, far outside the bound) at 1, 9
+/// and 64 rows, the 9 rows each bit for bit the row alone.
 fn tied_routing(ctx: &mut Ctx, d: Dims, w: &Layer) {
     let s = d.shape(ExpertActivations::Fp8Dynamic);
     let (rows, k) = (64, d.top_k);
