@@ -22,8 +22,7 @@ use half::bf16;
 
 use super::Cuda;
 use super::kernel_constants::{
-    ATTN_CTA_HEADS, ATTN_MAX_SPLITS, ATTN_PREFILL_KEYS, ATTN_PREFILL_ROWS, ATTN_PREFILL_THREADS, ATTN_THREADS,
-    ATTN_TILE_KEYS,
+    ATTN_CTA_HEADS, ATTN_MAX_SPLITS, ATTN_PREFILL_KEYS, ATTN_PREFILL_ROWS, ATTN_PREFILL_THREADS, ATTN_TILE_KEYS,
 };
 use super::launch::{Arg, Dims, Kernel, KernelError, Module, embedded};
 use super::linear::{linear, linear_many};
@@ -41,8 +40,6 @@ pub use merge_counts::{MERGE_COUNTS, MergeCounts, merge_counts_left};
 pub use segments::prefill_many;
 pub(super) use segments::{PrefillSegments, attend_prefill_segments, first_rows};
 
-/// Threads of the decode kernel.
-const THREADS: u32 = ATTN_THREADS as u32;
 /// Threads of a prefill CTA, its query rows (16 a warp) and keys per tile.
 const PREFILL_THREADS: u32 = ATTN_PREFILL_THREADS as u32;
 const PREFILL_ROWS: usize = ATTN_PREFILL_ROWS;
@@ -67,13 +64,6 @@ fn prefill_smem_bytes(hd: usize) -> usize {
 /// Dynamic shared memory of `attn_decode<HD>` (Qs, Ks, Vs, Ps, three head statistics).
 fn decode_smem_bytes(hd: usize) -> usize {
     4 * (CTA_HEADS * hd + TILE_KEYS * (hd + 4) + TILE_KEYS * hd + CTA_HEADS * TILE_KEYS + 3 * CTA_HEADS)
-}
-
-/// The q heads a decode CTA takes: the largest divisor of the group (q heads per kv head) that is
-/// at most `CTA_HEADS`. A row's attention spreads over `heads / cta_heads` CTAs a split.
-fn cta_heads(s: &AttentionShape) -> usize {
-    let group = s.heads / s.kv_heads;
-    (1..=CTA_HEADS.min(group)).rev().find(|d| group.is_multiple_of(*d)).unwrap_or(1)
 }
 
 /// The kernels of one head dim. The prefill kernel's shared memory (132 KiB at head_dim 256) is

@@ -6,17 +6,27 @@
 //! step, so none reaches the driver after warm-up.
 
 use super::{
-    GpuKvCache, Projected, THREADS, check_shape, check_weights, cta_heads, decode_smem_bytes, prep_rows,
-    project_and_append,
+    CTA_HEADS, GpuKvCache, Projected, check_shape, check_weights, decode_smem_bytes, prep_rows, project_and_append,
 };
 use crate::backend::backbone::AttentionShape;
 use crate::backend::cuda::Cuda;
+use crate::backend::cuda::kernel_constants::ATTN_THREADS;
 use crate::backend::cuda::launch::{Arg, Dims};
 use crate::backend::cuda::linear::{linear, linear_rows, linear_rows_many};
 use crate::backend::cuda::memory::PoolBuf;
 use crate::backend::cuda::tables::StagedTable;
 use crate::backend::cuda::tensor::{GpuMatrix, GpuWeight};
 use crate::model::weights::AttentionWeights;
+
+/// Threads of the decode kernel.
+const THREADS: u32 = ATTN_THREADS as u32;
+
+/// The q heads a decode CTA takes: the largest divisor of the group (q heads per kv head) that is
+/// at most `CTA_HEADS`. A row's attention spreads over `heads / cta_heads` CTAs a split.
+fn cta_heads(s: &AttentionShape) -> usize {
+    let group = s.heads / s.kv_heads;
+    (1..=CTA_HEADS.min(group)).rev().find(|d| group.is_multiple_of(*d)).unwrap_or(1)
+}
 
 /// The decode batch's rows on the device (the kernels' `DecodeRows`): for row r, the addresses of
 /// its own cache's keys and values and its position, staged for one call.
@@ -64,7 +74,7 @@ impl RowCaches {
 pub(in crate::backend::cuda) const ONE_SEQUENCE: [Arg; 3] = [Arg::Ptr(0), Arg::Ptr(0), Arg::Ptr(0)];
 
 /// Gated attention for decode rows (one, or a few): the keys are split over `cache.splits` CTAs
-/// per (head set, row), then merged. Same contract as [`prefill`]. Makes no host sync, and its
+/// per (head set, row), then merged. Same contract as [`prefill`](super::prefill). Makes no host sync, and its
 /// pool requests have the same sizes every step (so none reaches the driver after warm-up).
 pub fn decode(
     cuda: &Cuda,
@@ -116,7 +126,7 @@ pub fn decode_rows(
     linear_rows(cuda, &gated, &w.o_proj)
 }
 
-/// [`attend_prefill`]'s contract for one or a few rows: the keys split over `cache.splits` CTAs
+/// [`attend_prefill`](super::attend_prefill)'s contract for one or a few rows: the keys split over `cache.splits` CTAs
 /// per (head set, row), then merged. No host sync; pool requests of the same sizes every step.
 pub(in crate::backend::cuda) fn attend_decode(
     cuda: &Cuda,
