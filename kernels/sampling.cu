@@ -20,8 +20,10 @@
 // One draw = one block of THREADS threads over one row of n ≤ SORT_CAP logits:
 //   1. scores s_i = x_i / max(T, 1e-5) in f32 (IEEE division, as Rust's `/`);
 //   2. rank: the SELECT_CAP best keys at most (score descending, then index ascending) by a
-//      radix select and a one-warp sort (`select_best`), and the full row's bitonic sort only
-//      when those ranks cannot decide the draw (see `draw`);
+//      radix select and a one-warp sort (`select_best`); where those ranks cannot decide the
+//      draw, a radix descent over probability mass finds where the kept prefix ends without
+//      sorting (`mass_draw`), and the full row's bitonic sort runs only where neither is sure
+//      (see `draw`);
 //   3. weights w_r = exp(s_r − s_0) in f64 and their total over the FULL row (a block sum);
 //   4. the kept prefix: warp 0 runs the CPU's loop — p_r = w_r / total added in rank order, the
 //      same f64 operations in the same order — until top-k or top-p stops it; where a comparison
@@ -149,6 +151,7 @@ __device__ __forceinline__ double rank_weight(unsigned long long key, float best
 struct Scratch {
     double d[WARPS];
     uint32_t u[WARPS];
+    unsigned long long k[WARPS];
     uint32_t end;   // the kept prefix's length, from warp 0 to the block
     uint32_t pick;  // the fast path's pick, or UINT32_MAX when it could not decide
 };
@@ -203,6 +206,31 @@ __device__ uint32_t block_argmax_rank(double v, uint32_t r, Scratch& s) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) better(v, r, __shfl_xor_sync(FULL, v, o), __shfl_xor_sync(FULL, r, o));
     return r;
+}
+
+// The largest race value, ties to the lower key (= the lower rank: keys ascend in rank order).
+__device__ __forceinline__ void better_key(double& v, unsigned long long& k, double ov, unsigned long long ok) {
+    if (ov > v || (ov == v && ok < k)) {
+        v = ov;
+        k = ok;
+    }
+}
+
+__device__ unsigned long long block_argmax_key(double v, unsigned long long k, Scratch& s) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) better_key(v, k, __shfl_xor_sync(FULL, v, o), __shfl_xor_sync(FULL, k, o));
+    __syncthreads();
+    if (lane == 0) {
+        s.d[warp] = v;
+        s.k[warp] = k;
+    }
+    __syncthreads();
+    v = s.d[lane];
+    k = s.k[lane];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) better_key(v, k, __shfl_xor_sync(FULL, v, o), __shfl_xor_sync(FULL, k, o));
+    return k;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -353,6 +381,260 @@ __device__ __forceinline__ uint32_t scanned_prefix_end(const double (&w)[ITEMS],
 }
 
 // ---------------------------------------------------------------------------------------------
+// The kept prefix without sorting the row: a radix descent over probability mass. Where the
+// best ranks cannot decide a draw (a flat row under a wide top-p keeps thousands of ranks), the
+// full bitonic sort of the row costs ~100 µs (91 barrier-separated passes over 8192 keys). Yet
+// the draw needs only which ranks are kept — the prefix ends at a key, and the race runs over
+// every key below it in any order (its ties go to the lower key, which is the lower rank).
+//
+// So, as select_best descends by count, this descends by mass: each pass histograms the keys in
+// the current range by their next 8 bits, with each bucket's count and its summed probability
+// in fixed point, P = round(p · 2^48) with p = w / total as kept_prefix computes it. Integer sums
+// are exact in any order, so every bucket's mass is the same whichever thread adds what; against
+// the CPU's serial f64 cumulative (rank order, its own total) they differ by at most
+// n · 2^-49 (the roundings, ≤ 1.5e-11 at SORT_CAP) + ~n · 2^-53 (the CPU's adds and totals,
+// ≈ 1e-12): far inside SCAN_NEAR_TOP_P (2e-10). Each compared cumulative of a bucket's ranks
+// lies within [L, U] (the mass below its first key; through its last). Walking the buckets in
+// rank order:
+//   - a bucket whose every rank is below the limit (top-k) and whose U < top_p − margin keeps all
+//     its ranks, surely (rank 0 is never compared);
+//   - at the first bucket that does not: if its first rank is the limit, or is compared and its L
+//     > top_p + margin, the prefix ends there, surely; otherwise the end lies within it, and the
+//     descent continues into it, down to a bucket of ≤ MASS_LEAF keys, which warp 0 sorts and
+//     scans rank by rank with the same fixed-point cumulative.
+// Any compared cumulative within the margin of top_p, or an end just past the leaf that the
+// leaf's mass cannot decide, leaves the draw unsure: the caller sorts the row (the path that
+// handles those cases in the CPU's own order). Monotone cumulatives make the check local: only
+// the last compared value below top_p and the first above can lie within the margin.
+constexpr double MASS_ONE = 281474976710656.0;  // 2^48
+constexpr int MASS_LEAF = SELECT_CAP;            // a leaf is sorted in Select::cand
+constexpr int MASS_DESCEND = 0, MASS_LEAF_SCAN = 1, MASS_DONE = 2, MASS_UNSURE = 3;
+
+struct MassSelect {
+    uint32_t count[RADIX];
+    unsigned long long mass[RADIX];
+    unsigned long long prefix;     // the digits decided so far (bits at and above shift + 8)
+    int shift;                     // this pass's digit: key bits [shift, shift + 8)
+    int state;                     // MASS_*
+    uint32_t below_count;          // ranks below the range
+    unsigned long long below_mass; // their fixed-point mass
+    unsigned long long leaf_lo, leaf_hi;  // the leaf's key range (MASS_LEAF_SCAN)
+    unsigned long long last_kept;  // once MASS_DONE: the kept ranks are the keys ≤ last_kept
+};
+
+__device__ __forceinline__ unsigned long long rank_mass(unsigned long long key, float best, double total) {
+    return __double2ull_rn(__dmul_rn(__ddiv_rn(rank_weight(key, best), total), MASS_ONE));
+}
+
+__device__ __forceinline__ double mass_p(unsigned long long mass) { return (double)mass * (1.0 / MASS_ONE); }
+
+// One pass over the range's keys: each bucket's count and mass. Lanes with the same digit add
+// once: the count by popcount, the mass by two 24-bit halves summed over the lanes (each P ≤
+// 2^48, so a half's sum over 32 lanes stays below 2^30).
+__device__ void mass_histogram(const unsigned long long* keys, int n, const unsigned long long (&mass)[ITEMS],
+                               MassSelect& s, int shift, unsigned long long prefix) {
+    for (int b = threadIdx.x; b < RADIX; b += blockDim.x) {
+        s.count[b] = 0;
+        s.mass[b] = 0;
+    }
+    __syncthreads();
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int j = 0; j < ITEMS; ++j) {
+        const int i = (int)threadIdx.x + j * THREADS;
+        const unsigned long long key = i < n ? keys[i] : PAD_KEY;
+        const bool in = i < n && (shift == 56 || (key >> (shift + 8)) == (prefix >> (shift + 8)));
+        const uint32_t digit = (uint32_t)(key >> shift) & (RADIX - 1);
+        const unsigned active = __ballot_sync(FULL, in);
+        if (in) {
+            const unsigned same = __match_any_sync(active, digit);
+            const uint32_t hi = __reduce_add_sync(same, (uint32_t)(mass[j] >> 24));
+            const uint32_t lo = __reduce_add_sync(same, (uint32_t)(mass[j] & 0xFFFFFFu));
+            if (lane == __ffs(same) - 1) {
+                atomicAdd(&s.count[digit], (uint32_t)__popc(same));
+                atomicAdd(&s.mass[digit], ((unsigned long long)hi << 24) + lo);
+            }
+        }
+    }
+    __syncthreads();
+}
+
+// Warp 0 after a pass: the first bucket that does not surely keep all its ranks, and what it
+// decides (see above). Lane l holds buckets 8l .. 8l + 7.
+__device__ void mass_bucket(MassSelect& s, int shift, unsigned long long prefix, uint32_t limit, const Filter& f) {
+    constexpr int PER = RADIX / 32;
+    const uint32_t lane = threadIdx.x & 31;
+    const double top_p = (double)f.top_p;
+    uint32_t c[PER];
+    unsigned long long m[PER];
+    uint32_t csum = 0;
+    unsigned long long msum = 0;
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+        c[j] = s.count[PER * lane + j];
+        m[j] = s.mass[PER * lane + j];
+        csum += c[j];
+        msum += m[j];
+    }
+    uint32_t cthrough = csum;  // inclusive scans of the lanes' sums
+    unsigned long long mthrough = msum;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const uint32_t tc = __shfl_up_sync(FULL, cthrough, o);
+        const unsigned long long tm = __shfl_up_sync(FULL, mthrough, o);
+        if (lane >= (uint32_t)o) {
+            cthrough += tc;
+            mthrough += tm;
+        }
+    }
+    uint32_t first = s.below_count + (cthrough - csum);
+    unsigned long long lo = s.below_mass + (mthrough - msum);
+    int found = -1;
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+        if (found >= 0 || c[j] == 0) continue;
+        const uint32_t last = first + c[j] - 1;
+        const bool kept = last < limit && (last == 0 || mass_p(lo + m[j]) < top_p - SCAN_NEAR_TOP_P);
+        if (!kept) {
+            found = j;
+        } else {
+            first += c[j];
+            lo += m[j];
+        }
+    }
+    const unsigned any = __ballot_sync(FULL, found >= 0);
+    if (any == 0) {
+        // Every rank kept: only possible over the whole row (a range is descended into only
+        // when it does not keep all its ranks, and its last bucket ends as it ends).
+        if (lane == 0) {
+            s.state = shift == 56 ? MASS_DONE : MASS_UNSURE;
+            s.last_kept = PAD_KEY - 1;
+        }
+        return;
+    }
+    if ((int)lane != __ffs(any) - 1) return;
+    const unsigned long long start = prefix | ((unsigned long long)(PER * lane + found) << shift);
+    if (first >= limit || (first >= 1 && mass_p(lo) > top_p + SCAN_NEAR_TOP_P)) {
+        // The prefix ends at the bucket's first rank (keys below it exist, so start ≥ 1).
+        s.state = MASS_DONE;
+        s.last_kept = start - 1;
+    } else if (c[found] <= (uint32_t)MASS_LEAF || shift == 0) {
+        s.state = MASS_LEAF_SCAN;
+        s.leaf_lo = start;
+        s.leaf_hi = start | ((1ull << shift) - 1);
+    } else {
+        s.prefix = start;
+        s.shift = shift - 8;
+    }
+    s.below_count = first;
+    s.below_mass = lo;
+}
+
+// Warp 0 over the leaf's sorted keys (cand[0..count)): the compared cumulatives rank by rank,
+// 32 at a time by an exact integer scan; sets MASS_DONE with last_kept, or MASS_UNSURE.
+__device__ void mass_leaf(MassSelect& s, const unsigned long long* cand, uint32_t count, float best, double total,
+                          uint32_t limit, const Filter& f) {
+    const int lane = threadIdx.x & 31;
+    const double top_p = (double)f.top_p;
+    unsigned long long carry = s.below_mass;
+    bool near = false;
+    int stop = -1;  // leaf index of the first rank not kept
+    for (uint32_t base = 0; base < count && stop < 0; base += 32) {
+        const uint32_t i = base + lane;
+        const uint32_t r = s.below_count + i;
+        const unsigned long long p = i < count ? rank_mass(cand[i], best, total) : 0ull;
+        unsigned long long incl = p;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const unsigned long long t = __shfl_up_sync(FULL, incl, o);
+            if (lane >= o) incl += t;
+        }
+        const double passed = mass_p(carry + (f.keep_crossing ? incl - p : incl));
+        const bool compared = i < count && r >= 1 && r < limit;
+        const bool ends = (i < count && r >= limit) || (compared && passed > top_p);
+        const unsigned ending = __ballot_sync(FULL, ends);
+        const int first_end = ending ? __ffs(ending) - 1 : 32;
+        near |= __any_sync(FULL, compared && lane <= first_end && fabs(passed - top_p) <= SCAN_NEAR_TOP_P);
+        if (ending) stop = (int)base + first_end;
+        carry += __shfl_sync(FULL, incl, 31);
+    }
+    if (lane != 0) return;
+    if (near) {
+        s.state = MASS_UNSURE;
+    } else if (stop >= 0) {
+        s.state = MASS_DONE;
+        s.last_kept = stop > 0 ? cand[stop - 1] : s.leaf_lo - 1;  // stop 0: a compared rank, so keys lie below
+    } else if (s.below_count + count >= limit || mass_p(carry) > top_p + SCAN_NEAR_TOP_P) {
+        // The rank after the leaf is the limit, or surely passes top_p (its compared cumulative
+        // is at least the mass through the leaf).
+        s.state = MASS_DONE;
+        s.last_kept = s.leaf_hi;
+    } else {
+        s.state = MASS_UNSURE;
+    }
+}
+
+// Steps 4–5 by the mass descent: the pick's index, or UINT32_MAX when unsure (the caller sorts).
+// All threads call it; keys[0..n) are the row's keys, unsorted; `total` as fast_draw's.
+__device__ uint32_t mass_draw(const unsigned long long* keys, int n, float best, double total, const Filter& f,
+                              const DrawKey& key, MassSelect& s, Select& sel, Scratch& scratch) {
+    const uint32_t limit = min((uint32_t)n, f.top_k);
+    if (limit == 0) return UINT32_MAX;
+    unsigned long long mass[ITEMS];
+#pragma unroll
+    for (int j = 0; j < ITEMS; ++j) {
+        const int i = (int)threadIdx.x + j * THREADS;
+        mass[j] = i < n ? rank_mass(keys[i], best, total) : 0ull;
+    }
+    if (threadIdx.x == 0) {
+        s.prefix = 0;
+        s.shift = 56;
+        s.state = MASS_DESCEND;
+        s.below_count = 0;
+        s.below_mass = 0;
+        sel.count = 0;
+    }
+    __syncthreads();
+    while (s.state == MASS_DESCEND) {
+        const int shift = s.shift;
+        const unsigned long long prefix = s.prefix;
+        mass_histogram(keys, n, mass, s, shift, prefix);
+        if (threadIdx.x < 32) mass_bucket(s, shift, prefix, limit, f);
+        __syncthreads();
+    }
+    if (s.state == MASS_LEAF_SCAN) {
+        const unsigned long long lo = s.leaf_lo, hi = s.leaf_hi;
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+            const unsigned long long k = keys[i];
+            if (k >= lo && k <= hi) sel.cand[atomicAdd(&sel.count, 1u)] = k;
+        }
+        __syncthreads();
+        if (threadIdx.x < 32) {
+            const uint32_t count = sel.count;
+            for (int i = (int)count + (int)threadIdx.x; i < SELECT_CAP; i += 32) sel.cand[i] = PAD_KEY;
+            bitonic_sort(sel.cand, SELECT_CAP, threadIdx.x, 32, [] { __syncwarp(); });
+            mass_leaf(s, sel.cand, count, best, total, limit, f);
+        }
+        __syncthreads();
+    }
+    if (s.state != MASS_DONE) return UINT32_MAX;
+
+    // The exponential race over the kept keys, in any order.
+    const unsigned long long last_kept = s.last_kept;
+    double value = -INFINITY;
+    unsigned long long winner = PAD_KEY;
+#pragma unroll
+    for (int j = 0; j < ITEMS; ++j) {
+        const int i = (int)threadIdx.x + j * THREADS;
+        if (i >= n) continue;
+        const unsigned long long k = keys[i];
+        if (k > last_kept) continue;
+        better_key(value, winner, __ddiv_rn(rank_weight(k, best), exponential(key, key_index(k))), k);
+    }
+    return key_index(block_argmax_key(value, winner, scratch));
+}
+
+// ---------------------------------------------------------------------------------------------
 // One draw (steps 1–5 above) over row(i), i < n; n_pad = the sort length, a power of two with
 // THREADS ≤ n_pad ≤ SORT_CAP; `keys` holds n_pad keys of dynamic shared memory.
 struct Draw {
@@ -363,14 +645,11 @@ struct Draw {
 // Steps 3–5 over the m ranks select_best found (cand, ascending): the pick's index, or
 // UINT32_MAX when those ranks cannot decide — the kept prefix may run past them (top-k above m
 // and top-p not reached within them), or a top-p comparison lies near (kept_prefix's `near`).
-// The total is summed by each thread over its own indices, a different tree from the sorted
-// path's; the two differ by a few ulps, which can only matter for a `near` comparison, and
+// The total (the caller's) is summed by each thread over its own indices, a different tree from
+// the sorted path's; the two differ by a few ulps, which can only matter for a `near` comparison, and
 // those go to the sorted path. So a pick made here is the sorted path's pick.
-__device__ uint32_t fast_draw(const unsigned long long* keys, int n, int m, const unsigned long long* cand,
-                              float best, const Filter& f, const DrawKey& key, Scratch& scratch) {
-    double run = 0.0;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) run = __dadd_rn(run, rank_weight(keys[i], best));
-    const double total = block_sum(run, scratch);
+__device__ uint32_t fast_draw(int n, int m, const unsigned long long* cand, float best, double total, const Filter& f,
+                              const DrawKey& key, Scratch& scratch) {
     if (threadIdx.x < 32) {
         const uint32_t limit = min((uint32_t)n, f.top_k);
         const uint32_t reach = min(limit, (uint32_t)m);
@@ -421,8 +700,15 @@ __device__ Draw draw(const Row& row, int n, int n_pad, const Filter& f, const Dr
     const int m = select_best(keys, n, select);
     const float best = key_score(select.cand[0]);
     if (best == -INFINITY) return Draw{0, {FAULT_NO_CANDIDATES, 0, 0}};
-    const uint32_t fast = fast_draw(keys, n, m, select.cand, best, f, key, scratch);
+    // Σw over the row, each thread over its own indices (the tree of fast_draw and mass_draw).
+    double own = 0.0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) own = __dadd_rn(own, rank_weight(keys[i], best));
+    const double fast_total = block_sum(own, scratch);
+    const uint32_t fast = fast_draw(n, m, select.cand, best, fast_total, f, key, scratch);
     if (fast != UINT32_MAX) return Draw{fast, {FAULT_NONE, 0, 0}};
+    __shared__ MassSelect mass;
+    const uint32_t massed = mass_draw(keys, n, best, fast_total, f, key, mass, select, scratch);
+    if (massed != UINT32_MAX) return Draw{massed, {FAULT_NONE, 0, 0}};
     bitonic_sort(keys, n_pad, threadIdx.x, blockDim.x, [] { __syncthreads(); });
 
     // 3. Weights w_r = exp(s_r − s_0) of this thread's contiguous ranks, and their total over

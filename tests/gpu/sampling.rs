@@ -169,6 +169,9 @@ pub fn run(ctx: &mut Ctx) {
         let sampler = GpuSampler::new(ctx.cuda, &band.candidates, &band.restricted, HEADS, band.head_vocab)
             .expect("sampler buffers");
         let used = main_draws(ctx, band, &sampler);
+        if band.candidates.len() > 1000 {
+            wide_draws(ctx, band, &sampler);
+        }
         ras_used = (ras_used.0 + used.0, ras_used.1 + used.1);
         head_draws(ctx, band, &sampler);
     }
@@ -253,6 +256,43 @@ fn main_draws(ctx: &mut Ctx, band: &Band, sampler: &GpuSampler) -> (usize, usize
         ctx.exact(stage, &got, &want);
     }
     used
+}
+
+/// First draws that keep hundreds to thousands of ranks: rows of random scale under top-p drawn
+/// at random and wide or no top-k, some on a value grid (ties within and across buckets). Most of
+/// them are decided by the kernel's descent over probability mass (`mass_draw`), which never
+/// sorts the row, and must pick as the CPU's sorted loop does.
+fn wide_draws(ctx: &mut Ctx, band: &Band, sampler: &GpuSampler) {
+    const CASES: usize = 600;
+    let n = band.candidates.len();
+    let (mut got, mut want) = (Vec::new(), Vec::new());
+    for case in 0..CASES {
+        let scale = [0.01f32, 0.1, 0.5, 1.0, 3.0][case % 5];
+        let on_grid = case % 3 == 0;
+        let x: Vec<f32> = (0..n)
+            .map(|_| {
+                let v = ctx.rng.uniform(-scale, scale);
+                if on_grid { (v * 16.0 / scale).round() * scale / 16.0 } else { v }
+            })
+            .collect();
+        let top_k = match case % 4 {
+            1 => Some(100 + index(ctx, n) as u32),
+            2 => Some(100_000),
+            _ => None,
+        };
+        let top_p = if case % 17 == 0 { 1.0 } else { ctx.rng.uniform(0.02, 1.0) };
+        let params = SamplingParams { temperature: [0.5, 1.0, 1.7][(case / 5) % 3], top_p, top_k };
+        let (seed, frame) = key(ctx, case);
+        let first = sample_top_k_top_p(&x, &params.main_filter(), &DrawKey::new(seed, frame, MAIN_STREAM))
+            .expect("finite logits");
+        want.push(band.candidates.token(first));
+        sampler.begin_request_at(ctx.cuda, &params, seed, &[], frame);
+        poison_outputs(ctx, sampler);
+        let buf = ctx.cuda.upload_f32_scratch(&band.head_order(&x));
+        sampler.sample_main(ctx.cuda, &buf);
+        got.push(sampler.read_outputs(ctx.cuda).first);
+    }
+    ctx.exact(format!("main {}: {CASES} first draws keeping hundreds to thousands of ranks", band.name), &got, &want);
 }
 
 /// Rows of the decode batch: the main draw and all nine head draws of `ROWS` requests at once,
