@@ -19,11 +19,11 @@
 //
 // One draw = one block of THREADS threads over one row of n ≤ SORT_CAP logits:
 //   1. scores s_i = x_i / max(T, 1e-5) in f32 (IEEE division, as Rust's `/`);
-//   2. rank: the SELECT_CAP best keys at most (score descending, then index ascending) by a
-//      radix select and a one-warp sort (`select_best`); where those ranks cannot decide the
-//      draw, a radix descent over probability mass finds where the kept prefix ends without
-//      sorting (`mass_draw`), and the full row's bitonic sort runs only where neither is sure
-//      (see `draw`);
+//   2. rank: a draw that keeps at most SELECT_MIN ranks (top-k) takes the SELECT_CAP best keys
+//      at most (score descending, then index ascending) by a radix select and a one-warp sort
+//      (`select_best`); one that may keep more finds where its kept prefix ends by a radix
+//      descent over probability mass, without sorting (`mass_draw`); the full row's bitonic
+//      sort runs only where neither is sure (see `draw`);
 //   3. weights w_r = exp(s_r − s_0) in f64 and their total over the FULL row (a block sum);
 //   4. the kept prefix: warp 0 runs the CPU's loop — p_r = w_r / total added in rank order, the
 //      same f64 operations in the same order — until top-k or top-p stops it; where a comparison
@@ -167,6 +167,30 @@ __device__ uint32_t block_min_u32(uint32_t v, Scratch& s) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(FULL, v, o));
     return v;
+}
+
+// The least of each thread's (v, key) over the block, both in one reduction: step 1's first
+// non-finite index and its smallest key (rank 0).
+__device__ void block_min_u32_key(uint32_t& v, unsigned long long& key, Scratch& s) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        v = min(v, __shfl_xor_sync(FULL, v, o));
+        key = min(key, __shfl_xor_sync(FULL, key, o));
+    }
+    __syncthreads();
+    if (lane == 0) {
+        s.u[warp] = v;
+        s.k[warp] = key;
+    }
+    __syncthreads();
+    v = s.u[lane];
+    key = s.k[lane];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        v = min(v, __shfl_xor_sync(FULL, v, o));
+        key = min(key, __shfl_xor_sync(FULL, key, o));
+    }
 }
 
 // Sum over the block (a tree; the order is not the CPU's, see the header).
@@ -381,9 +405,9 @@ __device__ __forceinline__ uint32_t scanned_prefix_end(const double (&w)[ITEMS],
 }
 
 // ---------------------------------------------------------------------------------------------
-// The kept prefix without sorting the row: a radix descent over probability mass. Where the
-// best ranks cannot decide a draw (a flat row under a wide top-p keeps thousands of ranks), the
-// full bitonic sort of the row costs ~100 µs (91 barrier-separated passes over 8192 keys). Yet
+// The kept prefix without sorting the row: a radix descent over probability mass. Where a draw
+// may keep more ranks than select_best finds (a flat row under a wide top-p keeps thousands),
+// the full bitonic sort of the row costs ~100 µs (91 barrier-separated passes over 8192 keys). Yet
 // the draw needs only which ranks are kept — the prefix ends at a key, and the race runs over
 // every key below it in any order (its ties go to the lower key, which is the lower rank).
 //
@@ -408,6 +432,9 @@ __device__ __forceinline__ uint32_t scanned_prefix_end(const double (&w)[ITEMS],
 // the last compared value below top_p and the first above can lie within the margin.
 constexpr double MASS_ONE = 281474976710656.0;  // 2^48
 constexpr int MASS_LEAF = SELECT_CAP;            // a leaf is sorted in Select::cand
+// Keys a thread holds through the descent (its masses in registers): rows of up to
+// MASS_HELD · THREADS candidates (the main draw's 4097); a longer row sorts.
+constexpr int MASS_HELD = 5;
 constexpr int MASS_DESCEND = 0, MASS_LEAF_SCAN = 1, MASS_DONE = 2, MASS_UNSURE = 3;
 
 struct MassSelect {
@@ -431,7 +458,7 @@ __device__ __forceinline__ double mass_p(unsigned long long mass) { return (doub
 // One pass over the range's keys: each bucket's count and mass. Lanes with the same digit add
 // once: the count by popcount, the mass by two 24-bit halves summed over the lanes (each P ≤
 // 2^48, so a half's sum over 32 lanes stays below 2^30).
-__device__ void mass_histogram(const unsigned long long* keys, int n, const unsigned long long (&mass)[ITEMS],
+__device__ void mass_histogram(const unsigned long long* keys, int n, const unsigned long long (&mass)[MASS_HELD],
                                MassSelect& s, int shift, unsigned long long prefix) {
     for (int b = threadIdx.x; b < RADIX; b += blockDim.x) {
         s.count[b] = 0;
@@ -439,8 +466,10 @@ __device__ void mass_histogram(const unsigned long long* keys, int n, const unsi
     }
     __syncthreads();
     const int lane = threadIdx.x & 31;
+    const int held = (n + THREADS - 1) / THREADS;  // block-uniform: the ballots stay whole
 #pragma unroll
-    for (int j = 0; j < ITEMS; ++j) {
+    for (int j = 0; j < MASS_HELD; ++j) {
+        if (j >= held) break;
         const int i = (int)threadIdx.x + j * THREADS;
         const unsigned long long key = i < n ? keys[i] : PAD_KEY;
         const bool in = i < n && (shift == 56 || (key >> (shift + 8)) == (prefix >> (shift + 8)));
@@ -575,14 +604,16 @@ __device__ void mass_leaf(MassSelect& s, const unsigned long long* cand, uint32_
 }
 
 // Steps 4–5 by the mass descent: the pick's index, or UINT32_MAX when unsure (the caller sorts).
-// All threads call it; keys[0..n) are the row's keys, unsorted; `total` as fast_draw's.
-__device__ uint32_t mass_draw(const unsigned long long* keys, int n, float best, double total, const Filter& f,
+// All threads call it; keys[0..n) are the row's keys, unsorted; `total` as fast_draw's. Not
+// inlined: its registers (the held masses) would otherwise spill in the kernels' other paths
+// (ptxas: the head draw's spill loads 104 bytes a thread against 296 inlined).
+__device__ __noinline__ uint32_t mass_draw(const unsigned long long* keys, int n, float best, double total, const Filter& f,
                               const DrawKey& key, MassSelect& s, Select& sel, Scratch& scratch) {
     const uint32_t limit = min((uint32_t)n, f.top_k);
-    if (limit == 0) return UINT32_MAX;
-    unsigned long long mass[ITEMS];
+    if (limit == 0 || n > MASS_HELD * THREADS) return UINT32_MAX;
+    unsigned long long mass[MASS_HELD];
 #pragma unroll
-    for (int j = 0; j < ITEMS; ++j) {
+    for (int j = 0; j < MASS_HELD; ++j) {
         const int i = (int)threadIdx.x + j * THREADS;
         mass[j] = i < n ? rank_mass(keys[i], best, total) : 0ull;
     }
@@ -624,7 +655,7 @@ __device__ uint32_t mass_draw(const unsigned long long* keys, int n, float best,
     double value = -INFINITY;
     unsigned long long winner = PAD_KEY;
 #pragma unroll
-    for (int j = 0; j < ITEMS; ++j) {
+    for (int j = 0; j < MASS_HELD; ++j) {
         const int i = (int)threadIdx.x + j * THREADS;
         if (i >= n) continue;
         const unsigned long long k = keys[i];
@@ -679,6 +710,7 @@ __device__ Draw draw(const Row& row, int n, int n_pad, const Filter& f, const Dr
 
     // 1. Scores and sort keys; the first non-finite score (NaN or +inf) is a fault, as on the CPU.
     uint32_t bad = UINT32_MAX;
+    unsigned long long first = PAD_KEY;  // the smallest key: rank 0
     for (int i = threadIdx.x; i < n_pad; i += blockDim.x) {
         unsigned long long k = PAD_KEY;
         if (i < n) {
@@ -687,28 +719,35 @@ __device__ Draw draw(const Row& row, int n, int n_pad, const Filter& f, const Dr
             k = rank_key(s, (uint32_t)i);
         }
         keys[i] = k;
+        first = min(first, k);
     }
-    bad = block_min_u32(bad, scratch);
+    block_min_u32_key(bad, first, scratch);
     if (bad != UINT32_MAX) {
         return Draw{0, {FAULT_NON_FINITE, bad, __float_as_uint(__fdiv_rn(row(bad), divisor))}};
     }
 
-    // 2. Rank: the best ranks first (select_best); they decide the draw when the kept prefix
-    //    ends inside them and no top-p comparison is near (the CPU's rank-order total needs
-    //    every rank). Otherwise the whole row is sorted and steps 3–5 run over it.
-    __shared__ Select select;
-    const int m = select_best(keys, n, select);
-    const float best = key_score(select.cand[0]);
+    // 2. Rank without sorting where that can decide the draw. A draw that keeps at most
+    //    SELECT_MIN ranks (top-k: the heads, RAS) takes the best ranks (select_best); one that
+    //    may keep more (the first draw: no top-k by default) goes straight to the descent over
+    //    mass (mass_draw), which on a wide row would otherwise follow a wasted select_best.
+    //    Where neither is sure (a top-p comparison within rounding: kept_prefix's `near`), the
+    //    whole row is sorted and steps 3–5 run over it.
+    const float best = key_score(first);
     if (best == -INFINITY) return Draw{0, {FAULT_NO_CANDIDATES, 0, 0}};
     // Σw over the row, each thread over its own indices (the tree of fast_draw and mass_draw).
     double own = 0.0;
     for (int i = threadIdx.x; i < n; i += blockDim.x) own = __dadd_rn(own, rank_weight(keys[i], best));
     const double fast_total = block_sum(own, scratch);
-    const uint32_t fast = fast_draw(n, m, select.cand, best, fast_total, f, key, scratch);
-    if (fast != UINT32_MAX) return Draw{fast, {FAULT_NONE, 0, 0}};
-    __shared__ MassSelect mass;
-    const uint32_t massed = mass_draw(keys, n, best, fast_total, f, key, mass, select, scratch);
-    if (massed != UINT32_MAX) return Draw{massed, {FAULT_NONE, 0, 0}};
+    __shared__ Select select;
+    if (min((uint32_t)n, f.top_k) <= (uint32_t)SELECT_MIN) {
+        const int m = select_best(keys, n, select);
+        const uint32_t fast = fast_draw(n, m, select.cand, best, fast_total, f, key, scratch);
+        if (fast != UINT32_MAX) return Draw{fast, {FAULT_NONE, 0, 0}};
+    } else {
+        __shared__ MassSelect mass;
+        const uint32_t massed = mass_draw(keys, n, best, fast_total, f, key, mass, select, scratch);
+        if (massed != UINT32_MAX) return Draw{massed, {FAULT_NONE, 0, 0}};
+    }
     bitonic_sort(keys, n_pad, threadIdx.x, blockDim.x, [] { __syncthreads(); });
 
     // 3. Weights w_r = exp(s_r − s_0) of this thread's contiguous ranks, and their total over

@@ -1,0 +1,36 @@
+"""Marks kernels/sampling.cu's draw phases for tools/gpu/sample-lab.sh: `PROBE(i);` (thread 0's
+clock64; sample_lab.cu defines PROBE) after each anchor's statement, PROBE(0) where a draw
+starts. An anchor missing from the file (an older sampling.cu) is reported and skipped.
+
+    python3 sample_lab_patch.py SRC DST
+"""
+import sys
+
+ANCHORS = [
+    ("    const float divisor = fmaxf(f.temperature, MIN_TEMPERATURE);", 1),
+    ("    block_min_u32_key(bad, first, scratch);", 2),
+    ("    const double fast_total = block_sum(own, scratch);", 3),
+    ("        const int m = select_best(keys, n, select);", 4),
+    ("        const uint32_t fast = fast_draw(n, m, select.cand, best, fast_total, f, key, scratch);", 5),
+    ("        mass[j] = i < n ? rank_mass(keys[i], best, total) : 0ull;\n    }", 6),
+    ("        if (threadIdx.x < 32) mass_bucket(s, shift, prefix, limit, f);\n        __syncthreads();\n    }", 7),
+    ("            mass_leaf(s, sel.cand, count, best, total, limit, f);\n        }\n        __syncthreads();\n    }", 8),
+    ("    const unsigned long long last_kept = s.last_kept;", 9),
+    ("        const uint32_t massed = mass_draw(keys, n, best, fast_total, f, key, mass, select, scratch);", 10),
+]
+
+
+def main():
+    src, dst = sys.argv[1:3]
+    text = open(src).read()
+    for anchor, i in ANCHORS:
+        if anchor in text:
+            text = text.replace(anchor, anchor + f"\n    PROBE({i});", 1)
+        else:
+            print(f"sample_lab_patch: probe {i} has no anchor in {src}", file=sys.stderr)
+    start = "    const float divisor = fmaxf(f.temperature, MIN_TEMPERATURE);"
+    text = text.replace(start, "    PROBE(0);\n" + start, 1)
+    open(dst, "w").write(text)
+
+
+main()
