@@ -7,8 +7,9 @@
 # Builds tools/gpu/sample_lab.cu once per VARIANT and runs it: the main draw on a flat and on a
 # peaked row, and a codebook head's draw, each timed alone, with the hash of its picks (every
 # variant must print the same) and the medians of PROBE marks that tools/gpu/sample_lab_patch.py
-# puts at the draw's phase boundaries. A VARIANT is `probe` (kernels/sampling.cu, marked) or a
-# path to another sampling.cu (an older one: marked where its lines match). Default: probe.
+# puts at the draw's phase boundaries. A VARIANT is `probe` (kernels/sampling.cu and
+# kept_prefix.cuh, marked) or a path to an older sampling.cu (one file then: marked where its
+# lines match). Default: probe.
 # REPORT_DIR gets sample-lab.txt.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -20,9 +21,12 @@ variants=("$@")
 (( ${#variants[@]} )) || variants=(probe)
 for v in "${variants[@]}"; do
     dir=$(mktemp -d)
-    src=kernels/sampling.cu
-    [[ $v == probe ]] || src=$v
-    python3 tools/gpu/sample_lab_patch.py "$src" "$dir/sampling.cu"
+    if [[ $v == probe ]]; then
+        python3 tools/gpu/sample_lab_patch.py kernels/sampling.cu "$dir/sampling.cu"
+        python3 tools/gpu/sample_lab_patch.py kernels/kept_prefix.cuh "$dir/kept_prefix.cuh"
+    else
+        python3 tools/gpu/sample_lab_patch.py "$v" "$dir/sampling.cu"
+    fi
     echo "== variant $v" | tee -a "$report_dir/sample-lab.txt"
     if nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xptxas -v -I"$dir" -Ikernels -I.gpu/bin \
         tools/gpu/sample_lab.cu -o "$dir/sample_lab" >"$dir/ptxas.txt" 2>&1; then

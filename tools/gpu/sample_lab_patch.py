@@ -1,6 +1,7 @@
-"""Marks kernels/sampling.cu's draw phases for tools/gpu/sample-lab.sh: `PROBE(i);` (thread 0's
+"""Marks the draw phases of kernels/sampling.cu or kernels/kept_prefix.cuh for tools/gpu/sample-lab.sh: `PROBE(i);` (thread 0's
 clock64; sample_lab.cu defines PROBE) after each anchor's statement, PROBE(0) where a draw
-starts. An anchor missing from the file (an older sampling.cu) is reported and skipped.
+starts. An anchor missing from the file (the other file's, or an older sampling.cu's) is
+reported and skipped.
 
     python3 sample_lab_patch.py SRC DST
 """
