@@ -75,8 +75,9 @@ pub const GDN_SQUARE_STRIDE: usize = GDN_CHUNK + 8;
 /// Floats of `gdn_chunk_intra`'s shared region that holds A (f32), then T hi and lo (bf16).
 pub const GDN_SQUARE_FLOATS: usize = GDN_CHUNK * GDN_SQUARE_STRIDE;
 
-// kernels/sampling.cu: threads of one draw's block, ranks per thread at the largest sort, the
-// most logits one draw sorts, and the words of a frame row (`[main, c0, c1..]`: at most 14 heads).
+// kernels/sampling.cu and its draw.cuh: threads of one draw's block, ranks per thread at the
+// largest sort, the most logits one draw sorts, and the words of a frame row (`[main, c0, c1..]`:
+// at most 14 heads).
 pub const SAMPLING_THREADS: usize = 1024;
 pub const SAMPLING_ITEMS: usize = 8;
 pub const SORT_CAP: usize = SAMPLING_THREADS * SAMPLING_ITEMS;
