@@ -115,54 +115,38 @@ __device__ double block_sum(double v, Scratch& s) {
     return v;
 }
 
-// The largest race value, ties to the lower rank (the CPU's strict `>` in rank order).
-__device__ __forceinline__ void better(double& v, uint32_t& r, double ov, uint32_t orank) {
+// The largest race value, ties to the lower rank (the CPU's strict `>` in rank order). `Order`
+// is the rank (u32) or the key (u64: keys ascend in rank order, so the lower key is the lower
+// rank).
+template <class Order>
+__device__ __forceinline__ void better(double& v, Order& r, double ov, Order orank) {
     if (ov > v || (ov == v && orank < r)) {
         v = ov;
         r = orank;
     }
 }
 
-__device__ uint32_t block_argmax_rank(double v, uint32_t r, Scratch& s) {
+__device__ __forceinline__ uint32_t* order_slots(Scratch& s, uint32_t) { return s.u; }
+__device__ __forceinline__ unsigned long long* order_slots(Scratch& s, unsigned long long) { return s.k; }
+
+// The best (value, order) over the block, by `better`.
+template <class Order>
+__device__ Order block_argmax(double v, Order r, Scratch& s) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    Order* slots = order_slots(s, r);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) better(v, r, __shfl_xor_sync(FULL, v, o), __shfl_xor_sync(FULL, r, o));
     __syncthreads();
     if (lane == 0) {
         s.d[warp] = v;
-        s.u[warp] = r;
+        slots[warp] = r;
     }
     __syncthreads();
     v = s.d[lane];
-    r = s.u[lane];
+    r = slots[lane];
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) better(v, r, __shfl_xor_sync(FULL, v, o), __shfl_xor_sync(FULL, r, o));
     return r;
-}
-
-// The largest race value, ties to the lower key (= the lower rank: keys ascend in rank order).
-__device__ __forceinline__ void better_key(double& v, unsigned long long& k, double ov, unsigned long long ok) {
-    if (ov > v || (ov == v && ok < k)) {
-        v = ov;
-        k = ok;
-    }
-}
-
-__device__ unsigned long long block_argmax_key(double v, unsigned long long k, Scratch& s) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) better_key(v, k, __shfl_xor_sync(FULL, v, o), __shfl_xor_sync(FULL, k, o));
-    __syncthreads();
-    if (lane == 0) {
-        s.d[warp] = v;
-        s.k[warp] = k;
-    }
-    __syncthreads();
-    v = s.d[lane];
-    k = s.k[lane];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) better_key(v, k, __shfl_xor_sync(FULL, v, o), __shfl_xor_sync(FULL, k, o));
-    return k;
 }
 
 // ---------------------------------------------------------------------------------------------

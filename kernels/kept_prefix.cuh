@@ -399,7 +399,7 @@ __device__ __noinline__ uint32_t mass_draw(const unsigned long long* keys, int n
         if (i >= n) continue;
         const unsigned long long k = keys[i];
         if (k > last_kept) continue;
-        better_key(value, winner, __ddiv_rn(rank_weight(k, best), exponential(key, key_index(k))), k);
+        better(value, winner, __ddiv_rn(rank_weight(k, best), exponential(key, key_index(k))), k);
     }
-    return key_index(block_argmax_key(value, winner, scratch));
+    return key_index(block_argmax(value, winner, scratch));
 }

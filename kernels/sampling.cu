@@ -231,7 +231,7 @@ __device__ Draw draw(const Row& row, int n, int n_pad, const Filter& f, const Dr
             }
         }
     }
-    const uint32_t rank = block_argmax_rank(best_value, best_rank, scratch);
+    const uint32_t rank = block_argmax(best_value, best_rank, scratch);
     return Draw{key_index(keys[rank]), {FAULT_NONE, 0, 0}};
 }
 
