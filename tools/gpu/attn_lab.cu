@@ -15,14 +15,7 @@
 
 #include "attention.cu"  // the variant's copy first on the include path
 
-#define CK(x)                                                                                      \
-    do {                                                                                           \
-        cudaError_t e = (x);                                                                       \
-        if (e != cudaSuccess) {                                                                    \
-            printf("CUDA %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__);             \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
+#include "lab.cuh"  // CK
 
 constexpr int H = 16, HKV = 2, HD = 256, CAP = 2048, SPLITS = 32;
 #ifdef ATTN_CTA_HEADS

@@ -10,7 +10,7 @@
 #include <cstring>
 #include "linear_gemm.cu"  // compiled with -I kernels
 
-#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("CUDA %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__); exit(1); } } while (0)
+#include "lab.cuh"  // CK
 
 template <int WGS, int BN, int STAGES, int KEEP>
 __global__ void __launch_bounds__(128 * WGS) gemm_wg(const bf16* __restrict__ x, const bf16* __restrict__ w,

@@ -18,14 +18,7 @@ __device__ long long lab_probe[2][16];
 
 #include "sampling.cu"  // the variant's copy first on the include path
 
-#define CK(x)                                                                                      \
-    do {                                                                                           \
-        cudaError_t e = (x);                                                                       \
-        if (e != cudaSuccess) {                                                                    \
-            printf("CUDA %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__);             \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
+#include "lab.cuh"  // CK
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 static float uniform(float lo, float hi) {
