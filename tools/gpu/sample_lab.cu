@@ -3,7 +3,9 @@
 // variant must print the same). Rows: the main draw on a flat 4097-candidate row (random
 // weights: top-p 0.9 keeps ~3700 ranks) and on a peaked one (a trained model's shape), and a
 // codebook head's 4096 bf16 logits (top-k 30). The script may insert PROBE(i) marks (thread 0's
-// clock64 at a phase boundary); their medians over 32 launches are printed per phase.
+// clock64 at a phase boundary) and LAB_PASS() marks (the same, numbered by how many came before
+// in the launch: the radix passes' histogram and bucket ends); their medians over the probed
+// launches are printed per phase, with the median number of pass marks.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -14,6 +16,16 @@ __device__ long long lab_probe[2][16];
 #define PROBE(i)                                                        \
     do {                                                                \
         if (threadIdx.x == 0) lab_probe[blockIdx.x][(i)] = clock64();   \
+    } while (0)
+
+__device__ long long lab_pass[2][16];
+__device__ int lab_passes[2];
+#define LAB_PASS()                                                      \
+    do {                                                                \
+        if (threadIdx.x == 0) {                                         \
+            const int c = lab_passes[blockIdx.x]++;                     \
+            if (c < 16) lab_pass[blockIdx.x][c] = clock64();            \
+        }                                                               \
     } while (0)
 
 #include "sampling.cu"  // the variant's copy first on the include path
@@ -84,10 +96,14 @@ int main() {
         };
         // Picks of 64 frames (their hash) and the probes of 32.
         uint64_t hash = 1469598103934665603ull;
-        std::vector<std::vector<double>> phase(16);
+        std::vector<std::vector<double>> phase(16), pass(16);
+        std::vector<int> passes;
         for (uint32_t frame = 0; frame < 64; ++frame) {
             long long zero[2][16] = {};
+            int zero_passes[2] = {};
             CK(cudaMemcpyToSymbol(lab_probe, zero, sizeof zero));
+            CK(cudaMemcpyToSymbol(lab_pass, zero, sizeof zero));
+            CK(cudaMemcpyToSymbol(lab_passes, zero_passes, sizeof zero_passes));
             launch(frame);
             CK(cudaDeviceSynchronize());
             SamplerOut out;
@@ -98,6 +114,13 @@ int main() {
             CK(cudaMemcpyFromSymbol(p, lab_probe, sizeof p));
             for (int i = 1; i < 16; ++i)
                 if (p[0][i] && p[0][0]) phase[i].push_back((p[0][i] - p[0][0]) / (clock_khz * 1e-3));
+            long long q[2][16];
+            int np[2];
+            CK(cudaMemcpyFromSymbol(q, lab_pass, sizeof q));
+            CK(cudaMemcpyFromSymbol(np, lab_passes, sizeof np));
+            passes.push_back(np[0]);
+            for (int i = 0; i < std::min(np[0], 16); ++i)
+                if (p[0][0]) pass[i].push_back((q[0][i] - p[0][0]) / (clock_khz * 1e-3));
         }
         // Back-to-back launches, timed (the state copy between them as in the lab's loop).
         CK(cudaEventRecord(t0));
@@ -114,6 +137,14 @@ int main() {
             std::sort(phase[i].begin(), phase[i].end());
             printf("    probe %2d: %7.2f us after the draw's start (median of %zu)\n", i, phase[i][phase[i].size() / 2],
                    phase[i].size());
+        }
+        std::sort(passes.begin(), passes.end());
+        if (passes.back() > 0) printf("    pass marks: median %d, max %d\n", passes[passes.size() / 2], passes.back());
+        for (int i = 0; i < 16; ++i) {
+            if (pass[i].empty()) continue;
+            std::sort(pass[i].begin(), pass[i].end());
+            printf("    pass mark %2d: %7.2f us after the draw's start (median of %zu)\n", i, pass[i][pass[i].size() / 2],
+                   pass[i].size());
         }
     }
     return 0;
