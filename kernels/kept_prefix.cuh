@@ -194,9 +194,10 @@ __device__ __forceinline__ unsigned long long rank_mass(unsigned long long key, 
 
 __device__ __forceinline__ double mass_p(unsigned long long mass) { return (double)mass * (1.0 / MASS_ONE); }
 
-// One pass over the range's keys: each bucket's count and mass. Lanes with the same digit add
-// once: the count by popcount, the mass by two 24-bit halves summed over the lanes (each P ≤
-// 2^48, so a half's sum over 32 lanes stays below 2^30).
+// One pass over the range's keys: each bucket's count and mass. As select_histogram, the lanes
+// that share the warp's first in-range lane's digit add once, by that lane — the count by
+// popcount, the mass by two 24-bit halves summed over the warp (each P ≤ 2^48, so a half's sum
+// over 32 lanes stays below 2^30) — and the others add their own.
 __device__ void mass_histogram(const unsigned long long* keys, int n, const unsigned long long (&mass)[MASS_HELD],
                                MassSelect& s, int shift, unsigned long long prefix) {
     for (int b = threadIdx.x; b < RADIX; b += blockDim.x) {
@@ -214,14 +215,20 @@ __device__ void mass_histogram(const unsigned long long* keys, int n, const unsi
         const bool in = i < n && (shift == 56 || (key >> (shift + 8)) == (prefix >> (shift + 8)));
         const uint32_t digit = (uint32_t)(key >> shift) & (RADIX - 1);
         const unsigned active = __ballot_sync(FULL, in);
-        if (in) {
-            const unsigned same = __match_any_sync(active, digit);
-            const uint32_t hi = __reduce_add_sync(same, (uint32_t)(mass[j] >> 24));
-            const uint32_t lo = __reduce_add_sync(same, (uint32_t)(mass[j] & 0xFFFFFFu));
-            if (lane == __ffs(same) - 1) {
-                atomicAdd(&s.count[digit], (uint32_t)__popc(same));
-                atomicAdd(&s.mass[digit], ((unsigned long long)hi << 24) + lo);
-            }
+        if (active == 0) continue;
+        const int leader = __ffs(active) - 1;
+        const uint32_t lead = __shfl_sync(FULL, digit, leader);
+        const bool with_lead = in && digit == lead;
+        const unsigned same = __ballot_sync(FULL, with_lead);
+        const unsigned long long own = with_lead ? mass[j] : 0ull;
+        const uint32_t hi = __reduce_add_sync(FULL, (uint32_t)(own >> 24));
+        const uint32_t lo = __reduce_add_sync(FULL, (uint32_t)(own & 0xFFFFFFu));
+        if (lane == leader) {
+            atomicAdd(&s.count[lead], (uint32_t)__popc(same));
+            atomicAdd(&s.mass[lead], ((unsigned long long)hi << 24) + lo);
+        } else if (in && !with_lead) {
+            atomicAdd(&s.count[digit], 1u);
+            atomicAdd(&s.mass[digit], mass[j]);
         }
     }
     __syncthreads();
@@ -374,15 +381,15 @@ __device__ __noinline__ uint32_t mass_draw(const unsigned long long* keys, int n
     }
     if (s.state == MASS_LEAF_SCAN) {
         const unsigned long long lo = s.leaf_lo, hi = s.leaf_hi;
-        for (int i = threadIdx.x; i < n; i += blockDim.x) {
-            const unsigned long long k = keys[i];
-            if (k >= lo && k <= hi) sel.cand[atomicAdd(&sel.count, 1u)] = k;
+        for (int base = 0; base < n; base += blockDim.x) {
+            const int i = base + threadIdx.x;
+            const unsigned long long k = i < n ? keys[i] : PAD_KEY;
+            collect_key(sel.cand, sel.count, i < n && k >= lo && k <= hi, k);
         }
         __syncthreads();
         if (threadIdx.x < 32) {
             const uint32_t count = sel.count;
-            for (int i = (int)count + (int)threadIdx.x; i < SELECT_CAP; i += 32) sel.cand[i] = PAD_KEY;
-            bitonic_sort(sel.cand, SELECT_CAP, threadIdx.x, 32, [] { __syncwarp(); });
+            warp_sort_cand(sel.cand, count);
             mass_leaf(s, sel.cand, count, best, total, limit, f);
         }
         __syncthreads();

@@ -73,8 +73,68 @@ struct Select {
     bool done;
 };
 
-// One pass's histogram of the digit at `shift` over the keys within the prefix's range. Lanes
-// with the same digit add once (the first pass puts nearly every key in one bucket).
+// Warp 0's sort of cand[0..count) into cand[0..SELECT_CAP), ascending, pads (PAD_KEY) after the
+// keys: the bitonic network in registers, lane l holding elements 4l..4l+3; pairs within a lane
+// compare in place, the others by shuffles (no shared-memory round trip a pass).
+constexpr int WARP_SORT_PER = SELECT_CAP / 32;
+__device__ void warp_sort_cand(unsigned long long* cand, uint32_t count) {
+    const uint32_t lane = threadIdx.x & 31;
+    unsigned long long v[WARP_SORT_PER];
+#pragma unroll
+    for (int j = 0; j < WARP_SORT_PER; ++j) {
+        const uint32_t e = lane * WARP_SORT_PER + j;
+        v[j] = e < count ? cand[e] : PAD_KEY;
+    }
+#pragma unroll
+    for (int k = 2; k <= SELECT_CAP; k <<= 1) {
+#pragma unroll
+        for (int d = k >> 1; d > 0; d >>= 1) {
+            if (d >= WARP_SORT_PER) {
+                const int lanes = d / WARP_SORT_PER;
+#pragma unroll
+                for (int j = 0; j < WARP_SORT_PER; ++j) {
+                    const uint32_t e = lane * WARP_SORT_PER + j;
+                    const unsigned long long other = __shfl_xor_sync(FULL, v[j], lanes);
+                    const bool ascending = (e & k) == 0, lower = (e & d) == 0;
+                    v[j] = (lower == ascending) ? min(v[j], other) : max(v[j], other);
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < WARP_SORT_PER; ++j) {
+                    if (j & d) continue;
+                    const uint32_t e = lane * WARP_SORT_PER + j;
+                    const bool ascending = (e & k) == 0;
+                    const unsigned long long a = v[j], b = v[j | d];
+                    if ((a > b) == ascending) {
+                        v[j] = b;
+                        v[j | d] = a;
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < WARP_SORT_PER; ++j) cand[lane * WARP_SORT_PER + j] = v[j];
+    __syncwarp();
+}
+
+// Appends this thread's key to cand when `take`, one shared atomic a warp.
+__device__ __forceinline__ void collect_key(unsigned long long* cand, uint32_t& count, bool take,
+                                            unsigned long long key) {
+    const uint32_t lane = threadIdx.x & 31;
+    const unsigned takers = __ballot_sync(FULL, take);
+    if (takers == 0) return;
+    const int leader = __ffs(takers) - 1;
+    uint32_t base = 0;
+    if ((int)lane == leader) base = atomicAdd(&count, (uint32_t)__popc(takers));
+    base = __shfl_sync(FULL, base, leader);
+    if (take) cand[base + __popc(takers & ((1u << lane) - 1))] = key;
+}
+
+// One pass's histogram of the digit at `shift` over the keys within the prefix's range. The lanes
+// whose digit is the warp's first in-range lane's add once, by that lane (the first pass puts
+// nearly every key in one bucket); the others add their own. (Grouping every digit by
+// __match_any_sync cost more than the atomics it saved: tools/gpu/sample-lab.sh.)
 __device__ void select_histogram(const unsigned long long* keys, int n, Select& s, int shift,
                                  unsigned long long prefix) {
     for (int b = threadIdx.x; b < RADIX; b += blockDim.x) s.hist[b] = 0;
@@ -89,10 +149,12 @@ __device__ void select_histogram(const unsigned long long* keys, int n, Select& 
             digit = (uint32_t)(key >> shift) & (RADIX - 1);
         }
         const unsigned active = __ballot_sync(FULL, in);
-        if (in) {
-            const unsigned same = __match_any_sync(active, digit);
-            if ((int)(threadIdx.x & 31) == __ffs(same) - 1) atomicAdd(&s.hist[digit], (uint32_t)__popc(same));
-        }
+        if (active == 0) continue;
+        const int leader = __ffs(active) - 1;
+        const uint32_t lead = __shfl_sync(FULL, digit, leader);
+        const unsigned same = __ballot_sync(FULL, in && digit == lead);
+        if ((int)(threadIdx.x & 31) == leader) atomicAdd(&s.hist[lead], (uint32_t)__popc(same));
+        else if (in && digit != lead) atomicAdd(&s.hist[digit], 1u);
     }
     __syncthreads();
 }
@@ -159,16 +221,14 @@ __device__ int select_best(const unsigned long long* keys, int n, Select& s) {
         __syncthreads();
     }
     const unsigned long long bound = s.bound;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const unsigned long long key = keys[i];
-        if (key <= bound) s.cand[atomicAdd(&s.count, 1u)] = key;
+    for (int base = 0; base < n; base += blockDim.x) {
+        const int i = base + threadIdx.x;
+        const unsigned long long key = i < n ? keys[i] : PAD_KEY;
+        collect_key(s.cand, s.count, i < n && key <= bound, key);
     }
     __syncthreads();
     const int m = (int)s.count;
-    if (threadIdx.x < 32) {
-        for (int i = m + (int)threadIdx.x; i < SELECT_CAP; i += 32) s.cand[i] = PAD_KEY;
-        bitonic_sort(s.cand, SELECT_CAP, threadIdx.x, 32, [] { __syncwarp(); });
-    }
+    if (threadIdx.x < 32) warp_sort_cand(s.cand, (uint32_t)m);
     __syncthreads();
     return m;
 }

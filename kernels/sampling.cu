@@ -156,7 +156,12 @@ __device__ Draw draw(const Row& row, int n, int n_pad, const Filter& f, const Dr
         keys[i] = k;
         first = min(first, k);
     }
-    block_min_u32_key(bad, first, scratch);
+    // The block's reduction finds the first non-finite score, and a wide draw's rank 0 with it;
+    // a narrow one (see step 2) takes rank 0 from select_best, whose first key it is, and so
+    // skips the 64-bit half of the reduction.
+    const bool narrow = min((uint32_t)n, f.top_k) <= (uint32_t)SELECT_MIN;
+    if (narrow) bad = block_min_u32(bad, scratch);
+    else block_min_u32_key(bad, first, scratch);
     if (bad != UINT32_MAX) {
         return Draw{0, {FAULT_NON_FINITE, bad, __float_as_uint(__fdiv_rn(row(bad), divisor))}};
     }
@@ -167,15 +172,16 @@ __device__ Draw draw(const Row& row, int n, int n_pad, const Filter& f, const Dr
     //    mass (mass_draw), which on a wide row would otherwise follow a wasted select_best.
     //    Where neither is sure (a top-p comparison within rounding: kept_prefix's `near`), the
     //    whole row is sorted and steps 3–5 run over it.
+    __shared__ Select select;
+    const int m = narrow ? select_best(keys, n, select) : 0;
+    if (narrow) first = select.cand[0];
     const float best = key_score(first);
     if (best == -INFINITY) return Draw{0, {FAULT_NO_CANDIDATES, 0, 0}};
     // Σw over the row, each thread over its own indices (the tree of fast_draw and mass_draw).
     double own = 0.0;
     for (int i = threadIdx.x; i < n; i += blockDim.x) own = __dadd_rn(own, rank_weight(keys[i], best));
     const double fast_total = block_sum(own, scratch);
-    __shared__ Select select;
-    if (min((uint32_t)n, f.top_k) <= (uint32_t)SELECT_MIN) {
-        const int m = select_best(keys, n, select);
+    if (narrow) {
         const uint32_t fast = fast_draw(n, m, select.cand, best, fast_total, f, key, scratch);
         if (fast != UINT32_MAX) return Draw{fast, {FAULT_NONE, 0, 0}};
     } else {
