@@ -194,10 +194,12 @@ __device__ __forceinline__ unsigned long long rank_mass(unsigned long long key, 
 
 __device__ __forceinline__ double mass_p(unsigned long long mass) { return (double)mass * (1.0 / MASS_ONE); }
 
-// One pass over the range's keys: each bucket's count and mass. As select_histogram, the lanes
-// that share the warp's first in-range lane's digit add once, by that lane — the count by
-// popcount, the mass by two 24-bit halves summed over the warp (each P ≤ 2^48, so a half's sum
-// over 32 lanes stays below 2^30) — and the others add their own.
+// One pass over the range's keys: each bucket's count and mass. Lanes with the same digit add
+// once: the count by popcount, the mass by two 24-bit halves summed over the lanes (each P ≤
+// 2^48, so a half's sum over 32 lanes stays below 2^30). Unlike select_histogram, every digit is
+// grouped (__match_any_sync): a 64-bit shared atomicAdd is a compare-and-swap loop on sm_90
+// (SASS ATOMS.CAS), and lanes adding their own masses made the main draw's descent 16 µs slower
+// (tools/gpu/sample-lab.sh, run 38).
 __device__ void mass_histogram(const unsigned long long* keys, int n, const unsigned long long (&mass)[MASS_HELD],
                                MassSelect& s, int shift, unsigned long long prefix) {
     for (int b = threadIdx.x; b < RADIX; b += blockDim.x) {
@@ -215,20 +217,14 @@ __device__ void mass_histogram(const unsigned long long* keys, int n, const unsi
         const bool in = i < n && (shift == 56 || (key >> (shift + 8)) == (prefix >> (shift + 8)));
         const uint32_t digit = (uint32_t)(key >> shift) & (RADIX - 1);
         const unsigned active = __ballot_sync(FULL, in);
-        if (active == 0) continue;
-        const int leader = __ffs(active) - 1;
-        const uint32_t lead = __shfl_sync(FULL, digit, leader);
-        const bool with_lead = in && digit == lead;
-        const unsigned same = __ballot_sync(FULL, with_lead);
-        const unsigned long long own = with_lead ? mass[j] : 0ull;
-        const uint32_t hi = __reduce_add_sync(FULL, (uint32_t)(own >> 24));
-        const uint32_t lo = __reduce_add_sync(FULL, (uint32_t)(own & 0xFFFFFFu));
-        if (lane == leader) {
-            atomicAdd(&s.count[lead], (uint32_t)__popc(same));
-            atomicAdd(&s.mass[lead], ((unsigned long long)hi << 24) + lo);
-        } else if (in && !with_lead) {
-            atomicAdd(&s.count[digit], 1u);
-            atomicAdd(&s.mass[digit], mass[j]);
+        if (in) {
+            const unsigned same = __match_any_sync(active, digit);
+            const uint32_t hi = __reduce_add_sync(same, (uint32_t)(mass[j] >> 24));
+            const uint32_t lo = __reduce_add_sync(same, (uint32_t)(mass[j] & 0xFFFFFFu));
+            if (lane == __ffs(same) - 1) {
+                atomicAdd(&s.count[digit], (uint32_t)__popc(same));
+                atomicAdd(&s.mass[digit], ((unsigned long long)hi << 24) + lo);
+            }
         }
     }
     __syncthreads();

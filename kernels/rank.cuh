@@ -134,7 +134,7 @@ __device__ __forceinline__ void collect_key(unsigned long long* cand, uint32_t& 
 // One pass's histogram of the digit at `shift` over the keys within the prefix's range. The lanes
 // whose digit is the warp's first in-range lane's add once, by that lane (the first pass puts
 // nearly every key in one bucket); the others add their own. (Grouping every digit by
-// __match_any_sync cost more than the atomics it saved: tools/gpu/sample-lab.sh.)
+// __match_any_sync cost more than the atomics it saved: tools/gpu/sample-lab.sh, run 38.)
 __device__ void select_histogram(const unsigned long long* keys, int n, Select& s, int shift,
                                  unsigned long long prefix) {
     for (int b = threadIdx.x; b < RADIX; b += blockDim.x) s.hist[b] = 0;
