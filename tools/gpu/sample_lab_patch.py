@@ -10,6 +10,7 @@ import sys
 ANCHORS = [
     ("    const float divisor = fmaxf(f.temperature, MIN_TEMPERATURE);", 1),
     ("    block_min_u32_key(bad, first, scratch);", 2),
+    ("        return Draw{0, {FAULT_NON_FINITE, bad, __float_as_uint(__fdiv_rn(row(bad), divisor))}};\n    }", 2),
     ("    const double fast_total = block_sum(own, scratch);", 3),
     ("        const int m = select_best(keys, n, select);", 4),
     ("    if (narrow) first = select.cand[0];", 4),
