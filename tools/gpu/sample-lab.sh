@@ -28,7 +28,7 @@ for v in "${variants[@]}"; do
             src=kernels/$f
             [[ -d $v && -f $v/$f ]] && src=$v/$f
             case $f in
-                sampling.cu | kept_prefix.cuh) python3 tools/gpu/sample_lab_patch.py "$src" "$dir/$f" ;;
+                sampling.cu | kept_prefix.cuh | rank.cuh) python3 tools/gpu/sample_lab_patch.py "$src" "$dir/$f" ;;
                 *) cp "$src" "$dir/$f" ;;
             esac
         done

@@ -1,4 +1,4 @@
-"""Marks the draw phases of kernels/sampling.cu or kernels/kept_prefix.cuh for tools/gpu/sample-lab.sh: `PROBE(i);` (thread 0's
+"""Marks the draw phases of kernels/sampling.cu, kept_prefix.cuh or rank.cuh for tools/gpu/sample-lab.sh: `PROBE(i);` (thread 0's
 clock64; sample_lab.cu defines PROBE) after each anchor's statement, PROBE(0) where a draw
 starts, and `LAB_PASS();` after each radix pass's histogram and bucket. An anchor missing from
 the file (the other file's, or an older sampling.cu's) is reported and skipped.
