@@ -25,8 +25,8 @@ constexpr unsigned long long PAD_KEY = ~0ull;
 
 // Bitonic sort (Batcher) of n keys in shared memory, ascending; n a power of two. Each pass
 // compares n/2 disjoint pairs (i, i | j) with bit j of i clear, dealt to `ranks` threads (this
-// one is `rank`); `sync` comes before every pass and after the last: the block's barrier for a
-// whole row, one warp's for the selected ranks.
+// one is `rank`); `sync` comes before every pass and after the last (the block's barrier, for a
+// whole row; the selected ranks sort in registers instead, warp_sort_cand).
 template <class Sync>
 __device__ void bitonic_sort(unsigned long long* keys, int n, int rank, int ranks, Sync sync) {
     for (int k = 2; k <= n; k <<= 1) {
