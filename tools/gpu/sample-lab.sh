@@ -7,7 +7,7 @@
 # Builds tools/gpu/sample_lab.cu once per VARIANT and runs it: the main draw on a flat and on a
 # peaked row, and a codebook head's draw, each timed alone, with the hash of its picks (every
 # variant must print the same) and the medians of PROBE marks that tools/gpu/sample_lab_patch.py
-# puts at the draw's phase boundaries. A VARIANT is `probe` (kernels/sampling.cu and
+# puts at the draw's phase boundaries. A VARIANT is `probe` (kernels/sampling.cu, rank.cuh and
 # kept_prefix.cuh, marked) or a path to an older sampling.cu (one file then: marked where its
 # lines match), or a directory whose files (any of sampling.cu, kept_prefix.cuh, rank.cuh,
 # draw.cuh) replace kernels/' before marking. Default: probe. Where cuobjdump is found, the count
