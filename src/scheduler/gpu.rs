@@ -18,7 +18,6 @@ mod with_cuda {
     use crate::audio::CODEC_SAMPLE_RATE;
     use crate::backend::cuda::admission::{MAX_STREAMS_CAP, MemoryPlan, admit, encoder_scratch_bytes};
     use crate::backend::cuda::codec_encode::CudaF32;
-    use crate::backend::cuda::device::StreamPriority;
     use crate::backend::cuda::memory::WeightArena;
     use crate::backend::cuda::saved::SAVED_PAGE_BYTES;
     use crate::backend::cuda::{Cuda, CudaOptions};
@@ -229,7 +228,7 @@ mod with_cuda {
     /// A stream and pool of the codec's own (`Cuda::fork_stream`); `None` (logged) where it
     /// cannot be opened: the codec then runs inside the step, as with `--no-codec-thread`.
     fn fork_codec_stream(cuda: &Cuda) -> Option<Cuda> {
-        cuda.fork_stream(StreamPriority::Background)
+        cuda.fork_stream()
             .inspect_err(|e| {
                 tracing::error!(error = %e, "the codec's stream could not be opened; the codec runs inside the step");
             })

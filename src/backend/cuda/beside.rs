@@ -16,7 +16,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use cudarc::driver::{CudaEvent, CudaStream, DriverError};
 
 use super::Cuda;
-use super::device::{self, StreamPriority};
 
 /// The side stream and the two events that fork it from and join it to the backend's stream.
 pub(super) struct SideStream {
@@ -33,8 +32,7 @@ impl SideStream {
     pub(super) fn new(main: &CudaStream) -> Result<SideStream, DriverError> {
         let ctx = main.context();
         Ok(SideStream {
-            // The step's own priority: the branch is step work.
-            stream: device::new_stream(ctx, StreamPriority::Step)?,
+            stream: ctx.new_stream()?,
             fork: ctx.new_event(None)?,
             join: ctx.new_event(None)?,
             queuing: AtomicBool::new(false),

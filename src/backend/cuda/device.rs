@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaStream, DriverError, sys};
+use cudarc::driver::{CudaContext, CudaStream, sys};
 
 /// Oldest compute capability the fatbins carry SASS for (Ampere, sm_80).
 pub const MIN_COMPUTE_CAPABILITY: (i32, i32) = (8, 0);
@@ -67,34 +67,6 @@ pub fn probe(ordinal: usize) -> Result<String, DeviceError> {
     Ok(name)
 }
 
-/// Which work a stream carries, for the GPU's block scheduler: where both have blocks waiting
-/// for an SM, a `Step` stream's go first. The decode step (and prefill, and its side stream) is
-/// `Step`; the codec's thread, whose audio is needed only a group of frames later, is
-/// `Background`, so that its kernels fill the SMs the step leaves idle instead of delaying the
-/// step's short kernels (run 25: ~116 µs a frame of step time lost to the codec at one stream).
-/// Scheduling only: no kernel computes anything differently. `LIMELIGHT_NO_STREAM_PRIORITY=1` in
-/// the environment gives every stream the default priority (to measure the gain on one binary).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StreamPriority {
-    Step,
-    Background,
-}
-
-/// A non-blocking stream of `priority` on `ctx` (the driver's default priority where priorities
-/// are switched off).
-pub fn new_stream(ctx: &Arc<CudaContext>, priority: StreamPriority) -> Result<Arc<CudaStream>, DriverError> {
-    if std::env::var_os("LIMELIGHT_NO_STREAM_PRIORITY").is_some_and(|v| v == "1") {
-        return ctx.new_stream();
-    }
-    ctx.bind_to_thread()?;
-    // Lower numbers are higher priorities: (least, greatest) is (0, -5) on Hopper.
-    let (least, greatest) = cudarc::driver::result::stream::get_priority_range()?;
-    ctx.new_stream_with_priority(match priority {
-        StreamPriority::Step => greatest,
-        StreamPriority::Background => least,
-    })
-}
-
 /// What the engine needs to know about its GPU.
 #[derive(Clone, Debug)]
 pub struct DeviceInfo {
@@ -141,7 +113,7 @@ impl Device {
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(driver("reading the multiprocessor count"))?;
         let (free, total) = ctx.mem_get_info().map_err(driver("reading free memory"))?;
-        let stream = new_stream(&ctx, StreamPriority::Step).map_err(driver("creating the stream"))?;
+        let stream = ctx.new_stream().map_err(driver("creating the stream"))?;
         let info = DeviceInfo {
             ordinal,
             name,

@@ -40,7 +40,7 @@ use std::sync::{Arc, Mutex};
 use half::{bf16, f16};
 
 use self::budget::Budget;
-use self::device::{Device, DeviceError, DeviceInfo, StreamPriority};
+use self::device::{Device, DeviceError, DeviceInfo};
 use self::launch::KernelError;
 use self::memory::{MemoryError, Pool, PoolBuf, WeightArena};
 use self::tensor::{DType, Elem, GpuMatrix, GpuWeight};
@@ -186,10 +186,9 @@ impl Cuda {
     /// handle's stream. It reads weights this handle uploaded (call [`Cuda::synchronize`] on
     /// this one first) but uploads none. The codec's thread runs on one (`scheduler::codec`), so
     /// the codec overlaps the decode step. Use it on one thread at a time, after
-    /// [`Cuda::bind_to_thread`] there. `priority`: the codec's work is
-    /// [`StreamPriority::Background`] to the step's.
-    pub fn fork_stream(&self, priority: StreamPriority) -> Result<Cuda, CudaError> {
-        let stream = device::new_stream(&self.device.ctx, priority)?;
+    /// [`Cuda::bind_to_thread`] there.
+    pub fn fork_stream(&self) -> Result<Cuda, CudaError> {
+        let stream = self.device.ctx.new_stream()?;
         let device = Device { ctx: Arc::clone(&self.device.ctx), stream, info: self.device.info.clone() };
         let pool = Pool::new(Arc::clone(&self.budget), Arc::clone(&device.stream));
         Ok(Cuda {

@@ -8,7 +8,6 @@
 use std::sync::mpsc;
 
 use limelight::backend::cuda::Cuda;
-use limelight::backend::cuda::device::StreamPriority;
 use limelight::engine::generate::codec_group;
 use limelight::model::codec::CodecModel;
 use limelight::scheduler::{AudioCodec, CodecCommand, CodecLink, CodecThread, Decoded};
@@ -28,7 +27,7 @@ pub fn run(ctx: &mut Ctx, model: &CodecModel<Cuda>) {
     let wholes: Vec<Vec<f32>> = all.iter().map(|c| model.decode(cuda, c).expect("GPU whole decode")).collect();
     cuda.synchronize();
 
-    let fork = cuda.fork_stream(StreamPriority::Background).expect("a second stream");
+    let fork = cuda.fork_stream().expect("a second stream");
     fork.pool().set_poison(true);
     let codec = CodecThread::new(model, &fork, ROUND_STREAMS)
         .with_thread_setup(Box::new(|| fork.bind_to_thread().map_err(|e| e.to_string())));
