@@ -178,7 +178,8 @@ constexpr int MASS_DESCEND = 0, MASS_LEAF_SCAN = 1, MASS_DONE = 2, MASS_UNSURE =
 
 struct MassSelect {
     uint32_t count[RADIX];
-    unsigned long long mass[RADIX];
+    // Each bucket's Σ P as 2^24 · hi + 2^12 · mid + lo (see mass_histogram).
+    uint32_t mass_hi[RADIX], mass_mid[RADIX], mass_lo[RADIX];
     unsigned long long prefix;     // the digits decided so far (bits at and above shift + 8)
     int shift;                     // this pass's digit: key bits [shift, shift + 8)
     int state;                     // MASS_*
@@ -194,17 +195,20 @@ __device__ __forceinline__ unsigned long long rank_mass(unsigned long long key, 
 
 __device__ __forceinline__ double mass_p(unsigned long long mass) { return (double)mass * (1.0 / MASS_ONE); }
 
-// One pass over the range's keys: each bucket's count and mass. Lanes with the same digit add
-// once: the count by popcount, the mass by two 24-bit halves summed over the lanes (each P ≤
-// 2^48, so a half's sum over 32 lanes stays below 2^30). Unlike select_histogram, every digit is
-// grouped (__match_any_sync): a 64-bit shared atomicAdd is a compare-and-swap loop on sm_90
-// (SASS ATOMS.CAS), and lanes adding their own masses made the main draw's descent 16 µs slower
-// (tools/gpu/sample-lab.sh, run 38).
+// One pass over the range's keys: each bucket's count and mass. The mass is added as three u32
+// parts of each P — P >> 24, bits 12..23, bits 0..11 — since a 64-bit shared atomicAdd is a
+// compare-and-swap loop on sm_90 (SASS ATOMS.CAS), and the first pass's warps, nearly all adding
+// to one bucket, kept retrying it (~8 µs a pass; tools/gpu/sample-lab.sh, run 38). The parts'
+// sums stay exact: Σ P ≤ 2^48 + n over the row, so Σ (P >> 24) ≤ 2^24 + n, and the others sum
+// below n · 2^12. As in select_histogram, the lanes that share the warp's first in-range lane's
+// digit add once, by that lane, and the others add their own.
 __device__ void mass_histogram(const unsigned long long* keys, int n, const unsigned long long (&mass)[MASS_HELD],
                                MassSelect& s, int shift, unsigned long long prefix) {
     for (int b = threadIdx.x; b < RADIX; b += blockDim.x) {
         s.count[b] = 0;
-        s.mass[b] = 0;
+        s.mass_hi[b] = 0;
+        s.mass_mid[b] = 0;
+        s.mass_lo[b] = 0;
     }
     __syncthreads();
     const int lane = threadIdx.x & 31;
@@ -217,14 +221,26 @@ __device__ void mass_histogram(const unsigned long long* keys, int n, const unsi
         const bool in = i < n && (shift == 56 || (key >> (shift + 8)) == (prefix >> (shift + 8)));
         const uint32_t digit = (uint32_t)(key >> shift) & (RADIX - 1);
         const unsigned active = __ballot_sync(FULL, in);
-        if (in) {
-            const unsigned same = __match_any_sync(active, digit);
-            const uint32_t hi = __reduce_add_sync(same, (uint32_t)(mass[j] >> 24));
-            const uint32_t lo = __reduce_add_sync(same, (uint32_t)(mass[j] & 0xFFFFFFu));
-            if (lane == __ffs(same) - 1) {
-                atomicAdd(&s.count[digit], (uint32_t)__popc(same));
-                atomicAdd(&s.mass[digit], ((unsigned long long)hi << 24) + lo);
-            }
+        if (active == 0) continue;
+        const int leader = __ffs(active) - 1;
+        const uint32_t lead = __shfl_sync(FULL, digit, leader);
+        const bool with_lead = in && digit == lead;
+        const unsigned same = __ballot_sync(FULL, with_lead);
+        const uint32_t hi = (uint32_t)(mass[j] >> 24), mid = (uint32_t)(mass[j] >> 12) & 0xFFFu,
+                       lo = (uint32_t)mass[j] & 0xFFFu;
+        const uint32_t sum_hi = __reduce_add_sync(FULL, with_lead ? hi : 0u);
+        const uint32_t sum_mid = __reduce_add_sync(FULL, with_lead ? mid : 0u);
+        const uint32_t sum_lo = __reduce_add_sync(FULL, with_lead ? lo : 0u);
+        if (lane == leader) {
+            atomicAdd(&s.count[lead], (uint32_t)__popc(same));
+            atomicAdd(&s.mass_hi[lead], sum_hi);
+            atomicAdd(&s.mass_mid[lead], sum_mid);
+            atomicAdd(&s.mass_lo[lead], sum_lo);
+        } else if (in && !with_lead) {
+            atomicAdd(&s.count[digit], 1u);
+            atomicAdd(&s.mass_hi[digit], hi);
+            atomicAdd(&s.mass_mid[digit], mid);
+            atomicAdd(&s.mass_lo[digit], lo);
         }
     }
     __syncthreads();
@@ -243,7 +259,8 @@ __device__ void mass_bucket(MassSelect& s, int shift, unsigned long long prefix,
 #pragma unroll
     for (int j = 0; j < PER; ++j) {
         c[j] = s.count[PER * lane + j];
-        m[j] = s.mass[PER * lane + j];
+        const int b = PER * lane + j;
+        m[j] = ((unsigned long long)s.mass_hi[b] << 24) + ((unsigned long long)s.mass_mid[b] << 12) + s.mass_lo[b];
         csum += c[j];
         msum += m[j];
     }
