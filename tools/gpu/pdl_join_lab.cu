@@ -11,6 +11,8 @@
 //   plain      the launch after cudaStreamWaitEvent, as limelight does now;
 //   rewritten  after the wait, the capture's dependencies set again with A's edge programmatic
 //              (cudaStreamUpdateCaptureDependencies with edge data) and B's a full edge;
+//   rewritten-plain  the same rewrite, C launched without the PDL attribute (so the launch
+//              keeps the rewritten edge types instead of making every edge programmatic);
 //   no-join    C with no join at all (the early launch PDL gives a lone predecessor).
 // Each prints the edges of C's node as captured and the median over replays of
 // (C's entry − A's end) in µs: negative means C was resident before A ended.
@@ -67,8 +69,8 @@ static void launch_pdl(void (*k)(unsigned long long*), unsigned long long* stamp
     CK(cudaLaunchKernelEx(&cfg, k, stamps));
 }
 
-enum Mode { PLAIN, REWRITTEN, NO_JOIN };
-static const char* mode_name[] = {"plain", "rewritten", "no-join"};
+enum Mode { PLAIN, REWRITTEN, REWRITTEN_PLAIN, NO_JOIN };
+static const char* mode_name[] = {"plain", "rewritten", "rewritten-plain", "no-join"};
 
 static void print_edges(cudaGraph_t graph) {
     size_t n = 0;
@@ -128,7 +130,7 @@ static void run(Mode mode, unsigned long long spin_ns) {
         const cudaGraphNode_t a_node = ndeps == 1 ? deps[0] : nullptr;
         CK(cudaEventRecord(join, side_s));
         CK(cudaStreamWaitEvent(main_s, join, 0));
-        if (mode == REWRITTEN && a_node) {
+        if ((mode == REWRITTEN || mode == REWRITTEN_PLAIN) && a_node) {
             CK(cudaStreamGetCaptureInfo(main_s, &status, nullptr, nullptr, &deps, nullptr, &ndeps));
             std::vector<cudaGraphNode_t> nodes(deps, deps + ndeps);
             std::vector<cudaGraphEdgeData> data(ndeps);
@@ -145,7 +147,15 @@ static void run(Mode mode, unsigned long long spin_ns) {
     } else {
         // The side stream must still join the capture: after C.
     }
-    launch_pdl(dependent_c, stamps, main_s);
+    if (mode == REWRITTEN_PLAIN) {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(1);
+        cfg.blockDim = dim3(32);
+        cfg.stream = main_s;
+        CK(cudaLaunchKernelEx(&cfg, dependent_c, stamps));
+    } else {
+        launch_pdl(dependent_c, stamps, main_s);
+    }
     if (mode == NO_JOIN) {
         CK(cudaEventRecord(join, side_s));
         CK(cudaStreamWaitEvent(main_s, join, 0));
@@ -182,6 +192,7 @@ int main() {
     const unsigned long long spin = 20000;  // A runs 20 µs
     run(PLAIN, spin);
     run(REWRITTEN, spin);
+    run(REWRITTEN_PLAIN, spin);
     run(NO_JOIN, spin);
     return 0;
 }
