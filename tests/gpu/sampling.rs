@@ -403,8 +403,13 @@ fn head_draws(ctx: &mut Ctx, band: &Band, sampler: &GpuSampler) {
             got.push(if out.failure().is_some() { u32::MAX } else { out.row[2 + r] });
             if got.last() != want.last() {
                 // Enough to replay the case on the CPU (`sample_head` with these inputs).
-                let finite: Vec<(usize, u32)> =
-                    x.iter().enumerate().filter(|(_, l)| l.is_finite()).map(|(i, l)| (i, l.to_bits())).take(64).collect();
+                let finite: Vec<(usize, u32)> = x
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, l)| l.is_finite())
+                    .map(|(i, l)| (i, l.to_bits()))
+                    .take(64)
+                    .collect();
                 eprintln!(
                     "head draw mismatch: {} [{v}], {shape:?}, case {case}, head {r}, {params:?}, seed {seed}, frame {frame}: \
                      GPU {:?}, CPU {:?}; first finite logits (index, f32 bits): {finite:?}",
