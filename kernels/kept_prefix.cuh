@@ -176,10 +176,18 @@ constexpr int MASS_LEAF = SELECT_CAP;            // a leaf is sorted in Select::
 constexpr int MASS_HELD = 5;
 constexpr int MASS_DESCEND = 0, MASS_LEAF_SCAN = 1, MASS_DONE = 2, MASS_UNSURE = 3;
 
+// A mass P ≤ 2^48 as u32 parts that sum apart without overflow: P >> 24, bits 12..23, bits 0..11.
+constexpr int MASS_PARTS = 3;
+__device__ __forceinline__ constexpr int mass_part_shift(int i) { return 24 - 12 * i; }
+__device__ __forceinline__ uint32_t mass_part(unsigned long long mass, int i) {
+    return i == 0 ? (uint32_t)(mass >> 24) : (uint32_t)(mass >> mass_part_shift(i)) & 0xFFFu;
+}
+
 struct MassSelect {
     uint32_t count[RADIX];
-    // Each bucket's Σ P as 2^24 · hi + 2^12 · mid + lo (see mass_histogram).
-    uint32_t mass_hi[RADIX], mass_mid[RADIX], mass_lo[RADIX];
+    // Each bucket's Σ P in MASS_PARTS parts (mass_part), summed apart: Σ_i 2^mass_part_shift(i)
+    // · mass[i][bucket] (see mass_histogram).
+    uint32_t mass[MASS_PARTS][RADIX];
     unsigned long long prefix;     // the digits decided so far (bits at and above shift + 8)
     int shift;                     // this pass's digit: key bits [shift, shift + 8)
     int state;                     // MASS_*
@@ -206,9 +214,8 @@ __device__ void mass_histogram(const unsigned long long* keys, int n, const unsi
                                MassSelect& s, int shift, unsigned long long prefix) {
     for (int b = threadIdx.x; b < RADIX; b += blockDim.x) {
         s.count[b] = 0;
-        s.mass_hi[b] = 0;
-        s.mass_mid[b] = 0;
-        s.mass_lo[b] = 0;
+#pragma unroll
+        for (int i = 0; i < MASS_PARTS; ++i) s.mass[i][b] = 0;
     }
     __syncthreads();
     const int lane = threadIdx.x & 31;
@@ -226,21 +233,20 @@ __device__ void mass_histogram(const unsigned long long* keys, int n, const unsi
         const uint32_t lead = __shfl_sync(FULL, digit, leader);
         const bool with_lead = in && digit == lead;
         const unsigned same = __ballot_sync(FULL, with_lead);
-        const uint32_t hi = (uint32_t)(mass[j] >> 24), mid = (uint32_t)(mass[j] >> 12) & 0xFFFu,
-                       lo = (uint32_t)mass[j] & 0xFFFu;
-        const uint32_t sum_hi = __reduce_add_sync(FULL, with_lead ? hi : 0u);
-        const uint32_t sum_mid = __reduce_add_sync(FULL, with_lead ? mid : 0u);
-        const uint32_t sum_lo = __reduce_add_sync(FULL, with_lead ? lo : 0u);
+        uint32_t part[MASS_PARTS], sum[MASS_PARTS];
+#pragma unroll
+        for (int i = 0; i < MASS_PARTS; ++i) {
+            part[i] = mass_part(mass[j], i);
+            sum[i] = __reduce_add_sync(FULL, with_lead ? part[i] : 0u);
+        }
         if (lane == leader) {
             atomicAdd(&s.count[lead], (uint32_t)__popc(same));
-            atomicAdd(&s.mass_hi[lead], sum_hi);
-            atomicAdd(&s.mass_mid[lead], sum_mid);
-            atomicAdd(&s.mass_lo[lead], sum_lo);
+#pragma unroll
+            for (int i = 0; i < MASS_PARTS; ++i) atomicAdd(&s.mass[i][lead], sum[i]);
         } else if (in && !with_lead) {
             atomicAdd(&s.count[digit], 1u);
-            atomicAdd(&s.mass_hi[digit], hi);
-            atomicAdd(&s.mass_mid[digit], mid);
-            atomicAdd(&s.mass_lo[digit], lo);
+#pragma unroll
+            for (int i = 0; i < MASS_PARTS; ++i) atomicAdd(&s.mass[i][digit], part[i]);
         }
     }
     __syncthreads();
@@ -259,8 +265,9 @@ __device__ void mass_bucket(MassSelect& s, int shift, unsigned long long prefix,
 #pragma unroll
     for (int j = 0; j < PER; ++j) {
         c[j] = s.count[PER * lane + j];
-        const int b = PER * lane + j;
-        m[j] = ((unsigned long long)s.mass_hi[b] << 24) + ((unsigned long long)s.mass_mid[b] << 12) + s.mass_lo[b];
+        m[j] = 0;
+#pragma unroll
+        for (int i = 0; i < MASS_PARTS; ++i) m[j] += (unsigned long long)s.mass[i][PER * lane + j] << mass_part_shift(i);
         csum += c[j];
         msum += m[j];
     }
