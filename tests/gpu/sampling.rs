@@ -397,14 +397,14 @@ fn head_draws(ctx: &mut Ctx, band: &Band, sampler: &GpuSampler) {
 
             sampler.begin_request_at(ctx.cuda, &params, seed, &[], frame);
             poison_outputs(ctx, sampler);
-            let m = ctx.cuda.upload_matrix(&Matrix::from_vec(1, v, x.clone()));
+            let row = Matrix::from_vec(1, v, x);
+            let m = ctx.cuda.upload_matrix(&row);
             sampler.sample_head(ctx.cuda, r, &m, 0);
             let out = sampler.read_outputs(ctx.cuda);
             got.push(if out.failure().is_some() { u32::MAX } else { out.row[2 + r] });
             if got.last() != want.last() {
                 // Enough to replay the case on the CPU (`sample_head` with these inputs).
-                let finite: Vec<(usize, u32)> = x
-                    .iter()
+                let finite: Vec<(usize, u32)> = (row.data.iter())
                     .enumerate()
                     .filter(|(_, l)| l.is_finite())
                     .map(|(i, l)| (i, l.to_bits()))
