@@ -7,7 +7,7 @@
 # Builds and runs tools/gpu/pdl_join_lab.cu (see its header): the edges of the dependent node as
 # captured, and its entry against its main-stream predecessor's end, for the launch as limelight
 # captures it now, with the capture's dependencies rewritten (the predecessor's edge
-# programmatic), and with no join. REPORT_DIR gets pdl-join-lab.txt.
+# programmatic), the same launched plainly, and with no join. REPORT_DIR gets pdl-join-lab.txt.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 report_dir=${1:-${OUT:-.gpu/report}}

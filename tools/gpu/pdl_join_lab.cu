@@ -6,7 +6,7 @@
 //   main: A (long, triggers its dependents at once) ─────────────┐
 //   side: B (short, after the fork) ── join ──────────────────── C (PDL launch)
 //
-// and times C's entry (before its griddepcontrol.wait) against A's end, for three ways of
+// and times C's entry (before its griddepcontrol.wait) against A's end, for four ways of
 // capturing it:
 //   plain      the launch after cudaStreamWaitEvent, as limelight does now;
 //   rewritten  after the wait, the capture's dependencies set again with A's edge programmatic
@@ -56,7 +56,9 @@ __global__ void dependent_c(unsigned long long* stamps) {
     }
 }
 
-static void launch_pdl(void (*k)(unsigned long long*), unsigned long long* stamps, cudaStream_t s) {
+// One block of 32 threads of `k` on `s`, with programmatic stream serialization when `pdl`.
+template <class... Args>
+static void launch_one(void (*k)(Args...), cudaStream_t s, bool pdl, Args... args) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(1);
     cfg.blockDim = dim3(32);
@@ -65,8 +67,8 @@ static void launch_pdl(void (*k)(unsigned long long*), unsigned long long* stamp
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    CK(cudaLaunchKernelEx(&cfg, k, stamps));
+    cfg.numAttrs = pdl ? 1 : 0;
+    CK(cudaLaunchKernelEx(&cfg, k, args...));
 }
 
 enum Mode { PLAIN, REWRITTEN, REWRITTEN_PLAIN, NO_JOIN };
@@ -113,14 +115,8 @@ static void run(Mode mode, unsigned long long spin_ns) {
     CK(cudaMemsetAsync(stamps, 0, 8 * sizeof(unsigned long long), main_s));
     CK(cudaEventRecord(fork, main_s));
     CK(cudaStreamWaitEvent(side_s, fork, 0));
-    {
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(1);
-        cfg.blockDim = dim3(32);
-        cfg.stream = main_s;
-        CK(cudaLaunchKernelEx(&cfg, long_a, spin_ns, stamps));
-    }
-    launch_pdl(short_b, stamps, side_s);
+    launch_one(long_a, main_s, false, spin_ns, stamps);
+    launch_one(short_b, side_s, true, stamps);
     if (mode != NO_JOIN) {
         // A's node: the main stream's one dependency before the join.
         cudaStreamCaptureStatus status;
@@ -144,19 +140,9 @@ static void run(Mode mode, unsigned long long spin_ns) {
             CK(cudaStreamUpdateCaptureDependencies(main_s, nodes.data(), data.data(), ndeps,
                                                        cudaStreamSetCaptureDependencies));
         }
-    } else {
-        // The side stream must still join the capture: after C.
     }
-    if (mode == REWRITTEN_PLAIN) {
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(1);
-        cfg.blockDim = dim3(32);
-        cfg.stream = main_s;
-        CK(cudaLaunchKernelEx(&cfg, dependent_c, stamps));
-    } else {
-        launch_pdl(dependent_c, stamps, main_s);
-    }
-    if (mode == NO_JOIN) {
+    launch_one(dependent_c, main_s, mode != REWRITTEN_PLAIN, stamps);
+    if (mode == NO_JOIN) {  // the side stream still joins the capture, after C
         CK(cudaEventRecord(join, side_s));
         CK(cudaStreamWaitEvent(main_s, join, 0));
     }
